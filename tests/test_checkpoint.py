@@ -1,0 +1,66 @@
+import os
+import pickle
+
+import pytest
+import torch
+
+from xformer_cli.errors import XformerError
+from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
+
+
+def test_round_trip_with_plain_data(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint({"model": {"w": torch.ones(2)}, "config": {"a": 1}, "tokenizer": {"src": b"xy", "tgt": None}}, path)
+    state = load_checkpoint(path)
+    assert state["tokenizer"]["src"] == b"xy" and state["config"] == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left
+
+
+def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint({"model": {"w": torch.randn(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(XformerError, match="not a readable xformer checkpoint") as info:
+        load_checkpoint(path)
+    assert "\n" not in str(info.value)
+
+
+def test_foreign_files_are_refused(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"state_dict": {}}, other)
+    with pytest.raises(XformerError, match="is not an xformer checkpoint"):
+        load_checkpoint(other)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(XformerError, match="not a readable"):
+        load_checkpoint(text)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_checkpoint_cannot_run_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "xformer-checkpoint", "version": 1, "x": _Exploit()}, path, pickle_protocol=2)
+    with pytest.raises(XformerError):
+        load_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1}, path)
+
+    def broken_save(obj, handle, *a, **k):
+        handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]

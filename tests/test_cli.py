@@ -1,0 +1,152 @@
+"""The command line end to end, and what it does with bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from xformer_cli import __version__
+
+from conftest import head, write_lines
+
+
+def xformer(*args, stdin: bytes | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xformer_cli", *map(str, args)], input=stdin,
+                          capture_output=True, cwd=cwd, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    err = proc.stderr.decode()
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+def test_version_and_help():
+    proc = xformer("--version")
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == f"xformer {__version__}"
+    for command in ("train", "translate", "eval-bleu"):
+        proc = xformer(command, "--help")
+        assert proc.returncode == 0 and "--help" in proc.stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def small_corpus(multi30k, tmp_path_factory):
+    """A 3000-pair slice of Multi30k train plus 100 lines of valid/test."""
+    root = tmp_path_factory.mktemp("m30k")
+    for split, n in (("train", 3000), ("valid", 100), ("test2016", 100)):
+        for lang in ("en", "de"):
+            write_lines(root / f"{split}.{lang}", head(multi30k / f"{split}.{lang}", n))
+    return root
+
+
+def tiny_overrides(corpus, run_dir) -> list[str]:
+    sets = [
+        f"run_dir={run_dir}", f"data.train.prefix={corpus}/train", f"data.valid.prefix={corpus}/valid",
+        f"data.test.prefix={corpus}/test2016", "tokenizer.vocab_size=1000", "model.d_model=64", "model.d_ff=128",
+        "model.encoder_layers=1", "model.decoder_layers=1", "train.max_steps=30", "train.valid_every=20",
+        "train.max_tokens=1500", "train.warmup_steps=10", "train.threads=1", "train.device=cpu",
+    ]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def trained_run(small_corpus, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    proc = xformer("train", "--config", "configs/multi30k.yaml", "--quiet", *tiny_overrides(small_corpus, run_dir))
+    assert proc.returncode == 0, proc.stderr.decode()
+    return run_dir
+
+
+@pytest.mark.slow
+def test_train_writes_a_complete_run_directory(trained_run):
+    for name in ("config.yaml", "tokenizer/joint.model", "metrics.jsonl", "last.pt", "best.pt"):
+        assert (trained_run / name).is_file(), name
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "valid_bleu" in r] == [20, 30]
+    assert any("train_loss" in r and "tokens_per_s" in r for r in records)
+
+
+@pytest.mark.slow
+def test_translate_keeps_one_line_per_input_line(trained_run, small_corpus, tmp_path):
+    lines = b"A dog runs.\n\n   \nTwo men \x0bplay\x1c soccer.\nbad \xff utf8\n"
+    proc = xformer("translate", "--checkpoint", trained_run / "best.pt", "--beam-size", "2", stdin=lines)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode().split("\n")
+    assert len(out) == 6 and out[-1] == ""  # five lines, each newline-terminated
+    assert out[1] == "" and out[2] == ""  # blank in, blank out
+    assert out[0] and out[3] and out[4]
+
+    hyp = tmp_path / "hyp.de"
+    proc = xformer("translate", "-m", trained_run / "last.pt", "-i", small_corpus / "test2016.en", "-o", hyp, "-b", "1")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 100
+
+
+@pytest.mark.slow
+def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
+    hyp = tmp_path / "hyp.de"
+    ref = small_corpus / "test2016.de"
+    proc = xformer("eval-bleu", "--checkpoint", trained_run / "best.pt", "--src", small_corpus / "test2016.en",
+                   "--ref", ref, "--output", hyp, "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    from_checkpoint = json.loads(proc.stdout)
+    proc = xformer("eval-bleu", "--hyp", hyp, "--ref", ref, "--json")
+    scores = json.loads(proc.stdout)
+    assert scores == from_checkpoint
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    refs = ref.read_text(encoding="utf-8").splitlines()
+    bleu, chrf = BLEU(), CHRF()
+    assert scores["BLEU"]["score"] == round(bleu.corpus_score(hyps, [refs]).score, 4)
+    assert scores["chrF2"]["score"] == round(chrf.corpus_score(hyps, [refs]).score, 4)
+    assert scores["BLEU"]["signature"] == str(bleu.get_signature())
+    text = xformer("eval-bleu", "--hyp", hyp, "--ref", ref).stdout.decode()
+    assert "BLEU = " in text and "signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+
+
+@pytest.mark.slow
+def test_a_second_train_does_not_clobber_checkpoints(trained_run, small_corpus):
+    before = (trained_run / "best.pt").read_bytes()
+    proc = xformer("train", "-c", "configs/multi30k.yaml", *tiny_overrides(small_corpus, trained_run))
+    assert_one_line_error(proc, "already holds checkpoints", "--overwrite")
+    assert (trained_run / "best.pt").read_bytes() == before
+
+
+def test_bad_config_inputs(tmp_path):
+    assert_one_line_error(xformer("train", "-c", tmp_path / "missing.yaml"), "config file not found")
+    assert_one_line_error(xformer("train", "-c", "configs/multi30k.yaml", "--set", "model.d_modle=3"),
+                          "unknown config key 'model.d_modle'", "did you mean 'model.d_model'")
+    assert_one_line_error(xformer("train", "-c", "configs/multi30k.yaml", "--set", "model.n_heads=3"),
+                          "'model.d_model'", "not divisible")
+
+
+def test_bad_corpora(tmp_path):
+    write_lines(tmp_path / "a.en", ["one", "two", "three"])
+    write_lines(tmp_path / "a.de", ["eins", "zwei"])
+    (tmp_path / "b.en").write_bytes(b"ok\nbroken \xc3\x28 here\n")
+    write_lines(tmp_path / "b.de", ["gut", "kaputt"])
+    write_lines(tmp_path / "c.en", ["", " "])
+    write_lines(tmp_path / "c.de", ["x", ""])
+    base = ["train", "-c", "configs/multi30k.yaml", "--set", f"run_dir={tmp_path / 'run'}", "--set", "data.valid=null"]
+    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'a'}"),
+                          "line counts differ", "a.en has 3 lines", "a.de has 2")
+    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'b'}"), "b.en:2: invalid UTF-8")
+    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'c'}"), "train corpus is empty")
+    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'nope'}"), "file not found", "nope.en")
+    assert not (tmp_path / "run").exists()  # nothing is written before the data is known good
+
+
+def test_bad_checkpoints_and_score_files(tmp_path):
+    truncated = tmp_path / "t.pt"
+    truncated.write_bytes(b"PK\x03\x04 not really a zip")
+    assert_one_line_error(xformer("translate", "-m", truncated, stdin=b"hello\n"), "not a readable xformer checkpoint")
+    assert_one_line_error(xformer("translate", "-m", tmp_path / "none.pt", stdin=b"hello\n"), "checkpoint not found")
+    hyp = write_lines(tmp_path / "h.txt", ["a b c", "d e f"])
+    ref = write_lines(tmp_path / "r.txt", ["a b c"])
+    assert_one_line_error(xformer("eval-bleu", "--hyp", hyp, "--ref", ref), "line counts differ", "h.txt has 2 lines")
+    assert_one_line_error(xformer("eval-bleu", "--hyp", hyp, "--ref", tmp_path / "gone.txt"), "file not found")

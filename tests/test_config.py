@@ -1,0 +1,51 @@
+import pytest
+
+from xformer_cli.config import load_config, parse_override
+from xformer_cli.errors import XformerError
+
+
+def test_shipped_configs_load(monkeypatch):
+    for name in ("multi30k.yaml", "wmt14-en-de-base.yaml", "wmt14-en-de-big.yaml"):
+        cfg = load_config(f"configs/{name}")
+        assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config("configs/multi30k.yaml", ["model.d_model=128", "train.lr_scale=2", "model.pre_norm=true", "run_dir=/tmp/x"])
+    assert cfg.model.d_model == 128 and cfg.train.lr_scale == 2.0 and cfg.model.pre_norm is True
+    assert cfg.run_dir == "/tmp/x"
+    assert parse_override("decode.beam_size=5") == ("decode.beam_size", 5)
+
+
+def test_environment_variables_expand_in_paths(monkeypatch):
+    monkeypatch.setenv("XFORMER_DATA", "/corpora")
+    cfg = load_config("configs/multi30k.yaml")
+    assert cfg.data.train.prefix == "/corpora/multi30k/train"
+    monkeypatch.delenv("XFORMER_DATA")
+    assert load_config("configs/multi30k.yaml").data.train.prefix == "../shared/data/multi30k/train"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_modle=256", "unknown config key 'model.d_modle' (did you mean 'model.d_model'?)"),
+        ("model.n_heads=5", "config key 'model.d_model': 256 is not divisible by model.n_heads=5"),
+        ("train.max_tokens=lots", "config key 'train.max_tokens': expected int, got 'lots'"),
+        ("model.dropout=1.5", "config key 'model.dropout': must be in [0, 1)"),
+        ("decode.beam_size=0", "config key 'decode.beam_size': must be at least 1"),
+        ("bogus.key=1", "unknown config key 'bogus'"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(XformerError) as info:
+        load_config("configs/multi30k.yaml", [override])
+    assert str(info.value) == message
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(XformerError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(XformerError, match="not valid YAML"):
+        load_config(bad)

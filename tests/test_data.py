@@ -1,0 +1,71 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from xformer_cli.data.batching import collate, make_batches
+from xformer_cli.data.sources import read_parallel
+from xformer_cli.errors import XformerError
+
+from conftest import write_lines
+
+
+def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
+    src = write_lines(tmp_path / "a.en", ["one", "two", "three"])
+    tgt = write_lines(tmp_path / "a.de", ["eins", "zwei"])
+    with pytest.raises(XformerError) as info:
+        read_parallel(src, tgt)
+    assert str(info.value) == f"line counts differ: {src} has 3 lines, {tgt} has 2"
+
+
+def test_empty_sides_are_dropped_and_counted(tmp_path):
+    src = write_lines(tmp_path / "a.en", ["one", "", "three", "four"])
+    tgt = write_lines(tmp_path / "a.de", ["eins", "zwei", "  ", "vier"])
+    corpus = read_parallel(src, tgt, name="train")
+    assert corpus.src == ["one", "four"] and corpus.tgt == ["eins", "vier"]
+    assert corpus.dropped["empty side"] == 2
+    assert corpus.report() == "train: 2 pairs (dropped 2 empty side)"
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    src = tmp_path / "a.en"
+    src.write_bytes(b"fine\nbad \xff byte\n")
+    tgt = write_lines(tmp_path / "a.de", ["gut", "schlecht"])
+    with pytest.raises(XformerError, match=rf"{src}:2: invalid UTF-8"):
+        read_parallel(src, tgt)
+
+
+def test_gzip_files_read_like_plain_ones(tmp_path):
+    with gzip.open(tmp_path / "a.en.gz", "wt", encoding="utf-8") as handle:
+        handle.write("hello\nworld\n")
+    tgt = write_lines(tmp_path / "a.de", ["hallo", "welt"])
+    assert read_parallel(tmp_path / "a.en.gz", tgt).src == ["hello", "world"]
+
+
+def test_batches_respect_max_tokens_and_cover_every_example_once():
+    rng = np.random.default_rng(0)
+    src_lens, tgt_lens = rng.integers(1, 60, 2000), rng.integers(1, 60, 2000)
+    batches = make_batches(src_lens, tgt_lens, max_tokens=500, seed=3, epoch=1)
+    for b in batches:
+        assert len(b) * (max(src_lens[b].max(), tgt_lens[b].max()) + 1) <= 500
+    assert sorted(np.concatenate(batches).tolist()) == list(range(2000))
+    real = (src_lens + 1).sum()
+    slots = sum(len(b) * (src_lens[b].max() + 1) for b in batches)
+    assert real / slots > 0.85  # length bucketing keeps padding low
+
+
+def test_batch_order_is_seeded():
+    lens = np.arange(1, 301) % 37 + 1
+    a = make_batches(lens, lens, 200, seed=1, epoch=1)
+    b = make_batches(lens, lens, 200, seed=1, epoch=1)
+    c = make_batches(lens, lens, 200, seed=1, epoch=2)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    assert [x.tolist() for x in a] != [x.tolist() for x in c]
+
+
+def test_collate_adds_bos_eos_and_counts_target_tokens():
+    batch = collate([[5, 6], [7]], [[8, 9, 10], [11]])
+    assert batch.src.tolist() == [[5, 6, 3], [7, 3, 0]]
+    assert batch.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
+    assert batch.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
+    assert batch.n_tokens == 6

@@ -1,0 +1,280 @@
+"""Run configuration: typed dataclasses, YAML loading, dotted overrides, validation.
+
+A config file mirrors ``Config`` below: top-level sections ``data``, ``tokenizer``,
+``model``, ``train`` and ``decode``. Every key is checked: an unknown key, a value of
+the wrong type or an impossible combination is an ``XformerError`` naming the key.
+String values may use ``${VAR}`` or ``${VAR:-default}`` to read the environment
+(the shipped configs find the corpora through ``${XFORMER_DATA:-../shared/data}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from xformer_cli.errors import XformerError
+from xformer_cli.model.transformer import ModelConfig
+
+
+@dataclass
+class CorpusConfig:
+    """One parallel corpus: ``prefix`` + ``.src_lang`` / ``.tgt_lang``, or two explicit paths."""
+
+    prefix: Optional[str] = None
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+
+
+@dataclass
+class DataConfig:
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train: CorpusConfig = field(default_factory=CorpusConfig)
+    valid: Optional[CorpusConfig] = None
+    test: Optional[CorpusConfig] = None
+    max_len: int = 256  # training pairs with a side longer than this (in pieces) are dropped
+    valid_max_sentences: int = 0  # 0 = validate on the whole valid set
+
+
+@dataclass
+class TokenizerConfig:
+    model: Optional[str] = None  # an existing sentencepiece .model to reuse (joint) instead of training
+    tgt_model: Optional[str] = None  # with joint: false, the target-side model to reuse
+    joint: bool = True  # one vocabulary for both languages (needed for three-way tying)
+    vocab_size: int = 8000
+    model_type: str = "unigram"
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000  # sentences sampled to train it (bounded memory)
+
+
+@dataclass
+class ModelSection:
+    """``ModelConfig`` without the fields that come from the tokenizer."""
+
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    pre_norm: bool = False
+    tie_embeddings: bool = True
+    max_positions: int = 1024
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # token slots (padding included) per batch, per side
+    update_freq: int = 1  # batches accumulated per optimizer step
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0 = no epoch limit
+    max_minutes: float = 0.0  # 0 = no wall-clock limit
+    lr_scale: float = 1.0  # the Noam formula's factor
+    warmup_steps: int = 4000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 = no gradient clipping
+    valid_every: int = 1000  # steps between validations (loss and BLEU)
+    valid_beam_size: int = 1  # beam for validation BLEU (1 = greedy, cheapest)
+    log_every: int = 50
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 4
+    length_penalty: float = 0.6  # GNMT alpha
+    max_len_a: float = 1.0  # max output length = a * source length + b
+    max_len_b: int = 50
+    batch_size: int = 64  # sentences per decoding batch
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def model_config(self, vocab_size: int, tgt_vocab_size: int, pad_id: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size, pad_id=pad_id, **dataclasses.asdict(self.model)
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# -- building dataclasses from plain dicts, with errors that name the key ---------------
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(text: str, key: str) -> str:
+    def repl(m: re.Match) -> str:
+        value = os.environ.get(m.group(1), m.group(2))
+        if value is None:
+            raise XformerError(f"config key '{key}': environment variable {m.group(1)} is not set")
+        return value
+
+    return _ENV.sub(repl, text)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:  # Optional[X]
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _coerce(value, inner, key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise XformerError(f"config key '{key}': expected a mapping of keys, got {value!r}")
+        return _build(tp, value, key + ".")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return _expand_env(str(value), key)
+    raise XformerError(f"config key '{key}': expected {tp.__name__}, got {value!r}")
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise XformerError(f"unknown config key '{prefix}{key}'{hint}")
+        kwargs[key] = _coerce(value, hints[key], prefix + key)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise XformerError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'model.d_model=256' -> ('model.d_model', 256); the value is read as YAML."""
+    if "=" not in text:
+        raise XformerError(f"override '{text}' must look like key.path=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, base: Optional[dict] = None) -> Config:
+    """Read a YAML file (or start from ``base``), apply ``key=value`` overrides, validate."""
+    tree: dict = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise XformerError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise XformerError(f"config file {path} is not valid YAML: {first}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise XformerError(f"config file {path} must hold a mapping of sections")
+        tree = _merge(tree, loaded)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    cfg = _build(Config, tree)
+    validate(cfg)
+    return cfg
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def config_from_dict(tree: dict) -> Config:
+    cfg = _build(Config, tree)
+    validate(cfg)
+    return cfg
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise XformerError(f"config key '{key}': {why}")
+
+
+def validate(cfg: Config) -> None:
+    m, t, d, tok, dec = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.decode
+    for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
+        _require(getattr(m, name) > 0, f"model.{name}", "must be positive")
+    _require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        _require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+    _require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
+    _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
+    _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
+    _require(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _require(t.update_freq >= 1, "train.update_freq", "must be at least 1")
+    _require(t.max_steps > 0, "train.max_steps", "must be positive")
+    _require(t.max_epochs >= 0, "train.max_epochs", "must be >= 0")
+    _require(t.max_minutes >= 0, "train.max_minutes", "must be >= 0")
+    _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
+    _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
+    _require(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+    _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
+    _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
+    _require(t.valid_every > 0, "train.valid_every", "must be positive")
+    _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
+    _require(t.log_every > 0, "train.log_every", "must be positive")
+    _require(t.threads >= 0, "train.threads", "must be >= 0")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
+    _require(d.max_len > 0, "data.max_len", "must be positive")
+    _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+    tr = d.train
+    _require(bool(tr.prefix) or (bool(tr.src) and bool(tr.tgt)), "data.train", "give prefix, or both src and tgt")
+    _require(dec.beam_size >= 1, "decode.beam_size", "must be at least 1")
+    _require(dec.max_len_a >= 0 and dec.max_len_b >= 0, "decode.max_len_b", "max_len_a and max_len_b must be >= 0")
+    _require(dec.max_len_a > 0 or dec.max_len_b > 0, "decode.max_len_b", "max_len_a and max_len_b cannot both be 0")
+    _require(dec.batch_size >= 1, "decode.batch_size", "must be at least 1")
+    _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")

@@ -1,0 +1,77 @@
+"""Token-budget batching: length-sorted, padding counted, order seeded per epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Batch:
+    src: Tensor  # (B, S) source ids + eos, padded
+    tgt_in: Tensor  # (B, T) bos + target ids, padded
+    tgt_out: Tensor  # (B, T) target ids + eos, padded
+    n_tokens: int  # real target tokens (what the loss is normalised by)
+
+    def to(self, device: torch.device) -> "Batch":
+        nb = device.type == "cuda"
+        return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens)
+
+
+def make_batches(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int = 0, epoch: int = 0, shuffle: bool = True
+) -> list[np.ndarray]:
+    """Group example indices so that batch_size * longest side (+1 for eos/bos) <= max_tokens.
+
+    Examples are sorted by length (ties broken by a seeded shuffle) so a batch holds
+    similar lengths and little padding; the batch order is then shuffled with the same
+    seed. A single example longer than ``max_tokens`` forms a batch of its own.
+    """
+    src_lens = np.asarray(src_lens, dtype=np.int64)
+    tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch])
+    tie = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
+    order = np.lexsort((tie, tgt_lens, src_lens))
+    slots = np.maximum(src_lens, tgt_lens)[order] + 1
+    batches: list[np.ndarray] = []
+    start, longest = 0, 0
+    for i, width in enumerate(slots.tolist()):
+        longest_if_added = max(longest, width)
+        if i > start and longest_if_added * (i - start + 1) > max_tokens:
+            batches.append(order[start:i])
+            start, longest_if_added = i, width
+        longest = longest_if_added
+    if start < len(order):
+        batches.append(order[start:])
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def pad(sequences: Sequence[Sequence[int]], prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> Tensor:
+    width = max(len(s) for s in sequences) + len(prefix) + len(suffix)
+    out = torch.full((len(sequences), width), PAD_ID, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        full = [*prefix, *seq, *suffix]
+        out[row, : len(full)] = torch.tensor(full, dtype=torch.long)
+    return out
+
+
+def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> Batch:
+    return Batch(
+        src=pad(src, suffix=(EOS_ID,)),
+        tgt_in=pad(tgt, prefix=(BOS_ID,)),
+        tgt_out=pad(tgt, suffix=(EOS_ID,)),
+        n_tokens=sum(len(t) + 1 for t in tgt),
+    )
+
+
+def encode_source_batch(src: Sequence[Sequence[int]]) -> Tensor:
+    return pad(src, suffix=(EOS_ID,))

@@ -1,0 +1,291 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Section numbers in the comments refer to the paper. The file holds the whole
+model and nothing else: search lives in ``decode/search.py``, the loss in
+``train/loss.py``.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads.
+Masks are boolean with True meaning "may attend" (the convention of
+``torch.nn.functional.scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class ModelConfig:
+    """Architecture hyper-parameters; the defaults are the paper's base model."""
+
+    vocab_size: int = 37000  # source vocabulary (the joint one when shared)
+    tgt_vocab_size: int = 0  # 0 = same vocabulary as the source (joint)
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1  # residual + embedding dropout (section 5.4)
+    attention_dropout: float = 0.0  # on attention weights (tensor2tensor habit; not in the paper)
+    activation_dropout: float = 0.0  # inside the FFN, after the ReLU
+    pre_norm: bool = False  # False = post-norm as in the paper
+    tie_embeddings: bool = True  # share src/tgt embeddings and the pre-softmax matrix (3.4)
+    max_positions: int = 1024
+    pad_id: int = 0
+
+    @property
+    def joint_vocab(self) -> bool:
+        return self.tgt_vocab_size in (0, self.vocab_size)
+
+    @property
+    def target_vocab(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+
+# -- 3.5 Positional encoding ---------------------------------------------------------
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+class Embedding(nn.Module):
+    """Token embedding times sqrt(d_model) plus sinusoidal position, then dropout (3.4, 3.5, 5.4)."""
+
+    def __init__(self, tokens: nn.Embedding, d_model: int, max_positions: int, dropout: float):
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(d_model)
+        self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        length = offset + ids.size(1)
+        if length > self.positions.size(0):  # grow the table rather than fail on long inputs
+            self.positions = sinusoidal_positions(2 * length, self.positions.size(1)).to(self.positions)
+        x = self.tokens(ids) * self.scale + self.positions[offset:length]
+        return self.dropout(x)
+
+
+# -- 3.2 Attention ---------------------------------------------------------------------
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
+
+    Scaled dot-product attention itself is ``F.scaled_dot_product_attention``. Keys and values
+    share one projection so the encoder-decoder case computes them in one matmul.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def _split_heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, D/H)
+        return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        causal: bool = False,
+        kv: Optional[tuple[Tensor, Tensor]] = None,
+    ) -> Tensor:
+        """``memory`` is what is attended to (``query`` itself for self-attention);
+        ``kv`` passes keys and values already projected (the decoding cache)."""
+        q = self._split_heads(self.q_proj(query))
+        k, v = kv if kv is not None else self.project_kv(query if memory is None else memory)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(query.shape))
+
+
+# -- 3.3 Position-wise feed-forward network -------------------------------------------
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.dropout(F.relu(self.w1(x))))
+
+
+class Sublayer(nn.Module):
+    """The residual wrapper of 3.1 and 5.4: LayerNorm(x + Dropout(Sublayer(x))).
+
+    With ``pre_norm`` it is x + Dropout(Sublayer(LayerNorm(x))) instead, which trains
+    more stably for deep stacks.
+    """
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, fn) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each inside a residual sublayer (3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sub_attn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
+        self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.sub_attn(x, lambda h: self.self_attn(h, mask=src_mask))
+        return self.sub_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (3.1).
+
+    With a ``cache`` dict the layer decodes incrementally: it appends this step's
+    keys/values to ``cache["k"]``/``cache["v"]`` and reuses the encoder keys/values
+    in ``cache["mem_k"]``/``cache["mem_v"]``, computed once per sentence.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sub_self = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
+        self.sub_cross = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
+        self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
+
+    def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None) -> Tensor:
+        if cache is None:
+            y = self.sub_self(y, lambda h: self.self_attn(h, causal=True))
+            y = self.sub_cross(y, lambda h: self.cross_attn(h, memory, mask=src_mask))
+        else:
+            y = self.sub_self(y, lambda h: self._cached_self_attn(h, cache))
+            if "mem_k" not in cache:
+                cache["mem_k"], cache["mem_v"] = self.cross_attn.project_kv(memory)
+            y = self.sub_cross(y, lambda h: self.cross_attn(h, mask=src_mask, kv=(cache["mem_k"], cache["mem_v"])))
+        return self.sub_ffn(y, self.ffn)
+
+    def _cached_self_attn(self, h: Tensor, cache: dict) -> Tensor:
+        # One new position attends to every earlier one, so no causal mask is needed.
+        k, v = self.self_attn.project_kv(h)
+        if "k" in cache:
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        return self.self_attn(h, kv=(k, v))
+
+
+# -- 3.1 Encoder and decoder stacks -------------------------------------------------------
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. ``forward`` gives logits for teacher forcing;
+    ``encode`` / ``decode_step`` are what search uses."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        src_tokens = nn.Embedding(cfg.vocab_size, d, padding_idx=cfg.pad_id)
+        share = cfg.tie_embeddings and cfg.joint_vocab
+        tgt_tokens = src_tokens if share else nn.Embedding(cfg.target_vocab, d, padding_idx=cfg.pad_id)
+        self.src_embed = Embedding(src_tokens, d, cfg.max_positions, cfg.dropout)
+        self.tgt_embed = Embedding(tgt_tokens, d, cfg.max_positions, cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm outputs are already normalised.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.generator = nn.Linear(d, cfg.target_vocab, bias=False)
+        self._reset_parameters()
+        if cfg.tie_embeddings:  # the pre-softmax matrix is the target embedding (3.4)
+            self.generator.weight = tgt_tokens.weight
+
+    def _reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "tokens" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        # Embeddings get N(0, d^-1/2): times sqrt(d) they start at unit scale, like the positions.
+        for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
+            nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+            with torch.no_grad():
+                emb.weight[self.cfg.pad_id].zero_()
+
+    def padding_mask(self, src: Tensor) -> Tensor:
+        """(B, S) ids -> (B, 1, 1, S) mask, True on real tokens."""
+        return (src != self.cfg.pad_id)[:, None, None, :]
+
+    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
+        src_mask = self.padding_mask(src) if src_mask is None else src_mask
+        x = self.src_embed(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoder: (B, T) ids -> (B, T, D) hidden states."""
+        y = self.tgt_embed(tgt_in)
+        for layer in self.decoder_layers:
+            y = layer(y, memory, src_mask)
+        return self.decoder_norm(y)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        src_mask = self.padding_mask(src)
+        return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
+
+    def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: list[dict]) -> Tensor:
+        """One incremental step: (B, 1) newest tokens -> (B, V) log-probabilities.
+
+        ``cache`` is a list with one dict per decoder layer, empty at step 0.
+        """
+        offset = cache[0]["k"].size(2) if "k" in cache[0] else 0
+        y = self.tgt_embed(last_tokens, offset=offset)
+        for layer, layer_cache in zip(self.decoder_layers, cache):
+            y = layer(y, memory, src_mask, layer_cache)
+        return F.log_softmax(self.generator(self.decoder_norm(y))[:, -1].float(), dim=-1)
+
+    def new_cache(self) -> list[dict]:
+        return [{} for _ in self.decoder_layers]
+
+    def count_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights are counted once
+
+
+def reorder_cache(cache: list[dict], order: Tensor) -> None:
+    """Select rows of every cached tensor (beam reordering, finished sentences leaving)."""
+    for layer_cache in cache:
+        for key, value in layer_cache.items():
+            layer_cache[key] = value.index_select(0, order)
