@@ -47,6 +47,16 @@ class TorchBaseline(torch.nn.Module):
         return self.out(h)
 
 
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run(model, loss_fn, batches, optimizer) -> float:
     tokens = 0
     start = time.perf_counter()
@@ -96,7 +106,7 @@ def main() -> None:
         theirs_rates.append(run(theirs, theirs_loss, batches, opt_theirs))
     ours_best, theirs_best = max(ours_rates), max(theirs_rates)
     real = sum(b.n_tokens for b in batches)
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
     print(f"xformer              {ours_best:8.0f} target tokens/s  (rounds: {', '.join(f'{r:.0f}' for r in ours_rates)})")
