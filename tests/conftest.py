@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,52 @@ def write_lines(path: Path, lines) -> Path:
 def head(path: Path, n: int) -> list[str]:
     with open(path, encoding="utf-8") as handle:
         return [next(handle).rstrip("\n") for _ in range(n)]
+
+
+def xformer(*args, stdin: bytes | None = None, python_prelude: str | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh interpreter, as a user would."""
+    if python_prelude is None:
+        command = [sys.executable, "-m", "xformer_cli"]
+    else:  # run some Python first (e.g. hide a module), then the CLI
+        command = [sys.executable, "-c", python_prelude + "\nfrom xformer_cli.cli import app\napp(prog_name='xformer')"]
+    return subprocess.run([*command, *map(str, args)], input=stdin, capture_output=True, cwd=ROOT, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    err = proc.stderr.decode()
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+@pytest.fixture(scope="session")
+def small_corpus(multi30k, tmp_path_factory):
+    """A 3000-pair slice of Multi30k train plus 100 lines of valid/test."""
+    root = tmp_path_factory.mktemp("m30k")
+    for split, n in (("train", 3000), ("valid", 100), ("test2016", 100)):
+        for lang in ("en", "de"):
+            write_lines(root / f"{split}.{lang}", head(multi30k / f"{split}.{lang}", n))
+    return root
+
+
+def tiny_overrides(corpus, run_dir) -> list[str]:
+    sets = [
+        f"run_dir={run_dir}", f"data.train.prefix={corpus}/train", f"data.valid.prefix={corpus}/valid",
+        f"data.test.prefix={corpus}/test2016", "tokenizer.vocab_size=1000", "model.d_model=64", "model.d_ff=128",
+        "model.encoder_layers=1", "model.decoder_layers=1", "train.max_steps=30", "train.valid_every=20",
+        "train.max_tokens=1500", "train.warmup_steps=10", "train.threads=1", "train.device=cpu",
+    ]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.fixture(scope="session")
+def trained_run(small_corpus, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    proc = xformer("train", "--config", "configs/multi30k.yaml", "--quiet", *tiny_overrides(small_corpus, run_dir))
+    assert proc.returncode == 0, proc.stderr.decode()
+    return run_dir
+
+

@@ -104,12 +104,10 @@ def _write_output(lines: list[str], path: Optional[Path]) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def _translate(checkpoint: Path, lines: list[str], beam_size: Optional[int], length_penalty: Optional[float],
-               max_len_a: Optional[float], max_len_b: Optional[int], batch_size: Optional[int], device: str) -> list[str]:
+def _translator(checkpoint: Path, device: str):
     from xformer_cli.decode.translator import Translator
 
-    translator = Translator.from_checkpoint(checkpoint, device=device)
-    return translator.translate(lines, beam_size, length_penalty, max_len_a, max_len_b, batch_size)
+    return Translator.from_checkpoint(checkpoint, device=device)
 
 
 _beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from the checkpoint's decode config.")
@@ -132,51 +130,118 @@ def translate(
     max_len_b: Optional[int] = _len_b,
     batch_size: Optional[int] = _batch,
     device: str = _device,
+    attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
+    attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
+    attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
 ) -> None:
     """Translate text: exactly one output line per input line, blank lines stay blank."""
     lines = _read_input(input)
-    hyps = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, batch_size, device)
+    translator = _translator(checkpoint, device)
+    hyps = translator.translate(lines, beam_size, length_penalty, max_len_a, max_len_b, batch_size)
     _write_output(hyps, output)
+    if attention is not None:
+        from xformer_cli.plots import plot_attention
+
+        chosen = [line for line in lines if line.strip()][: max(attention_sentences, 1)]
+        plot_attention(translator.attention(chosen, beam_size=beam_size), attention, per_head=attention_heads)
+        typer.echo(f"attention plot: {attention}", err=True)
 
 
 @app.command("eval-bleu")
 @user_errors
 def eval_bleu(
-    ref: Path = typer.Option(..., "--ref", "-r", help="Reference translations."),
-    hyp: Optional[Path] = typer.Option(None, "--hyp", help="Hypotheses to score (detokenized text)."),
+    refs: List[Path] = typer.Option(..., "--ref", "-r", help="Reference file; repeat for several references."),
+    hyps: List[Path] = typer.Option([], "--hyp", help="Hypotheses (detokenized). Several: the first is the baseline of a paired test."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint, then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also save the translations here."),
+    metrics: str = typer.Option("bleu,chrf", "--metrics", help="Comma-separated: bleu, chrf, ter."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF (sacrebleu -lc)."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize", help="BLEU tokenizer (sacrebleu's: 13a, intl, zh, char, none, ...)."),
+    confidence: int = typer.Option(0, "--confidence", help="Bootstrap resamples for 95% confidence intervals (e.g. 1000)."),
+    paired_test: str = typer.Option("bs", "--paired-test", help="With several --hyp: bs (paired bootstrap) or ar (approximate randomisation)."),
+    samples: int = typer.Option(0, "--samples", help="Resamples/trials of the paired test (0 = sacrebleu's default)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
     beam_size: Optional[int] = _beam,
     length_penalty: Optional[float] = _alpha,
     batch_size: Optional[int] = _batch,
     device: str = _device,
 ) -> None:
-    """Score with sacreBLEU (BLEU and chrF, with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R."""
+    """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R."""
     from xformer_cli.data.sources import read_lines
-    from xformer_cli.evaluate import score_lines
+    from xformer_cli.evaluate import compare_systems, hypothesis_warnings, make_metrics, score_lines
 
-    if (hyp is None) == (checkpoint is None):
+    if bool(hyps) == (checkpoint is not None):
         raise XformerError("give either --hyp, or --checkpoint with --src")
-    refs = list(read_lines(ref))
+    chosen = [m for m in metrics.split(",") if m.strip()]
+    make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
+    ref_lines = [list(read_lines(r)) for r in refs]
+    ref_names = [str(r) for r in refs]
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        hyps = _translate(checkpoint, _read_input(src), beam_size, length_penalty, None, None, batch_size, device)
+        translated = _translator(checkpoint, device).translate(_read_input(src), beam_size, length_penalty, batch_size=batch_size)
         if output is not None:
-            _write_output(hyps, output)
-        hyp_name = f"translation of {src}"
+            _write_output(translated, output)
+        systems = [(f"translation of {src}", translated)]
     else:
-        hyps = list(read_lines(hyp))
-        hyp_name = str(hyp)
-    scores = score_lines(hyps, refs, hyp_name, str(ref))
+        systems = [(str(h), list(read_lines(h))) for h in hyps]
+    for name, lines in systems:
+        for warning in hypothesis_warnings(lines, name):
+            typer.echo(f"warning: {warning}", err=True)
+    if len(systems) == 1:
+        name, lines = systems[0]
+        scores = score_lines(lines, ref_lines, chosen, lowercase, tokenize, confidence, name, ref_names)
+        if as_json:
+            typer.echo(json.dumps({sc.name: sc.to_dict() for sc in scores}))
+        else:
+            for sc in scores:
+                typer.echo(sc.text)
+                typer.echo(f"  signature: {sc.signature}")
+        return
+    rows, signatures = compare_systems(systems, ref_lines, chosen, lowercase, tokenize, paired_test, samples, ref_names)
     if as_json:
-        typer.echo(json.dumps({s.name: {"score": round(s.score, 4), "signature": s.signature} for s in scores}))
-    else:
-        for s in scores:
-            typer.echo(s.text)
-            typer.echo(f"  signature: {s.signature}")
+        typer.echo(json.dumps({
+            "test": paired_test, "baseline": systems[0][0], "signatures": signatures,
+            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row}} for (name, _), row in zip(systems, rows)],
+        }))
+        return
+    typer.echo(_significance_table([name for name, _ in systems], rows, paired_test))
+    for metric_name, signature in signatures.items():
+        typer.echo(f"{metric_name} signature: {signature}")
+
+
+def _significance_table(names: list[str], rows, test: str) -> str:
+    header = ["system"] + [sc.name for sc in rows[0]]
+    body = []
+    for i, (name, row) in enumerate(zip(names, rows)):
+        cells = [name + (" (baseline)" if i == 0 else "")]
+        for sc in row:
+            cell = f"{sc.score:.2f}"
+            if sc.mean is not None and sc.ci is not None:
+                cell += f" ({sc.mean:.2f} +- {sc.ci:.2f})"
+            if sc.p_value is not None:
+                cell += f" p={sc.p_value:.4f}{' *' if sc.p_value < 0.05 else ''}"
+            cells.append(cell)
+        body.append(cells)
+    widths = [max(len(r[c]) for r in [header] + body) for c in range(len(header))]
+    fmt = lambda r: "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()  # noqa: E731
+    legend = {"bs": "paired bootstrap resampling", "ar": "paired approximate randomisation"}[test]
+    return "\n".join([fmt(header)] + [fmt(r) for r in body] + [f"p: {legend} against the baseline; * p < 0.05"])
+
+
+@app.command()
+@user_errors
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory written by xformer train."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG path (default RUN_DIR/report.png)."),
+) -> None:
+    """Plot losses, validation BLEU and learning rate against steps and wall time; print a summary."""
+    from xformer_cli.plots import plot_report
+
+    target = output or run_dir / "report.png"
+    typer.echo(plot_report(run_dir, target))
+    typer.echo(f"report: {target}")
 
 
 if __name__ == "__main__":  # pragma: no cover

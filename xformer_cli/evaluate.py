@@ -1,50 +1,160 @@
-"""Corpus-level scores through sacrebleu, always with their signatures."""
+"""Scores people can trust: sacreBLEU's BLEU, chrF and TER, always with their signatures.
+
+Everything numeric is sacrebleu's own computation; this module picks the metrics, reads
+the files, checks that the hypotheses look like detokenized text, and runs sacrebleu's
+bootstrap confidence intervals and paired significance tests.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.base import Metric
+from sacrebleu.significance import PairedTest
 
 from xformer_cli.data.sources import read_lines
 from xformer_cli.errors import XformerError
 
+METRIC_NAMES = ("bleu", "chrf", "ter")
+DEFAULT_METRICS = ("bleu", "chrf")
+
 
 @dataclass
 class Score:
-    name: str
+    name: str  # sacrebleu's name: BLEU, chrF2, TER
     score: float
     signature: str
     text: str  # sacrebleu's own one-line rendering
+    mean: Optional[float] = None  # bootstrap mean (with confidence intervals)
+    ci: Optional[float] = None  # half-width of the 95% interval
+    p_value: Optional[float] = None  # paired test against the baseline
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "score": self.score, "signature": self.signature, "text": self.text}
+        out = {"score": round(self.score, 4), "signature": self.signature}
+        for key in ("mean", "ci", "p_value"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = round(float(value), 4)
+        return out
 
 
-def _score(metric, hyps: Sequence[str], refs: Sequence[str]) -> Score:
-    result = metric.corpus_score(list(hyps), [list(refs)])
-    return Score(result.name, float(result.score), str(metric.get_signature()), str(result))
+def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False, tokenize: Optional[str] = None) -> dict[str, Metric]:
+    """``--lowercase`` applies to BLEU and chrF, ``--tokenize`` to BLEU; TER keeps sacrebleu's defaults."""
+    metrics: dict[str, Metric] = {}
+    for name in names:
+        key = name.strip().lower()
+        if key == "bleu":
+            if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
+                raise XformerError(f"unknown BLEU tokenizer '{tokenize}' (choose from {', '.join(BLEU.TOKENIZERS)})")
+            metrics["BLEU"] = BLEU(lowercase=lowercase, tokenize=tokenize)
+        elif key == "chrf":
+            metrics["chrF2"] = CHRF(lowercase=lowercase)
+        elif key == "ter":
+            metrics["TER"] = TER()
+        else:
+            raise XformerError(f"unknown metric '{name}' (choose from {', '.join(METRIC_NAMES)})")
+    if not metrics:
+        raise XformerError("no metric chosen")
+    return metrics
+
+
+def _checked(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str, ref_names: Sequence[str]) -> None:
+    if not hyps or all(not h.strip() for h in hyps):
+        raise XformerError(f"{hyp_name} is empty")
+    for ref, name in zip(refs, ref_names):
+        if len(ref) != len(hyps):
+            raise XformerError(f"line counts differ: {hyp_name} has {len(hyps)} lines, {name} has {len(ref)}")
+
+
+def score_lines(
+    hyps: Sequence[str],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    lowercase: bool = False,
+    tokenize: Optional[str] = None,
+    bootstrap: int = 0,
+    hyp_name: str = "hypotheses",
+    ref_names: Optional[Sequence[str]] = None,
+) -> list[Score]:
+    """Score one system against one or more reference streams (each as long as ``hyps``)."""
+    ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
+    _checked(hyps, refs, hyp_name, ref_names)
+    scores = []
+    for name, metric in make_metrics(metrics, lowercase, tokenize).items():
+        result = metric.corpus_score(list(hyps), [list(r) for r in refs], n_bootstrap=max(bootstrap, 1))
+        mean = getattr(result, "_mean", None) if bootstrap > 1 else None
+        ci = getattr(result, "_ci", None) if bootstrap > 1 else None
+        signature = str(metric.get_signature())
+        scores.append(Score(result.name, float(result.score), signature, str(result), mean, ci))
+    return scores
 
 
 def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
-    return _score(BLEU(), hyps, refs)
+    """Default sacreBLEU on detokenized text: what validation logs and eval-bleu print."""
+    return score_lines(hyps, [refs], ("bleu",))[0]
 
 
-def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
-    return _score(CHRF(), hyps, refs)
+def compare_systems(
+    systems: Sequence[tuple[str, Sequence[str]]],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    lowercase: bool = False,
+    tokenize: Optional[str] = None,
+    test: str = "bs",
+    samples: int = 0,
+    ref_names: Optional[Sequence[str]] = None,
+) -> tuple[list[list[Score]], dict[str, str]]:
+    """Paired significance of every system against the first (the baseline).
+
+    ``test`` is sacrebleu's paired bootstrap ("bs", 1000 resamples by default, with 95%
+    intervals) or approximate randomisation ("ar", 10000 trials). Returns, per system, a
+    score per metric (p-values on all but the baseline) and the signatures by metric.
+    """
+    if test not in ("bs", "ar"):
+        raise XformerError(f"unknown paired test '{test}' (bs = paired bootstrap, ar = approximate randomisation)")
+    if len(systems) < 2:
+        raise XformerError("a paired test needs at least two systems (the first is the baseline)")
+    ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
+    for name, hyps in systems:
+        _checked(hyps, refs, name, ref_names)
+    chosen = make_metrics(metrics, lowercase, tokenize)
+    paired = PairedTest([(n, list(h)) for n, h in systems], chosen, [list(r) for r in refs], test_type=test, n_samples=samples)
+    signatures, table = paired()
+    rows: list[list[Score]] = []
+    for i, _ in enumerate(systems):
+        row = []
+        for metric_name in chosen:
+            result = table[metric_name][i]
+            row.append(Score(metric_name, float(result.score), str(signatures[metric_name]), "",
+                             result.mean, result.ci, result.p_value))
+        rows.append(row)
+    return rows, {k: str(v) for k, v in signatures.items()}
 
 
-def score_files(hyp_path: str | Path, ref_path: str | Path) -> list[Score]:
-    hyps = list(read_lines(Path(hyp_path)))
-    refs = list(read_lines(Path(ref_path)))
-    return score_lines(hyps, refs, str(hyp_path), str(ref_path))
+_SPACED_PUNCT = re.compile(r"\w \.$| , | ' | n't\b| 's\b|\( | \)")
 
 
-def score_lines(hyps: Sequence[str], refs: Sequence[str], hyp_name: str = "hypotheses", ref_name: str = "references") -> list[Score]:
-    if len(hyps) != len(refs):
-        raise XformerError(f"line counts differ: {hyp_name} has {len(hyps)} lines, {ref_name} has {len(refs)}")
-    if not refs:
-        raise XformerError(f"{ref_name} is empty")
-    return [bleu(hyps, refs), chrf(hyps, refs)]
+def hypothesis_warnings(hyps: Sequence[str], name: str) -> list[str]:
+    """Signs that a hypothesis file is not detokenized text, which sacreBLEU expects."""
+    lines = [h for h in hyps if h.strip()]
+    if not lines:
+        return []
+    warnings = []
+    if sum("\u2581" in h for h in lines) > 0.1 * len(lines):
+        warnings.append(f"{name} holds sentencepiece pieces ('\u2581'): decode it to plain text before scoring")
+    if sum("@@ " in h or h.endswith("@@") for h in lines) > 0.05 * len(lines):
+        warnings.append(f"{name} holds BPE joiners ('@@'): remove them before scoring")
+    if sum(bool(_SPACED_PUNCT.search(h)) for h in lines) > 0.3 * len(lines):
+        warnings.append(f"{name} looks tokenized (spaced punctuation): sacreBLEU expects detokenized text")
+    unk = sum("<unk>" in h for h in lines)
+    if unk:
+        warnings.append(f"{name}: {unk} lines hold <unk>")
+    return warnings
+
+
+def read_text(path: str | Path) -> list[str]:
+    return list(read_lines(Path(path)))

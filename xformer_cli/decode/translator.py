@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import torch
 
 from xformer_cli.config import Config, DecodeConfig, config_from_dict
-from xformer_cli.data.batching import encode_source_batch
+from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.search import Hypothesis, beam_search, greedy_search
 from xformer_cli.device import autocast, pick_device
 from xformer_cli.errors import XformerError
@@ -21,6 +22,15 @@ from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from xformer_cli.train.checkpoint import load_checkpoint
+
+
+@dataclass
+class AttentionMap:
+    """Encoder-decoder attention for one translated sentence."""
+
+    source: list[str]  # source pieces, then "</s>"
+    target: list[str]  # output pieces, then "</s>" (row t is the step that produced target[t])
+    weights: torch.Tensor  # (layers, heads, len(target), len(source))
 
 
 class Translator:
@@ -89,3 +99,20 @@ class Translator:
             for i, hyp in zip(chunk, hyps):
                 results[i] = hyp
         return results
+
+    def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
+        """Translate each line, then read the cross-attention the model paid to produce it."""
+        maps = []
+        for line, hyp in zip(lines, self.translate_ids(lines, beam_size=beam_size)):
+            if hyp is None:
+                continue
+            src_ids = self.tokenizer.encode_src([" ".join(line.split())])[0]
+            src = encode_source_batch([src_ids]).to(self.device)
+            tgt_in = pad([hyp.tokens], prefix=(BOS_ID,)).to(self.device)
+            weights = torch.stack([w[0] for w in self.model.cross_attention(src, tgt_in)]).float().cpu()
+            maps.append(AttentionMap(
+                source=self.tokenizer.src_pieces(" ".join(line.split())) + ["</s>"],
+                target=self.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
+                weights=weights,
+            ))
+        return maps

@@ -120,6 +120,16 @@ class MultiHeadAttention(nn.Module):
         )
         return self.out_proj(out.transpose(1, 2).reshape(query.shape))
 
+    def weights(self, query: Tensor, memory: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k)) per head, (B, H, Lq, Lk): what ``forward`` computes
+        inside the fused kernel, spelled out for attention plots."""
+        q = self._split_heads(self.q_proj(query))
+        k, _ = self.project_kv(memory)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(dim=-1)
+
 
 # -- 3.3 Position-wise feed-forward network -------------------------------------------
 
@@ -187,16 +197,24 @@ class DecoderLayer(nn.Module):
         self.sub_cross = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
-    def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None) -> Tensor:
+    def forward(
+        self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None, attention: Optional[list] = None
+    ) -> Tensor:
+        """``attention``, when a list, receives this layer's encoder-decoder attention weights."""
         if cache is None:
             y = self.sub_self(y, lambda h: self.self_attn(h, causal=True))
-            y = self.sub_cross(y, lambda h: self.cross_attn(h, memory, mask=src_mask))
+            y = self.sub_cross(y, lambda h: self._cross_attn(h, memory, src_mask, attention))
         else:
             y = self.sub_self(y, lambda h: self._cached_self_attn(h, cache))
             if "mem_k" not in cache:
                 cache["mem_k"], cache["mem_v"] = self.cross_attn.project_kv(memory)
             y = self.sub_cross(y, lambda h: self.cross_attn(h, mask=src_mask, kv=(cache["mem_k"], cache["mem_v"])))
         return self.sub_ffn(y, self.ffn)
+
+    def _cross_attn(self, h: Tensor, memory: Tensor, src_mask: Tensor, attention: Optional[list]) -> Tensor:
+        if attention is not None:
+            attention.append(self.cross_attn.weights(h, memory, src_mask))
+        return self.cross_attn(h, memory, mask=src_mask)
 
     def _cached_self_attn(self, h: Tensor, cache: dict) -> Tensor:
         # One new position attends to every earlier one, so no causal mask is needed.
@@ -276,6 +294,17 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.decoder_layers, cache):
             y = layer(y, memory, src_mask, layer_cache)
         return F.log_softmax(self.generator(self.decoder_norm(y))[:, -1].float(), dim=-1)
+
+    @torch.no_grad()
+    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
+        """Encoder-decoder attention weights of every decoder layer, each (B, H, T, S)."""
+        src_mask = self.padding_mask(src)
+        memory = self.encode(src, src_mask)
+        y = self.tgt_embed(tgt_in)
+        maps: list[Tensor] = []
+        for layer in self.decoder_layers:
+            y = layer(y, memory, src_mask, attention=maps)
+        return maps
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder_layers]

@@ -1,0 +1,149 @@
+"""Scoring (sacreBLEU parity, references, significance, warnings) and the pictures of a run."""
+
+import json
+
+import pytest
+from PIL import Image
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from xformer_cli.evaluate import compare_systems, hypothesis_warnings, score_lines
+from xformer_cli.plots import REPORT_DPI, REPORT_SIZE
+
+from conftest import assert_one_line_error, head, write_lines, xformer
+
+HYPS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park."]
+REF1 = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest im Park ein Buch."]
+REF2 = ["Ein Mann radelt.", "Zwei Hunde toben im Schnee.", "Eine Frau liest ein Buch in einem Park."]
+
+
+@pytest.mark.parametrize("refs", [[REF1], [REF1, REF2]], ids=["one-ref", "two-refs"])
+def test_scores_equal_sacrebleu_for_bleu_chrf_and_ter(refs):
+    ours = {s.name: s for s in score_lines(HYPS, refs, ("bleu", "chrf", "ter"))}
+    for name, metric in (("BLEU", BLEU()), ("chrF2", CHRF()), ("TER", TER())):
+        theirs = metric.corpus_score(HYPS, refs)
+        assert ours[name].score == theirs.score
+        assert ours[name].signature == str(metric.get_signature())
+        assert f"nrefs:{len(refs)}" in ours[name].signature
+
+
+def test_lowercase_and_tokenize_pass_through():
+    upper = [h.upper() for h in HYPS]
+    ours = score_lines(upper, [REF1], ("bleu",), lowercase=True, tokenize="intl")[0]
+    assert ours.score == BLEU(lowercase=True, tokenize="intl").corpus_score(upper, [REF1]).score
+    assert "case:lc" in ours.signature and "tok:intl" in ours.signature
+
+
+def test_bootstrap_confidence_interval_and_paired_significance():
+    score = score_lines(HYPS, [REF1], ("bleu",), bootstrap=100)[0]
+    assert score.ci is not None and score.ci >= 0 and "bs:100" in score.signature
+    worse = ["Ein Hund.", "Schnee.", "Ein Buch."]
+    rows, signatures = compare_systems([("good", HYPS), ("bad", worse)], [REF1], ("bleu", "chrf"), samples=200)
+    assert rows[0][0].p_value is None and rows[1][0].p_value is not None
+    assert rows[1][0].score < rows[0][0].score
+    assert set(signatures) == {"BLEU", "chrF2"}
+
+
+def test_warnings_for_tokenized_or_unk_hypotheses():
+    assert hypothesis_warnings(HYPS, "h") == []
+    assert any("sentencepiece" in w for w in hypothesis_warnings(["\u2581Ein \u2581Mann"] * 3, "h"))
+    assert any("@@" in w for w in hypothesis_warnings(["Ein Fahr@@ rad"] * 3, "h"))
+    assert any("tokenized" in w for w in hypothesis_warnings(["Ein Mann , der fährt ."] * 3, "h"))
+    assert any("<unk>" in w for w in hypothesis_warnings(["Ein <unk> Mann"], "h"))
+
+
+def test_eval_bleu_cli_with_two_references_and_ter(tmp_path):
+    hyp = write_lines(tmp_path / "h.de", HYPS)
+    r1, r2 = write_lines(tmp_path / "r1.de", REF1), write_lines(tmp_path / "r2.de", REF2)
+    proc = xformer("eval-bleu", "--hyp", hyp, "--ref", r1, "--ref", r2, "--metrics", "bleu,chrf,ter", "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    scores = json.loads(proc.stdout)
+    assert scores["BLEU"]["score"] == round(BLEU().corpus_score(HYPS, [REF1, REF2]).score, 4)
+    assert scores["TER"]["score"] == round(TER().corpus_score(HYPS, [REF1, REF2]).score, 4)
+    assert scores["chrF2"]["signature"].startswith("nrefs:2|")
+
+
+def test_eval_bleu_cli_paired_test_table(tmp_path):
+    base = write_lines(tmp_path / "base.de", ["Ein Hund.", "Schnee.", "Ein Buch."])
+    better = write_lines(tmp_path / "better.de", HYPS)
+    ref = write_lines(tmp_path / "r.de", REF1)
+    proc = xformer("eval-bleu", "--hyp", base, "--hyp", better, "--ref", ref, "--samples", "100")
+    assert proc.returncode == 0, proc.stderr.decode()
+    text = proc.stdout.decode()
+    assert "(baseline)" in text and "p=" in text and "BLEU signature: nrefs:1|bs:100" in text
+    proc = xformer("eval-bleu", "--hyp", base, "--hyp", better, "--ref", ref, "--paired-test", "ar", "--samples", "50", "--json")
+    result = json.loads(proc.stdout)
+    assert result["test"] == "ar" and [s["name"] for s in result["systems"]] == [str(base), str(better)]
+    assert "p_value" in result["systems"][1]["BLEU"] and "p_value" not in result["systems"][0]["BLEU"]
+
+
+def test_eval_bleu_warns_on_tokenized_input(tmp_path):
+    hyp = write_lines(tmp_path / "h.de", ["\u2581Ein \u2581Mann"] * 3)
+    ref = write_lines(tmp_path / "r.de", REF1)
+    proc = xformer("eval-bleu", "--hyp", hyp, "--ref", ref)
+    assert proc.returncode == 0 and "warning:" in proc.stderr.decode() and "sentencepiece" in proc.stderr.decode()
+
+
+def test_eval_bleu_bad_inputs(tmp_path):
+    ref = write_lines(tmp_path / "r.de", REF1)
+    short = write_lines(tmp_path / "short.de", HYPS[:2])
+    empty = tmp_path / "empty.de"
+    empty.write_text("")
+    assert_one_line_error(xformer("eval-bleu", "--hyp", short, "--ref", ref), "line counts differ", "short.de has 2 lines")
+    assert_one_line_error(xformer("eval-bleu", "--hyp", empty, "--ref", ref), "empty.de is empty")
+    assert_one_line_error(xformer("eval-bleu", "--hyp", short, "--ref", tmp_path / "missing.de"), "file not found", "missing.de")
+    good = write_lines(tmp_path / "good.de", HYPS)
+    assert_one_line_error(xformer("eval-bleu", "--hyp", good, "--ref", ref, "--metrics", "meteor"), "unknown metric 'meteor'")
+    assert_one_line_error(xformer("eval-bleu", "--hyp", good, "--ref", ref, "--tokenize", "moses"), "unknown BLEU tokenizer")
+
+
+@pytest.mark.slow
+def test_validation_bleu_in_training_equals_eval_bleu(trained_run, small_corpus):
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in records if "valid_bleu" in r][-1]
+    assert logged["step"] == 30  # last.pt was written at this validation
+    proc = xformer("eval-bleu", "--checkpoint", trained_run / "last.pt", "--src", small_corpus / "valid.en",
+                   "--ref", small_corpus / "valid.de", "--beam-size", "1", "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert round(json.loads(proc.stdout)["BLEU"]["score"], 2) == logged["valid_bleu"]
+
+
+@pytest.mark.slow
+def test_report_writes_a_png_of_the_expected_size(trained_run, tmp_path):
+    png = tmp_path / "report.png"
+    proc = xformer("report", trained_run, "--output", png)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "steps: 30" in proc.stdout.decode() and "best BLEU" in proc.stdout.decode()
+    with Image.open(png) as image:
+        assert image.format == "PNG"
+        assert image.size == (int(REPORT_SIZE[0] * REPORT_DPI), int(REPORT_SIZE[1] * REPORT_DPI))
+
+
+@pytest.mark.slow
+def test_attention_plot_has_one_panel_per_layer_and_sentence(trained_run, small_corpus, tmp_path):
+    png = tmp_path / "attention.png"
+    lines = "\n".join(head(small_corpus / "test2016.en", 3)).encode() + b"\n"
+    proc = xformer("translate", "-m", trained_run / "best.pt", "--attention", png, "--attention-sentences", "2",
+                   "-b", "1", stdin=lines)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(proc.stdout.decode().splitlines()) == 3  # translations still go to stdout
+    with Image.open(png) as image:
+        width, height = image.size
+    # 1 decoder layer x 2 sentences: one column, two rows of square panels.
+    assert image.format == "PNG" and height > 1.5 * width
+
+
+def test_translator_attention_rows_are_distributions(trained_run):
+    from xformer_cli import Translator
+
+    maps = Translator.from_checkpoint(trained_run / "best.pt", device="cpu").attention(["A dog runs.", ""], beam_size=1)
+    assert len(maps) == 1  # the empty line has nothing to plot
+    weights = maps[0].weights
+    assert weights.shape[2:] == (len(maps[0].target), len(maps[0].source))
+    assert weights.sum(-1).sub(1).abs().max() < 1e-4
+
+
+def test_missing_matplotlib_is_one_clear_line(trained_run, tmp_path):
+    hide = "import sys; sys.modules['matplotlib'] = None"
+    proc = xformer("report", trained_run, "--output", tmp_path / "r.png", python_prelude=hide)
+    assert_one_line_error(proc, "matplotlib", "pip install 'xformer[plot]'")
+    assert_one_line_error(xformer("report", tmp_path), "no metrics.jsonl")

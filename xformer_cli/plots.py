@@ -1,0 +1,133 @@
+"""Pictures of a run: the training report and attention heatmaps (matplotlib, optional).
+
+matplotlib is an optional extra (``pip install 'xformer[plot]'``); without it these
+functions raise an ``XformerError`` that says so, which the CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from xformer_cli.errors import XformerError
+
+REPORT_SIZE = (15.0, 8.0)  # inches at REPORT_DPI: a 1500 x 800 PNG
+REPORT_DPI = 100
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise XformerError("plots need matplotlib: pip install 'xformer[plot]'") from None
+    return plt
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise XformerError(f"no metrics.jsonl in {run_dir}: is it a run directory written by xformer train?")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise XformerError(f"{path}:{number}: not a JSON line") from None
+    if not rows:
+        raise XformerError(f"{path} is empty: the run has not logged anything yet")
+    return rows
+
+
+def summarize(rows: Sequence[dict]) -> str:
+    """A few lines a person can read in the terminal."""
+    train = [r for r in rows if "train_loss" in r]
+    valid = [r for r in rows if "valid_loss" in r]
+    last = rows[-1]
+    lines = [f"steps: {last.get('step', 0)}  epochs: {last.get('epoch', 0)}  minutes: {last.get('minutes', 0):.1f}"]
+    if train:
+        rate = statistics.median(r["tokens_per_s"] for r in train)
+        lines.append(f"train loss: {train[0]['train_loss']:.3f} at step {train[0]['step']} -> "
+                     f"{train[-1]['train_loss']:.3f} at step {train[-1]['step']}; median {rate:.0f} target tokens/s")
+    if valid:
+        best = max(valid, key=lambda r: r.get("valid_bleu", float("-inf")))
+        lines.append(f"valid: loss {valid[-1]['valid_loss']:.3f}, ppl {valid[-1]['valid_ppl']:.2f}, "
+                     f"BLEU {valid[-1]['valid_bleu']:.2f} at step {valid[-1]['step']}; "
+                     f"best BLEU {best['valid_bleu']:.2f} at step {best['step']}")
+    return "\n".join(lines)
+
+
+def plot_report(run_dir: str | Path, output: str | Path) -> str:
+    """Losses, validation BLEU and learning rate against steps (top) and minutes (bottom)."""
+    plt = _pyplot()
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if "train_loss" in r]
+    valid = [r for r in rows if "valid_loss" in r]
+    fig, axes = plt.subplots(2, 3, figsize=REPORT_SIZE, dpi=REPORT_DPI)
+    for row, x_key, x_label in ((0, "step", "step"), (1, "minutes", "wall time (minutes)")):
+        loss_ax, bleu_ax, lr_ax = axes[row]
+        loss_ax.plot([r[x_key] for r in train], [r["train_loss"] for r in train], label="train (label-smoothed)")
+        loss_ax.plot([r[x_key] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid (label-smoothed)")
+        loss_ax.set_ylabel("loss per target token")
+        loss_ax.legend()
+        bleu_ax.plot([r[x_key] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="tab:green")
+        bleu_ax.set_ylabel("valid sacreBLEU")
+        lr_ax.plot([r[x_key] for r in train], [r["lr"] for r in train], color="tab:red")
+        lr_ax.set_ylabel("learning rate")
+        for ax in (loss_ax, bleu_ax, lr_ax):
+            ax.set_xlabel(x_label)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"xformer run {Path(run_dir).resolve().name}")
+    fig.tight_layout()
+    _save(fig, output)
+    plt.close(fig)
+    return summarize(rows)
+
+
+def plot_attention(maps: Sequence, output: str | Path, per_head: bool = False) -> None:
+    """One heatmap per (sentence, layer), averaged over heads, or one per head with ``per_head``."""
+    plt = _pyplot()
+    if not maps:
+        raise XformerError("nothing to plot: every input line was empty")
+    panels = []  # (title, weights (T, S), source, target)
+    for n, m in enumerate(maps, start=1):
+        layers, heads = m.weights.shape[:2]
+        for layer in range(layers):
+            if per_head:
+                panels += [(f"sentence {n}, layer {layer + 1}, head {h + 1}", m.weights[layer, h], m.source, m.target)
+                           for h in range(heads)]
+            else:
+                panels.append((f"sentence {n}, layer {layer + 1}, mean of {heads} heads", m.weights[layer].mean(0),
+                               m.source, m.target))
+    cols = maps[0].weights.shape[1] if per_head else maps[0].weights.shape[0]
+    rows = (len(panels) + cols - 1) // cols
+    longest = max(max(len(m.source), len(m.target)) for m in maps)
+    side = max(3.0, 0.28 * longest + 1.5)  # room for one label per piece
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols, side * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (title, weights, source, target) in zip(axes.flat, panels):
+        ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(target)), target, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("source")
+        ax.set_ylabel("output")
+    fig.tight_layout()
+    _save(fig, output)
+    plt.close(fig)
+
+
+def _save(fig, output: str | Path) -> None:
+    output = Path(output)
+    if output.suffix.lower() != ".png":
+        raise XformerError(f"{output}: plots are written as PNG; give a .png path")
+    if not output.parent.is_dir():
+        raise XformerError(f"{output}: folder {output.parent} does not exist")
+    fig.savefig(output, format="png")
