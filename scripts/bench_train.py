@@ -79,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(args.config)
-    corpus = load_corpus(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang, "train")
+    corpus = load_corpus(cfg.data.train[0], cfg.data.src_lang, cfg.data.tgt_lang, "train")
     corpus.src, corpus.tgt = corpus.src[: args.pairs], corpus.tgt[: args.pairs]
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)

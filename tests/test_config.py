@@ -20,9 +20,9 @@ def test_dotted_overrides_are_typed():
 def test_environment_variables_expand_in_paths(monkeypatch):
     monkeypatch.setenv("XFORMER_DATA", "/corpora")
     cfg = load_config("configs/multi30k.yaml")
-    assert cfg.data.train.prefix == "/corpora/multi30k/train"
+    assert cfg.data.train[0].prefix == "/corpora/multi30k/train"
     monkeypatch.delenv("XFORMER_DATA")
-    assert load_config("configs/multi30k.yaml").data.train.prefix == "../shared/data/multi30k/train"
+    assert load_config("configs/multi30k.yaml").data.train[0].prefix == "../shared/data/multi30k/train"
 
 
 @pytest.mark.parametrize(

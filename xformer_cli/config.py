@@ -26,22 +26,42 @@ from xformer_cli.model.transformer import ModelConfig
 
 @dataclass
 class CorpusConfig:
-    """One parallel corpus: ``prefix`` + ``.src_lang`` / ``.tgt_lang``, or two explicit paths."""
+    """One parallel corpus, from one of three kinds of source:
+
+    - plain-text files: ``prefix`` (reads prefix.<src_lang> and prefix.<tgt_lang>, or .gz),
+      or explicit ``src`` and ``tgt`` paths;
+    - a Hugging Face dataset: ``dataset`` is a hub name (with ``dataset_config``, e.g.
+      wmt14 / de-en) or a directory written by ``save_to_disk``; ``split`` picks the split;
+    - data files (parquet, jsonl/json, tsv, csv): ``data_files``.
+    Datasets and data files are read in WMT's schema (a ``translation`` column of
+    {lang: text}) or from two columns: ``src_column``/``tgt_column``, else columns named
+    after the two language codes.
+    """
 
     prefix: Optional[str] = None
     src: Optional[str] = None
     tgt: Optional[str] = None
+    dataset: Optional[str] = None
+    dataset_config: Optional[str] = None
+    split: Optional[str] = None  # default: train / validation / test by the corpus's role
+    data_files: Optional[str] = None
+    src_column: Optional[str] = None
+    tgt_column: Optional[str] = None
 
 
 @dataclass
 class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
-    train: CorpusConfig = field(default_factory=CorpusConfig)
+    train: list[CorpusConfig] = field(default_factory=lambda: [CorpusConfig()])  # one corpus or a list
     valid: Optional[CorpusConfig] = None
     test: Optional[CorpusConfig] = None
     max_len: int = 256  # training pairs with a side longer than this (in pieces) are dropped
+    max_len_ratio: float = 0.0  # drop training pairs whose longer side exceeds this times the shorter; 0 = off
+    dedup: bool = False  # drop exact duplicate training pairs
+    skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set
+    cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache
 
 
 @dataclass
@@ -142,6 +162,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is typing.Union:  # Optional[X]
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return None if value is None else _coerce(value, inner, key)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        items = value if isinstance(value, list) else [value]  # a single item stands for a list of one
+        return [_coerce(item, inner, f"{key}[{i}]") for i, item in enumerate(items)]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise XformerError(f"config key '{key}': expected a mapping of keys, got {value!r}")
@@ -271,10 +295,24 @@ def validate(cfg: Config) -> None:
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
     _require(d.max_len > 0, "data.max_len", "must be positive")
     _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
-    tr = d.train
-    _require(bool(tr.prefix) or (bool(tr.src) and bool(tr.tgt)), "data.train", "give prefix, or both src and tgt")
+    _require(len(d.train) > 0, "data.train", "needs at least one corpus")
+    for i, corpus in enumerate(d.train):
+        _check_corpus(corpus, f"data.train[{i}]" if len(d.train) > 1 else "data.train")
+    for name in ("valid", "test"):
+        if getattr(d, name) is not None:
+            _check_corpus(getattr(d, name), f"data.{name}")
+    _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
     _require(dec.beam_size >= 1, "decode.beam_size", "must be at least 1")
     _require(dec.max_len_a >= 0 and dec.max_len_b >= 0, "decode.max_len_b", "max_len_a and max_len_b must be >= 0")
     _require(dec.max_len_a > 0 or dec.max_len_b > 0, "decode.max_len_b", "max_len_a and max_len_b cannot both be 0")
     _require(dec.batch_size >= 1, "decode.batch_size", "must be at least 1")
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
+
+
+def _check_corpus(c: CorpusConfig, key: str) -> None:
+    kinds = [bool(c.prefix or c.src or c.tgt), bool(c.dataset), bool(c.data_files)]
+    _require(sum(kinds) == 1, key, "give exactly one source: prefix (or src + tgt), dataset, or data_files")
+    if kinds[0]:
+        _require(bool(c.prefix) != bool(c.src and c.tgt) and not (bool(c.src) ^ bool(c.tgt)), key,
+                 "give prefix, or both src and tgt")
+    _require(bool(c.src_column) == bool(c.tgt_column), key, "give both src_column and tgt_column, or neither")

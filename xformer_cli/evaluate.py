@@ -62,8 +62,9 @@ def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False
     return metrics
 
 
-def _checked(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str, ref_names: Sequence[str]) -> None:
-    if not hyps or all(not h.strip() for h in hyps):
+def _checked(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str, ref_names: Sequence[str],
+             allow_empty: bool = False) -> None:
+    if not allow_empty and (not hyps or all(not h.strip() for h in hyps)):
         raise XformerError(f"{hyp_name} is empty")
     for ref, name in zip(refs, ref_names):
         if len(ref) != len(hyps):
@@ -79,10 +80,12 @@ def score_lines(
     bootstrap: int = 0,
     hyp_name: str = "hypotheses",
     ref_names: Optional[Sequence[str]] = None,
+    allow_empty: bool = False,
 ) -> list[Score]:
-    """Score one system against one or more reference streams (each as long as ``hyps``)."""
+    """Score one system against one or more reference streams (each as long as ``hyps``).
+    An all-empty hypothesis file is an error unless ``allow_empty`` (a model early in training)."""
     ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
-    _checked(hyps, refs, hyp_name, ref_names)
+    _checked(hyps, refs, hyp_name, ref_names, allow_empty)
     scores = []
     for name, metric in make_metrics(metrics, lowercase, tokenize).items():
         result = metric.corpus_score(list(hyps), [list(r) for r in refs], n_bootstrap=max(bootstrap, 1))
@@ -95,7 +98,7 @@ def score_lines(
 
 def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     """Default sacreBLEU on detokenized text: what validation logs and eval-bleu print."""
-    return score_lines(hyps, [refs], ("bleu",))[0]
+    return score_lines(hyps, [refs], ("bleu",), allow_empty=True)[0]
 
 
 def compare_systems(

@@ -32,7 +32,9 @@ def make_batches(
 
     Examples are sorted by length (ties broken by a seeded shuffle) so a batch holds
     similar lengths and little padding; the batch order is then shuffled with the same
-    seed. A single example longer than ``max_tokens`` forms a batch of its own.
+    seed, so (seed, epoch) fixes the whole epoch and a batch index is a resumable position.
+    A single example longer than ``max_tokens`` forms a batch of its own. Memory is a few
+    integers per example, whatever the corpus size.
     """
     src_lens = np.asarray(src_lens, dtype=np.int64)
     tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
@@ -40,19 +42,36 @@ def make_batches(
     tie = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     order = np.lexsort((tie, tgt_lens, src_lens))
     slots = np.maximum(src_lens, tgt_lens)[order] + 1
-    batches: list[np.ndarray] = []
+    bounds = [0]
     start, longest = 0, 0
-    for i, width in enumerate(slots.tolist()):
-        longest_if_added = max(longest, width)
-        if i > start and longest_if_added * (i - start + 1) > max_tokens:
-            batches.append(order[start:i])
-            start, longest_if_added = i, width
-        longest = longest_if_added
-    if start < len(order):
-        batches.append(order[start:])
+    for offset in range(0, len(slots), 1 << 16):  # tolist in pieces: flat memory on huge corpora
+        for i, width in enumerate(slots[offset : offset + (1 << 16)].tolist(), start=offset):
+            longest_if_added = max(longest, width)
+            if i > start and longest_if_added * (i - start + 1) > max_tokens:
+                bounds.append(i)
+                start, longest_if_added = i, width
+            longest = longest_if_added
+    if len(order):
+        bounds.append(len(order))
+    batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+def shard(batches: Sequence[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
+    """This rank's share for data-parallel training: disjoint across ranks, together complete."""
+    return list(batches[rank::world_size])
+
+
+def padding_efficiency(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
+    """Real tokens over token slots, both sides, eos/bos included."""
+    real = slots = 0
+    for b in batches:
+        s, t = src_lens[b] + 1, tgt_lens[b] + 1
+        real += int(s.sum() + t.sum())
+        slots += len(b) * int(s.max() + t.max())
+    return real / max(slots, 1)
 
 
 def pad(sequences: Sequence[Sequence[int]], prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> Tensor:

@@ -1,15 +1,26 @@
-"""Reading parallel corpora: validate, drop what cannot be used, say what was dropped."""
+"""Reading parallel corpora from files or datasets: validate, stream, and say what was dropped.
+
+Every source yields the same thing, (source, target) string pairs with surrounding
+whitespace stripped, so plain files, Hugging Face datasets and parquet files are
+interchangeable. Training corpora are streamed (never held in memory); valid and test
+sets are small and read whole.
+"""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
+
+DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".tsv": "csv", ".csv": "csv"}
 
 
 @dataclass
@@ -23,11 +34,17 @@ class ParallelCorpus:
         return len(self.src)
 
     def report(self) -> str:
-        kept = f"{self.name}: {len(self)} pairs"
-        if not self.dropped:
-            return kept
-        return kept + " (dropped " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items())) + ")"
+        return describe(self.name, len(self), self.dropped)
 
+
+def describe(name: str, kept: int, dropped: Counter) -> str:
+    text = f"{name}: {kept} pairs"
+    if dropped:
+        text += " (dropped " + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())) + ")"
+    return text
+
+
+# -- plain-text files ------------------------------------------------------------------
 
 def corpus_paths(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     """``prefix`` + ``.en`` / ``.de`` (or ``.en.gz``), or the two paths given."""
@@ -43,29 +60,176 @@ def corpus_paths(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[Pa
     return paths[0], paths[1]
 
 
-def read_lines(path: Path) -> Iterator[str]:
-    """Lines without their newline; invalid UTF-8 is an error naming file and line."""
+def _open_binary(path: Path):
     if not path.is_file():
         raise XformerError(f"file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool) -> Optional[str]:
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        if skip_invalid:
+            return None
+        raise XformerError(f"{path}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); "
+                           "fix the file or set data.skip_invalid_utf8: true") from None
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines without their newline; invalid UTF-8 is an error naming file and line."""
+    with _open_binary(path) as handle:
         for number, raw in enumerate(handle, start=1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise XformerError(f"{path}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            yield _decode(raw, path, number, skip_invalid=False)  # type: ignore[misc]
 
 
-def read_parallel(src_path: Path, tgt_path: Path, name: str = "") -> ParallelCorpus:
-    """Read aligned files; mismatched line counts are an error, empty sides are dropped."""
-    src_lines = list(read_lines(src_path))
-    tgt_lines = list(read_lines(tgt_path))
-    if len(src_lines) != len(tgt_lines):
-        raise XformerError(
-            f"line counts differ: {src_path} has {len(src_lines)} lines, {tgt_path} has {len(tgt_lines)}"
-        )
+def _text_pairs(src_path: Path, tgt_path: Path, skip_invalid: bool, dropped: Counter) -> Iterator[tuple[str, str]]:
+    with _open_binary(src_path) as fs, _open_binary(tgt_path) as ft:
+        number = 0
+        for number, (a, b) in enumerate(zip_longest(fs, ft), start=1):
+            if a is None or b is None:
+                n_src = number - 1 + (a is not None) + sum(1 for _ in fs)
+                n_tgt = number - 1 + (b is not None) + sum(1 for _ in ft)
+                raise XformerError(f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}")
+            s, t = _decode(a, src_path, number, skip_invalid), _decode(b, tgt_path, number, skip_invalid)
+            if s is None or t is None:
+                dropped["invalid UTF-8"] += 1
+                continue
+            yield s, t
+
+
+# -- datasets and data files ---------------------------------------------------------------
+
+def open_dataset(corpus: CorpusConfig, split: str):
+    """A ``datasets.Dataset`` (memory-mapped Arrow) for a hub name, a saved directory or data files."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    what = corpus.dataset or corpus.data_files
+    try:
+        if corpus.data_files:
+            files = sorted(Path().glob(corpus.data_files)) if any(ch in corpus.data_files for ch in "*?[") else [Path(corpus.data_files)]
+            if not files or not all(f.is_file() for f in files):
+                raise XformerError(f"data files not found: {corpus.data_files}")
+            suffix = files[0].suffix.lower()
+            if suffix not in _FILE_BUILDERS:
+                raise XformerError(f"{files[0]}: unsupported data file type (use parquet, jsonl, json, tsv or csv)")
+            extra = {"delimiter": "\t", "quoting": 3} if suffix == ".tsv" else {}
+            return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=[str(f) for f in files], split="train", **extra)
+        path = Path(corpus.dataset)  # type: ignore[arg-type]
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise XformerError(f"dataset {path} has no split '{split}' (splits: {', '.join(loaded)})")
+                return loaded[split]
+            return loaded
+        return datasets.load_dataset(corpus.dataset, corpus.dataset_config, split=split)
+    except XformerError:
+        raise
+    except Exception as exc:  # datasets raises many types; the user needs its first line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise XformerError(f"dataset {what} (split '{split}'): {first[:300]}") from None
+
+
+def _columns(ds, corpus: CorpusConfig, src_lang: str, tgt_lang: str, what: str) -> tuple[str, Optional[str]]:
+    """('translation', None) for WMT's schema, else the two column names."""
+    names = list(ds.column_names)
+    if corpus.src_column:
+        missing = [c for c in (corpus.src_column, corpus.tgt_column) if c not in names]
+        if missing:
+            raise XformerError(f"{what} has no column '{missing[0]}' (columns: {', '.join(names)})")
+        return corpus.src_column, corpus.tgt_column
+    if "translation" in names:
+        feature = ds.features["translation"]
+        langs = list(getattr(feature, "languages", None) or feature.keys())
+        missing = [lang for lang in (src_lang, tgt_lang) if lang not in langs]
+        if missing:
+            raise XformerError(f"{what} has no '{missing[0]}' in its translation column (languages: {', '.join(langs)})")
+        return "translation", None
+    if src_lang in names and tgt_lang in names:
+        return src_lang, tgt_lang
+    raise XformerError(f"{what}: no 'translation' column and no columns '{src_lang}'/'{tgt_lang}' "
+                       f"(columns: {', '.join(names)}); set src_column and tgt_column")
+
+
+def _dataset_pairs(ds, columns: tuple[str, Optional[str]], src_lang: str, tgt_lang: str) -> Iterator[tuple[str, str]]:
+    first, second = columns
+    for batch in ds.iter(batch_size=2000):
+        if second is None:
+            for row in batch[first]:
+                yield row.get(src_lang) or "", row.get(tgt_lang) or ""
+        else:
+            for s, t in zip(batch[first], batch[second]):
+                yield s or "", t or ""
+
+
+# -- one interface over all of them ---------------------------------------------------------
+
+class PairSource:
+    """A re-iterable stream of cleaned pairs from one corpus; ``dropped`` counts what was skipped."""
+
+    def __init__(self, corpus: CorpusConfig, src_lang: str, tgt_lang: str, role: str = "train", skip_invalid: bool = False):
+        self.corpus, self.src_lang, self.tgt_lang, self.skip_invalid = corpus, src_lang, tgt_lang, skip_invalid
+        self.split = corpus.split or DEFAULT_SPLITS.get(role, role)
+        self.dropped: Counter = Counter()
+        self._dataset = None
+        if corpus.dataset or corpus.data_files:
+            self.name = f"{corpus.dataset or corpus.data_files}[{self.split}]"
+            self._dataset = open_dataset(corpus, self.split)
+            self._columns = _columns(self._dataset, corpus, src_lang, tgt_lang, self.name)
+        else:
+            self.paths = corpus_paths(corpus, src_lang, tgt_lang)
+            for path in self.paths:
+                if not path.is_file():
+                    raise XformerError(f"file not found: {path}")
+            self.name = f"{self.paths[0]}"
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        self.dropped = Counter()
+        if self._dataset is not None:
+            raw = _dataset_pairs(self._dataset, self._columns, self.src_lang, self.tgt_lang)
+        else:
+            raw = _text_pairs(self.paths[0], self.paths[1], self.skip_invalid, self.dropped)
+        for s, t in raw:
+            s, t = s.strip(), t.strip()
+            if not s or not t:
+                self.dropped["empty side"] += 1
+                continue
+            yield s, t
+
+    def fingerprint(self) -> str:
+        """Changes when the data changes: file size and mtime, or the dataset's own fingerprint."""
+        h = hashlib.sha256()
+        if self._dataset is not None:
+            h.update(f"{self.name}|{self._columns}|{self._dataset._fingerprint}".encode())
+        else:
+            for path in self.paths:
+                stat = path.stat()
+                h.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+        h.update(f"{self.src_lang}>{self.tgt_lang}|{self.skip_invalid}".encode())
+        return h.hexdigest()
+
+
+def open_sources(corpora: Sequence[CorpusConfig], src_lang: str, tgt_lang: str, role: str, skip_invalid: bool = False) -> list[PairSource]:
+    return [PairSource(c, src_lang, tgt_lang, role, skip_invalid) for c in corpora]
+
+
+def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, name: str, skip_invalid: bool = False) -> Optional[ParallelCorpus]:
+    """Read a small corpus (valid, test) whole."""
+    if corpus is None:
+        return None
+    source = PairSource(corpus, src_lang, tgt_lang, name, skip_invalid)
+    pairs = list(source)
+    if not pairs:
+        raise XformerError(f"{name} corpus {source.name} is empty after dropping empty pairs")
+    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name)
+
+
+def read_parallel(src_path: Path, tgt_path: Path, name: str = "", skip_invalid: bool = False) -> ParallelCorpus:
+    """Read two aligned text files whole (tests and small sets)."""
     corpus = ParallelCorpus([], [], name=name or str(src_path))
-    for s, t in zip(src_lines, tgt_lines):
+    for s, t in _text_pairs(Path(src_path), Path(tgt_path), skip_invalid, corpus.dropped):
         s, t = s.strip(), t.strip()
         if not s or not t:
             corpus.dropped["empty side"] += 1
@@ -73,13 +237,3 @@ def read_parallel(src_path: Path, tgt_path: Path, name: str = "") -> ParallelCor
         corpus.src.append(s)
         corpus.tgt.append(t)
     return corpus
-
-
-def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, name: str) -> Optional[ParallelCorpus]:
-    if corpus is None:
-        return None
-    src_path, tgt_path = corpus_paths(corpus, src_lang, tgt_lang)
-    loaded = read_parallel(src_path, tgt_path, name=name)
-    if len(loaded) == 0:
-        raise XformerError(f"{name} corpus is empty after dropping empty pairs: {src_path}, {tgt_path}")
-    return loaded

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from tqdm import tqdm
 
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch, collate, make_batches
-from xformer_cli.data.sources import ParallelCorpus, load_corpus
+from xformer_cli.data.prepare import prepare_data
+from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.translator import Translator
 from xformer_cli.device import autocast, configure_threads, pick_device
 from xformer_cli.errors import XformerError
@@ -62,36 +62,21 @@ class TrainResult:
     run_dir: Path
 
 
+def check_run_dir(config: Config, overwrite: bool) -> None:
+    run_dir = Path(config.run_dir)
+    if ((run_dir / "last.pt").exists() or (run_dir / "best.pt").exists()) and not overwrite:
+        raise XformerError(f"{run_dir} already holds checkpoints; choose another run_dir or pass --overwrite")
+
+
 def prepare_run_dir(config: Config, overwrite: bool) -> Path:
     run_dir = Path(config.run_dir)
-    if (run_dir / "last.pt").exists() or (run_dir / "best.pt").exists():
-        if not overwrite:
-            raise XformerError(f"{run_dir} already holds checkpoints; choose another run_dir or pass --overwrite")
+    check_run_dir(config, overwrite)
+    if overwrite:
         for name in ("last.pt", "best.pt", "metrics.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "tokenizer", ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
     return run_dir
-
-
-def get_tokenizer(config: Config, train: ParallelCorpus, run_dir: Path, log: Callable[[str], None]) -> Tokenizer:
-    tc = config.tokenizer
-    if tc.model:
-        if not tc.joint and not tc.tgt_model:
-            raise XformerError("config key 'tokenizer.tgt_model': needed with tokenizer.joint: false and tokenizer.model")
-        tokenizer = Tokenizer.from_files(tc.model, tc.tgt_model if not tc.joint else None)
-        log(f"tokenizer: reusing {tc.model}")
-    else:
-        started = time.time()
-        tokenizer = Tokenizer.train(
-            train.src, train.tgt, joint=tc.joint, vocab_size=tc.vocab_size, model_type=tc.model_type,
-            character_coverage=tc.character_coverage, input_sentence_size=tc.input_sentence_size, seed=config.train.seed,
-        )
-        log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece "
-            f"({tokenizer.src_vocab_size} pieces) in {time.time() - started:.1f}s")
-    tokenizer.save(run_dir / "tokenizer")
-    return tokenizer
 
 
 def encode_corpus(corpus: ParallelCorpus, tokenizer: Tokenizer, max_len: Optional[int] = None) -> EncodedCorpus:
@@ -133,22 +118,13 @@ def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    # Read everything before touching the run directory: bad data must not cost old checkpoints.
-    d = config.data
-    train_corpus = load_corpus(d.train, d.src_lang, d.tgt_lang, "train")
-    valid_corpus = load_corpus(d.valid, d.src_lang, d.tgt_lang, "valid")
-    run_dir = prepare_run_dir(config, overwrite)
-    tokenizer = get_tokenizer(config, train_corpus, run_dir, log)
-    train_data = encode_corpus(train_corpus, tokenizer, d.max_len)
-    log(train_corpus.report())
-    if not train_data.src:
-        raise XformerError("no training pairs left after filtering")
-    valid_data = None
-    if valid_corpus is not None:
-        if d.valid_max_sentences:
-            valid_corpus.src, valid_corpus.tgt = valid_corpus.src[: d.valid_max_sentences], valid_corpus.tgt[: d.valid_max_sentences]
-        valid_data = encode_corpus(valid_corpus, tokenizer)
-        log(valid_corpus.report())
+    # Every input is read and checked before the run directory is touched:
+    # bad data must not cost the checkpoints of an earlier run.
+    check_run_dir(config, overwrite)
+    prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
+    run_dir = Path(config.run_dir)
+    tokenizer, train_data, valid_corpus = prepared.tokenizer, prepared.train, prepared.valid
+    valid_data = encode_corpus(valid_corpus, tokenizer) if valid_corpus is not None else None
 
     model = build_model(config, tokenizer).to(device)
     log(f"model: {model.count_parameters():,} parameters on {device}")

@@ -1,0 +1,234 @@
+"""The tokenized corpus on disk: built once per fingerprint, memory-mapped by every run.
+
+Layout of ``<cache_dir>/<fingerprint>/``::
+
+    src.bin, tgt.bin              token ids of every kept pair, back to back (uint16 or uint32)
+    src.offsets.npy, tgt.offsets.npy   int64, n + 1 entries: pair i is bin[off[i]:off[i+1]]
+    meta.json                     counts, what was dropped and why, what went into the fingerprint
+
+The fingerprint covers the data (file sizes and mtimes, or the dataset's fingerprint), the
+tokenizer model bytes and the filters, so any change builds a new cache and an unchanged
+setup reuses the old one without tokenizing again. A build writes into a temporary
+directory and renames it into place at the end: an interrupted build leaves nothing a
+later run would trust. Memory stays flat: pairs stream in chunks, ids go straight to disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from xformer_cli.data.batching import Batch, collate
+from xformer_cli.data.sources import PairSource, describe
+from xformer_cli.errors import XformerError
+from xformer_cli.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+CHUNK_PAIRS = 50_000
+
+
+@dataclass(frozen=True)
+class Filters:
+    max_len: int = 256  # pieces per side
+    max_len_ratio: float = 0.0  # 0 = off
+    dedup: bool = False
+
+
+def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Filters) -> str:
+    h = hashlib.sha256(f"xformer-cache-v{FORMAT_VERSION}".encode())
+    for source in sources:
+        h.update(source.fingerprint().encode())
+    h.update(hashlib.sha256(tokenizer.src_model_bytes).digest())
+    h.update(hashlib.sha256(tokenizer.tgt_model_bytes or b"joint").digest())
+    h.update(json.dumps(asdict(filters), sort_keys=True).encode())
+    return h.hexdigest()[:20]
+
+
+class TokenCache:
+    """Read side: memory-mapped ids and per-pair lengths; ``batch`` builds padded tensors."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
+        dtype = np.dtype(self.meta["dtype"])
+        self.src_offsets = np.load(self.directory / "src.offsets.npy", mmap_mode="r")
+        self.tgt_offsets = np.load(self.directory / "tgt.offsets.npy", mmap_mode="r")
+        self.src_ids = _memmap(self.directory / "src.bin", dtype)
+        self.tgt_ids = _memmap(self.directory / "tgt.bin", dtype)
+        self.src_lens = np.diff(self.src_offsets).astype(np.int32)
+        self.tgt_lens = np.diff(self.tgt_offsets).astype(np.int32)
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]],
+                self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]])
+
+    def batch(self, indices: Iterable[int]) -> Batch:
+        pairs = [self.pair(int(i)) for i in indices]
+        return collate([p[0].tolist() for p in pairs], [p[1].tolist() for p in pairs])
+
+
+def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    while True:
+        chunk = list(itertools.islice(pairs, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _flat(ids: Sequence[Sequence[int]], dtype: np.dtype, total: int) -> np.ndarray:
+    return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
+
+
+def build_or_load(
+    sources: Sequence[PairSource],
+    tokenizer: Tokenizer,
+    filters: Filters,
+    cache_dir: str | Path,
+    log: Callable[[str], None] = print,
+    threads: int = 0,
+) -> tuple[TokenCache, bool]:
+    """Returns the cache for this (data, tokenizer, filters) and whether it was reused."""
+    cache_dir = Path(cache_dir)
+    key = fingerprint(sources, tokenizer, filters)
+    final = cache_dir / key
+    if (final / "meta.json").is_file():
+        return TokenCache(final), True
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(cache_dir, key)
+    tmp = cache_dir / f".{key}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        meta = _build(sources, tokenizer, filters, tmp, log, threads)
+        meta["fingerprint"] = key
+        _write_json_synced(tmp / "meta.json", meta)  # written last: its presence marks a finished build
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished the same build first: use theirs
+            if not (final / "meta.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return TokenCache(final), False
+
+
+def _remove_abandoned_builds(cache_dir: Path, key: str) -> None:
+    for stale in cache_dir.glob(f".{key}.building-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_json_synced(path: Path, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, threads: int) -> dict:
+    started = time.time()
+    dtype = np.dtype(np.uint16 if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 65535 else np.uint32)
+    threads = threads or os.cpu_count() or 1
+    dropped: Counter = Counter()
+    seen: set[int] = set()
+    src_lens: list[np.ndarray] = []
+    tgt_lens: list[np.ndarray] = []
+    read = 0
+    with open(out / "src.bin", "wb") as fs, open(out / "tgt.bin", "wb") as ft:
+        for source in sources:
+            for chunk in _chunks(iter(source), CHUNK_PAIRS):
+                read += len(chunk)
+                if filters.dedup:
+                    chunk = _drop_duplicates(chunk, seen, dropped)
+                src = tokenizer.src.encode([s for s, _ in chunk], num_threads=threads)
+                tgt = tokenizer.tgt.encode([t for _, t in chunk], num_threads=threads)
+                ls = np.fromiter(map(len, src), dtype=np.int64, count=len(src))
+                lt = np.fromiter(map(len, tgt), dtype=np.int64, count=len(tgt))
+                keep = _keep_mask(ls, lt, filters, dropped)
+                if not keep.all():
+                    idx = np.flatnonzero(keep).tolist()
+                    src, tgt, ls, lt = [src[i] for i in idx], [tgt[i] for i in idx], ls[keep], lt[keep]
+                _flat(src, dtype, int(ls.sum())).tofile(fs)
+                _flat(tgt, dtype, int(lt.sum())).tofile(ft)
+                src_lens.append(ls)
+                tgt_lens.append(lt)
+            for reason, n in source.dropped.items():
+                dropped[reason] += n
+        for handle in (fs, ft):
+            handle.flush()
+            os.fsync(handle.fileno())
+    all_src = np.concatenate(src_lens) if src_lens else np.zeros(0, np.int64)
+    all_tgt = np.concatenate(tgt_lens) if tgt_lens else np.zeros(0, np.int64)
+    if len(all_src) == 0:
+        raise XformerError(describe("training data", 0, dropped) + ": nothing left to train on "
+                           f"(check the files, data.max_len={filters.max_len} and data.max_len_ratio)")
+    for name, lens in (("src", all_src), ("tgt", all_tgt)):
+        np.save(out / f"{name}.offsets.npy", np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    meta = {
+        "format": FORMAT_VERSION, "dtype": dtype.name, "pairs": int(len(all_src)), "read": read,
+        "dropped": dict(dropped), "src_tokens": int(all_src.sum()), "tgt_tokens": int(all_tgt.sum()),
+        "sources": [s.name for s in sources], "filters": asdict(filters), "seconds": round(time.time() - started, 2),
+    }
+    log(f"cache: tokenized {describe('training data', meta['pairs'], dropped)} in {meta['seconds']:.1f}s")
+    return meta
+
+
+def _drop_duplicates(chunk: list[tuple[str, str]], seen: set[int], dropped: Counter) -> list[tuple[str, str]]:
+    kept = []
+    for pair in chunk:
+        key = hash(pair)  # salted per process, which is all one build needs
+        if key in seen:
+            dropped["duplicate"] += 1
+            continue
+        seen.add(key)
+        kept.append(pair)
+    return kept
+
+
+def _keep_mask(ls: np.ndarray, lt: np.ndarray, filters: Filters, dropped: Counter) -> np.ndarray:
+    keep = (ls > 0) & (lt > 0)
+    dropped["empty after tokenization"] += int((~keep).sum())
+    too_long = keep & ((ls > filters.max_len) | (lt > filters.max_len))
+    dropped[f"longer than {filters.max_len} pieces"] += int(too_long.sum())
+    keep &= ~too_long
+    if filters.max_len_ratio:
+        ratio = np.maximum(ls, lt) / np.maximum(np.minimum(ls, lt), 1)
+        bad_ratio = keep & (ratio > filters.max_len_ratio)
+        dropped[f"length ratio above {filters.max_len_ratio:g}"] += int(bad_ratio.sum())
+        keep &= ~bad_ratio
+    for reason in [r for r, n in dropped.items() if n == 0]:
+        del dropped[reason]
+    return keep

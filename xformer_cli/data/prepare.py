@@ -1,0 +1,128 @@
+"""Everything between a config and batches: sources, tokenizer, tokenized cache, eval sets.
+
+``xformer prepare`` runs this alone; ``xformer train`` runs it first. Order matters for
+safety: all inputs are opened and checked, and the tokenizer sample is streamed (which
+reads every training line once), before anything is written to the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from xformer_cli.config import Config
+from xformer_cli.data.cache import Filters, TokenCache, build_or_load
+from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
+from xformer_cli.errors import XformerError
+from xformer_cli.tokenizer import Tokenizer
+
+
+@dataclass
+class PreparedData:
+    tokenizer: Tokenizer
+    train: TokenCache
+    cache_reused: bool
+    valid: Optional[ParallelCorpus]
+    test: Optional[ParallelCorpus]
+
+
+def sample_pairs(sources: Sequence[PairSource], size: int, seed: int) -> list[tuple[str, str]]:
+    """A uniform random sample of ``size`` pairs in one streaming pass (reservoir sampling)."""
+    rng = random.Random(seed)
+    sample: list[tuple[str, str]] = []
+    seen = 0
+    for source in sources:
+        for pair in source:
+            if seen < size:
+                sample.append(pair)
+            else:
+                j = rng.randrange(seen + 1)
+                if j < size:
+                    sample[j] = pair
+            seen += 1
+    return sample
+
+
+def _tokenizer_settings(config: Config, sources: Sequence[PairSource]) -> str:
+    tc = asdict(config.tokenizer)
+    return json.dumps({"tokenizer": tc, "seed": config.train.seed, "data": [s.fingerprint() for s in sources]}, sort_keys=True)
+
+
+class TokenizerPlan:
+    """Where the tokenizer comes from: given in the config, reused from the run, or trained now."""
+
+    def __init__(self, config: Config, sources: Sequence[PairSource], run_dir: Path, log: Callable[[str], None]):
+        self.config, self.sources, self.run_dir, self.log = config, sources, run_dir, log
+        self.settings = _tokenizer_settings(config, sources)
+
+    def resolve(self) -> Tokenizer:
+        tc = self.config.tokenizer
+        if tc.model:
+            if not tc.joint and not tc.tgt_model:
+                raise XformerError("config key 'tokenizer.tgt_model': needed with tokenizer.joint: false and tokenizer.model")
+            self.log(f"tokenizer: reusing {tc.model}")
+            return Tokenizer.from_files(tc.model, tc.tgt_model if not tc.joint else None)
+        saved = self.run_dir / "tokenizer"
+        settings = saved / "settings.json"
+        if settings.is_file() and settings.read_text(encoding="utf-8") == self.settings:
+            self.log(f"tokenizer: reusing {saved} (same data and settings)")
+            return Tokenizer.from_files(saved / "joint.model") if tc.joint else Tokenizer.from_files(saved / "src.model", saved / "tgt.model")
+        started = time.time()
+        per_side = tc.input_sentence_size // 2 if tc.joint else tc.input_sentence_size
+        sample = sample_pairs(self.sources, max(per_side, 1), self.config.train.seed)
+        if not sample:
+            names = ", ".join(source.name for source in self.sources)
+            dropped = sum(sum(source.dropped.values()) for source in self.sources)
+            raise XformerError(f"training corpus {names} is empty ({dropped} pairs dropped: empty side or invalid UTF-8)")
+        tokenizer = Tokenizer.train(
+            [s for s, _ in sample], [t for _, t in sample], joint=tc.joint, vocab_size=tc.vocab_size,
+            model_type=tc.model_type, character_coverage=tc.character_coverage,
+            input_sentence_size=tc.input_sentence_size, seed=self.config.train.seed,
+        )
+        self.log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece ({tokenizer.src_vocab_size} pieces) "
+                 f"on {len(sample)} sampled pairs in {time.time() - started:.1f}s")
+        return tokenizer
+
+    def save(self, tokenizer: Tokenizer) -> None:
+        if self.config.tokenizer.model:
+            return
+        directory = self.run_dir / "tokenizer"
+        tokenizer.save(directory)
+        (directory / "settings.json").write_text(self.settings, encoding="utf-8")
+
+
+def cache_dir_for(config: Config) -> Path:
+    return Path(config.data.cache_dir) if config.data.cache_dir else Path(config.run_dir) / "cache"
+
+
+def prepare_data(
+    config: Config,
+    log: Callable[[str], None] = print,
+    before_write: Callable[[], None] = lambda: None,
+) -> PreparedData:
+    """Open and check everything, then tokenizer and cache. ``before_write`` runs once all
+    inputs are known good, just before the first file is written (the trainer readies
+    its run directory there)."""
+    d = config.data
+    sources = open_sources(d.train, d.src_lang, d.tgt_lang, "train", d.skip_invalid_utf8)
+    valid = load_corpus(d.valid, d.src_lang, d.tgt_lang, "valid", d.skip_invalid_utf8)
+    test = load_corpus(d.test, d.src_lang, d.tgt_lang, "test", d.skip_invalid_utf8)
+    if valid is not None and d.valid_max_sentences:
+        valid.src, valid.tgt = valid.src[: d.valid_max_sentences], valid.tgt[: d.valid_max_sentences]
+    plan = TokenizerPlan(config, sources, Path(config.run_dir), log)
+    tokenizer = plan.resolve()
+    before_write()
+    plan.save(tokenizer)
+    filters = Filters(d.max_len, d.max_len_ratio, d.dedup)
+    train, reused = build_or_load(sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads)
+    if reused:
+        log(f"cache: reusing {train.directory} ({train.meta['pairs']} pairs)")
+    for corpus in (valid, test):
+        if corpus is not None:
+            log(corpus.report())
+    return PreparedData(tokenizer, train, reused, valid, test)
+
