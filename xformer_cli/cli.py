@@ -80,6 +80,24 @@ def train(
     run_training(cfg, overwrite=overwrite, log=log, progress=not quiet)
 
 
+@app.command()
+@user_errors
+def prepare(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
+    overrides: List[str] = typer.Option([], "--set", "-s", help="Override a key: --set data.dedup=true (repeatable)."),
+) -> None:
+    """Train the tokenizer and build the tokenized cache, without training (train reuses both)."""
+    from xformer_cli.config import load_config
+    from xformer_cli.data.prepare import prepare_data
+
+    cfg = load_config(config, overrides)
+    log = lambda message: typer.echo(message, err=True)  # noqa: E731
+    prepared = prepare_data(cfg, log)
+    meta = prepared.train.meta
+    typer.echo(f"cache: {prepared.train.directory} ({meta['pairs']} pairs, {meta['src_tokens']} source and "
+               f"{meta['tgt_tokens']} target tokens, {'reused' if prepared.cache_reused else 'built'})")
+
+
 def _read_input(path: Optional[Path]) -> list[str]:
     """Lines split on '\\n' only, undecodable bytes replaced: the line count never drifts."""
     if path is None or str(path) == "-":
