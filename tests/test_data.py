@@ -3,7 +3,7 @@ import gzip
 import numpy as np
 import pytest
 
-from xformer_cli.data.batching import collate, make_batches
+from xformer_cli.data.batching import collate, collate_flat, make_batches
 from xformer_cli.data.sources import read_parallel
 from xformer_cli.errors import XformerError
 
@@ -69,3 +69,19 @@ def test_collate_adds_bos_eos_and_counts_target_tokens():
     assert batch.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
     assert batch.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
     assert batch.n_tokens == 6
+
+
+def test_flat_collate_equals_the_list_collate():
+    rng = np.random.default_rng(2)
+    seqs_src = [rng.integers(4, 100, rng.integers(1, 9)).tolist() for _ in range(30)]
+    seqs_tgt = [rng.integers(4, 100, rng.integers(1, 9)).tolist() for _ in range(30)]
+    flat_src = np.array([t for s in seqs_src for t in s], dtype=np.uint16)
+    flat_tgt = np.array([t for s in seqs_tgt for t in s], dtype=np.uint16)
+    off_src = np.concatenate([[0], np.cumsum([len(s) for s in seqs_src])])
+    off_tgt = np.concatenate([[0], np.cumsum([len(s) for s in seqs_tgt])])
+    pick = np.array([3, 17, 0, 29, 8])
+    fast = collate_flat(flat_src, off_src, flat_tgt, off_tgt, pick)
+    slow = collate([seqs_src[i] for i in pick], [seqs_tgt[i] for i in pick])
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert getattr(fast, name).tolist() == getattr(slow, name).tolist(), name
+    assert fast.n_tokens == slow.n_tokens

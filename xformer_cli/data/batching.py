@@ -92,5 +92,34 @@ def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> Batch
     )
 
 
+def collate_flat(
+    src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.ndarray, tgt_offsets: np.ndarray, indices: np.ndarray
+) -> Batch:
+    """``collate`` for pairs stored back to back in flat arrays (the token cache): one
+    vectorised gather per side instead of a Python loop over sentences."""
+    indices = np.asarray(indices, dtype=np.int64)
+    src, _ = _gather_padded(src_ids, src_offsets, indices)
+    tgt_out, tgt_lens = _gather_padded(tgt_ids, tgt_offsets, indices)
+    tgt_in = np.empty_like(tgt_out)
+    tgt_in[:, 0] = BOS_ID
+    tgt_in[:, 1:] = tgt_out[:, :-1]
+    shorter = np.flatnonzero(tgt_lens < tgt_out.shape[1] - 1)
+    tgt_in[shorter, tgt_lens[shorter] + 1] = PAD_ID  # the eos shifted in from tgt_out is padding here
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int(tgt_lens.sum() + len(indices)))
+
+
+def _gather_padded(ids: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ids[off[i]:off[i+1]] + eos, right-padded, as one (n, longest + 1) int64 array."""
+    starts = np.asarray(offsets[indices], dtype=np.int64)
+    lens = np.asarray(offsets[indices + 1], dtype=np.int64) - starts
+    longest = int(lens.max()) if len(lens) else 0
+    cols = np.arange(longest)
+    mask = cols[None, :] < lens[:, None]
+    out = np.full((len(indices), longest + 1), PAD_ID, dtype=np.int64)
+    out[:, :longest][mask] = ids[(starts[:, None] + cols[None, :])[mask]]
+    out[np.arange(len(indices)), lens] = EOS_ID
+    return out, lens
+
+
 def encode_source_batch(src: Sequence[Sequence[int]]) -> Tensor:
     return pad(src, suffix=(EOS_ID,))

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from xformer_cli.data.batching import Batch, collate
+from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
@@ -76,8 +76,7 @@ class TokenCache:
                 self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]])
 
     def batch(self, indices: Iterable[int]) -> Batch:
-        pairs = [self.pair(int(i)) for i in indices]
-        return collate([p[0].tolist() for p in pairs], [p[1].tolist() for p in pairs])
+        return collate_flat(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets, np.asarray(indices))
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:

@@ -139,6 +139,7 @@ def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = 
     metrics_path = run_dir / "metrics.jsonl"
     best_bleu: Optional[float] = None
     step = epoch = 0
+    batches_done = 0  # within the epoch: (seed, epoch, batches_done) is the exact data position
     started = time.time()
     deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
 
@@ -146,7 +147,7 @@ def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = 
         return {
             "config": config.to_dict(), "tokenizer": tokenizer_state, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-            "step": step, "epoch": epoch, "best_bleu": best_bleu,
+            "step": step, "epoch": epoch, "batches_done": batches_done, "seed": tc.seed, "best_bleu": best_bleu,
         }
 
     def record(entry: dict) -> None:
@@ -183,6 +184,7 @@ def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = 
         batches = make_batches(train_data.src_lens, train_data.tgt_lens, tc.max_tokens, tc.seed, epoch)
         for first in range(0, len(batches), tc.update_freq):
             group = [train_data.batch(idx).to(device) for idx in batches[first : first + tc.update_freq]]
+            batches_done = first + len(group)
             n_tokens = sum(b.n_tokens for b in group)
             lr = schedule.step()
             for batch in group:
@@ -201,7 +203,8 @@ def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = 
             if step % tc.log_every == 0:
                 rate = window_tokens / max(time.time() - window_start, 1e-9)
                 avg = window_loss / max(window_tokens, 1)
-                bar.set_postfix(loss=f"{avg:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=epoch)
+                extra = {"left": f"{(deadline - time.time()) / 60:.1f}min"} if deadline != math.inf else {}
+                bar.set_postfix(loss=f"{avg:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=epoch, **extra)
                 record({"step": step, "epoch": epoch, "train_loss": round(avg, 4), "lr": lr, "tokens_per_s": round(rate, 1),
                         "minutes": round((time.time() - started) / 60, 3)})
                 window_loss = window_tokens = 0.0
