@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
-from xformer_cli.data.sources import read_lines
 from xformer_cli.errors import XformerError
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
@@ -157,7 +155,3 @@ def hypothesis_warnings(hyps: Sequence[str], name: str) -> list[str]:
     if unk:
         warnings.append(f"{name}: {unk} lines hold <unk>")
     return warnings
-
-
-def read_text(path: str | Path) -> list[str]:
-    return list(read_lines(Path(path)))

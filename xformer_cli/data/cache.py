@@ -71,10 +71,6 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self.src_lens)
 
-    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return (self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]],
-                self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]])
-
     def batch(self, indices: Iterable[int]) -> Batch:
         return collate_flat(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets, np.asarray(indices))
 

@@ -227,13 +227,7 @@ def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, na
 
 
 def read_parallel(src_path: Path, tgt_path: Path, name: str = "", skip_invalid: bool = False) -> ParallelCorpus:
-    """Read two aligned text files whole (tests and small sets)."""
-    corpus = ParallelCorpus([], [], name=name or str(src_path))
-    for s, t in _text_pairs(Path(src_path), Path(tgt_path), skip_invalid, corpus.dropped):
-        s, t = s.strip(), t.strip()
-        if not s or not t:
-            corpus.dropped["empty side"] += 1
-            continue
-        corpus.src.append(s)
-        corpus.tgt.append(t)
-    return corpus
+    """Read two aligned text files whole (small sets and tests)."""
+    source = PairSource(CorpusConfig(src=str(src_path), tgt=str(tgt_path)), "src", "tgt", skip_invalid=skip_invalid)
+    pairs = list(source)
+    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name or str(src_path))
