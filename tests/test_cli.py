@@ -64,10 +64,15 @@ def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_train_does_not_clobber_checkpoints(trained_run, small_corpus):
+def test_a_second_train_resumes_instead_of_clobbering(trained_run, small_corpus):
     before = (trained_run / "best.pt").read_bytes()
     proc = xformer("train", "-c", "configs/multi30k.yaml", *tiny_overrides(small_corpus, trained_run))
-    assert_one_line_error(proc, "already holds checkpoints", "--overwrite")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "already at step 30" in proc.stderr.decode()
+    assert (trained_run / "best.pt").read_bytes() == before
+    proc = xformer("train", "-c", "configs/multi30k.yaml", *tiny_overrides(small_corpus, trained_run),
+                   "--set", "model.n_heads=2")
+    assert_one_line_error(proc, "different 'model.n_heads'", "--overwrite")
     assert (trained_run / "best.pt").read_bytes() == before
 
 

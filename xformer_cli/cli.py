@@ -68,16 +68,21 @@ def main(
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a key: --set model.d_model=256 (repeatable)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace checkpoints already in run_dir."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start afresh, deleting the checkpoints in run_dir (default: resume from last.pt)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Train a tokenizer and a Transformer as the config says; checkpoints go to run_dir."""
+    """Train a tokenizer and a Transformer as the config says; checkpoints go to run_dir.
+
+    On a run_dir that holds last.pt, training resumes exactly where it stopped. Ctrl-C or
+    SIGTERM finishes the current step, saves last.pt and exits (code 130)."""
     from xformer_cli.config import load_config
     from xformer_cli.train.trainer import train as run_training
 
     cfg = load_config(config, overrides)
     log = lambda message: typer.echo(message, err=True)  # noqa: E731 - keeps stdout for data
-    run_training(cfg, overwrite=overwrite, log=log, progress=not quiet)
+    result = run_training(cfg, overwrite=overwrite, log=log, progress=not quiet)
+    if result.stopped_because == "interrupted":
+        raise typer.Exit(130)
 
 
 @app.command()
@@ -96,6 +101,21 @@ def prepare(
     meta = prepared.train.meta
     typer.echo(f"cache: {prepared.train.directory} ({meta['pairs']} pairs, {meta['src_tokens']} source and "
                f"{meta['tgt_tokens']} target tokens, {'reused' if prepared.cache_reused else 'built'})")
+
+
+@app.command()
+@user_errors
+def average(
+    checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to average, or one run directory (with --last)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
+    last: int = typer.Option(5, "--last", help="With a run directory: average its newest N step checkpoints."),
+) -> None:
+    """Average the weights of several checkpoints (the paper averaged the last 5 for base, 20 for big)."""
+    from xformer_cli.train.average import average_checkpoints, last_checkpoints
+
+    paths = last_checkpoints(checkpoints[0], last) if len(checkpoints) == 1 and checkpoints[0].is_dir() else checkpoints
+    average_checkpoints(paths, output)
+    typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
 
 
 def _read_input(path: Optional[Path]) -> list[str]:

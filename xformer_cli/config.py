@@ -107,7 +107,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no gradient clipping
-    valid_every: int = 1000  # steps between validations (loss and BLEU)
+    valid_every: int = 1000  # steps between validations (loss and BLEU); last.pt is saved then too
+    save_every: int = 0  # steps between extra last.pt saves; 0 = only at validations
+    keep_checkpoints: int = 0  # also keep the last N step checkpoints (checkpoint_STEP.pt) for averaging
+    patience: int = 0  # stop after this many validations without a better BLEU; 0 = never
+    max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
     valid_beam_size: int = 1  # beam for validation BLEU (1 = greedy, cheapest)
     log_every: int = 50
     seed: int = 1
@@ -181,6 +185,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return _expand_env(str(value), key)
@@ -290,6 +299,9 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
     _require(t.valid_every > 0, "train.valid_every", "must be positive")
     _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
+    for name in ("save_every", "keep_checkpoints", "patience"):
+        _require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
+    _require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(t.threads >= 0, "train.threads", "must be >= 0")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")

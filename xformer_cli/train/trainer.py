@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ from xformer_cli.evaluate import bleu
 from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.checkpoint import save_checkpoint
+from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.schedule import NoamSchedule
 
@@ -60,20 +62,14 @@ class TrainResult:
     minutes: float
     best_bleu: Optional[float]
     run_dir: Path
-
-
-def check_run_dir(config: Config, overwrite: bool) -> None:
-    run_dir = Path(config.run_dir)
-    if ((run_dir / "last.pt").exists() or (run_dir / "best.pt").exists()) and not overwrite:
-        raise XformerError(f"{run_dir} already holds checkpoints; choose another run_dir or pass --overwrite")
+    stopped_because: str = "finished"  # finished | max_steps | time | epochs | patience | interrupted | already done
 
 
 def prepare_run_dir(config: Config, overwrite: bool) -> Path:
     run_dir = Path(config.run_dir)
-    check_run_dir(config, overwrite)
     if overwrite:
-        for name in ("last.pt", "best.pt", "metrics.jsonl"):
-            (run_dir / name).unlink(missing_ok=True)
+        for old in ["last.pt", "best.pt", "metrics.jsonl", *(p.name for p in run_dir.glob("checkpoint_*.pt"))]:
+            (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
     return run_dir
@@ -109,118 +105,273 @@ def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     return total / tokens, nll_total / tokens
 
 
-def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True) -> TrainResult:
-    tc = config.train
-    configure_threads(tc.threads)
-    torch.manual_seed(tc.seed)
-    device = pick_device(tc.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+# Settings a resumed run must share with the run it continues: they decide the model, the
+# data and its order. Everything else (max_steps, devices, validation cadence...) may change.
+_RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq")
 
-    # Every input is read and checked before the run directory is touched:
-    # bad data must not cost the checkpoints of an earlier run.
-    check_run_dir(config, overwrite)
-    prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
-    run_dir = Path(config.run_dir)
-    tokenizer, train_data, valid_corpus = prepared.tokenizer, prepared.train, prepared.valid
-    valid_data = encode_corpus(valid_corpus, tokenizer) if valid_corpus is not None else None
 
-    model = build_model(config, tokenizer).to(device)
-    log(f"model: {model.count_parameters():,} parameters on {device}")
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=0.0, betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
-        weight_decay=tc.weight_decay, **({"fused": True} if device.type == "cuda" else {}),
-    )
-    schedule = NoamSchedule(optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
-    translator = Translator(model, tokenizer, config.decode, device)
-    tokenizer_state = {"src": tokenizer.src_model_bytes, "tgt": tokenizer.tgt_model_bytes}
+def _resume_mismatch(saved: dict, current: dict) -> Optional[str]:
+    for key in _RESUME_KEYS:
+        a, b = saved, current
+        for part in key.split("."):
+            a, b = a.get(part), b.get(part)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                inner = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+                return f"{key}.{inner}"
+            return key
+    return None
 
-    metrics_path = run_dir / "metrics.jsonl"
-    best_bleu: Optional[float] = None
-    step = epoch = 0
-    batches_done = 0  # within the epoch: (seed, epoch, batches_done) is the exact data position
-    started = time.time()
-    deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
 
-    def checkpoint_state() -> dict:
+class _StopSignals:
+    """SIGINT/SIGTERM ask the loop to finish its step, save and exit (a second one kills)."""
+
+    def __init__(self):
+        self.received: Optional[int] = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    """Owns the training state and writes it all to checkpoints, so a run continues exactly."""
+
+    def __init__(self, config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True):
+        self.config, self.log, self.progress = config, log, progress
+        tc = config.train
+        configure_threads(tc.threads)
+        torch.manual_seed(tc.seed)
+        self.device = pick_device(tc.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.run_dir = Path(config.run_dir)
+        resume_from = self.run_dir / "last.pt"
+        self.resume_state = None
+        if resume_from.is_file() and not overwrite:
+            self.resume_state = load_checkpoint(resume_from)
+            mismatch = _resume_mismatch(self.resume_state["config"], config.to_dict())
+            if mismatch:
+                raise XformerError(f"{resume_from} was trained with a different '{mismatch}'; "
+                                   "use another run_dir, or --overwrite to start afresh")
+
+        # Every input is read and checked before the run directory is touched:
+        # bad data must not cost the checkpoints of an earlier run.
+        prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
+        self.tokenizer, self.train_data, self.valid_corpus = prepared.tokenizer, prepared.train, prepared.valid
+        self.valid_data = encode_corpus(self.valid_corpus, self.tokenizer) if self.valid_corpus is not None else None
+
+        self.model = build_model(config, self.tokenizer).to(self.device)
+        log(f"model: {self.model.count_parameters():,} parameters on {self.device}")
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=0.0, betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
+            weight_decay=tc.weight_decay, **({"fused": True} if self.device.type == "cuda" else {}),
+        )
+        self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
+        self.translator = Translator(self.model, self.tokenizer, config.decode, self.device)
+        self.step = self.epoch = self.batches_done = 0
+        self.best_bleu: Optional[float] = None
+        self.bad_validations = 0  # validations in a row without a better BLEU (early stopping)
+        self.nonfinite_in_row = self.nonfinite_total = 0
+        if self.resume_state is not None:
+            self._restore(self.resume_state)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state(self) -> dict:
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "config": config.to_dict(), "tokenizer": tokenizer_state, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-            "step": step, "epoch": epoch, "batches_done": batches_done, "seed": tc.seed, "best_bleu": best_bleu,
+            "config": self.config.to_dict(),
+            "tokenizer": {"src": self.tokenizer.src_model_bytes, "tgt": self.tokenizer.tgt_model_bytes},
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(), "rng": rng,
+            "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
+            "best_bleu": self.best_bleu, "bad_validations": self.bad_validations,
+            "nonfinite_total": self.nonfinite_total,
         }
 
-    def record(entry: dict) -> None:
-        with metrics_path.open("a", encoding="utf-8") as handle:
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
+        self.best_bleu, self.bad_validations = state["best_bleu"], state["bad_validations"]
+        self.nonfinite_total = state.get("nonfinite_total", 0)
+        self.log(f"resuming {self.run_dir / 'last.pt'}: step {self.step}, epoch {self.epoch}, batch {self.batches_done}")
+
+    def save(self, best: bool = False) -> None:
+        state = self.state()
+        save_checkpoint(state, self.run_dir / "last.pt")
+        if best:
+            save_checkpoint(state, self.run_dir / "best.pt")
+        keep = self.config.train.keep_checkpoints
+        if keep:
+            save_checkpoint(state, self.run_dir / f"checkpoint_{self.step}.pt")
+            kept = sorted(self.run_dir.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+            for old in kept[:-keep]:
+                old.unlink(missing_ok=True)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def record(self, entry: dict) -> None:
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
 
-    last_validated = -1
+    def validate(self) -> None:
+        tc = self.config.train
+        entry: dict = {"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3)}
+        improved = False
+        if self.valid_data is not None:
+            loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing)
+            self.model.eval()
+            hyps = self.translator.translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
+            self.model.train()
+            score = bleu(hyps, self.valid_corpus.tgt).score
+            ppl = math.exp(min(nll, 50))
+            entry.update(valid_loss=round(loss, 4), valid_ppl=round(ppl, 3), valid_bleu=round(score, 2))
+            self.log(f"step {self.step}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}")
+            improved = self.best_bleu is None or score > self.best_bleu
+            if improved:
+                self.best_bleu = score
+                self.bad_validations = 0
+            else:
+                self.bad_validations += 1
+        if self.device.type == "cuda":
+            entry["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
+        self.save(best=improved)
+        self.record(entry)
 
-    def validate() -> None:
-        nonlocal best_bleu, last_validated
-        last_validated = step
-        entry: dict = {"step": step, "epoch": epoch, "minutes": round((time.time() - started) / 60, 3)}
-        if valid_data is not None:
-            loss, nll = validation_loss(model, valid_data, tc.max_tokens, device, tc.label_smoothing)
-            model.eval()
-            hyps = translator.translate(valid_corpus.src, beam_size=tc.valid_beam_size)
-            model.train()
-            score = bleu(hyps, valid_corpus.tgt).score
-            entry.update(valid_loss=round(loss, 4), valid_ppl=round(math.exp(min(nll, 50)), 3), valid_bleu=round(score, 2))
-            log(f"step {step}: valid loss {loss:.3f} ppl {math.exp(min(nll, 50)):.2f} BLEU {score:.2f}")
-            if best_bleu is None or score > best_bleu:
-                best_bleu = score
-                save_checkpoint(checkpoint_state(), run_dir / "best.pt")
-        save_checkpoint(checkpoint_state(), run_dir / "last.pt")
-        record(entry)
+    def minutes(self) -> float:
+        return (time.time() - self.started) / 60
 
-    model.train()
-    window_loss = window_tokens = 0.0
-    window_start = time.time()
-    bar = tqdm(total=tc.max_steps, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
-    stop = False
-    while not stop:
-        epoch += 1
-        batches = make_batches(train_data.src_lens, train_data.tgt_lens, tc.max_tokens, tc.seed, epoch)
-        for first in range(0, len(batches), tc.update_freq):
-            group = [train_data.batch(idx).to(device) for idx in batches[first : first + tc.update_freq]]
-            batches_done = first + len(group)
-            n_tokens = sum(b.n_tokens for b in group)
-            lr = schedule.step()
-            for batch in group:
-                with autocast(device):
-                    logits = model(batch.src, batch.tgt_in)
-                loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
-                (loss / n_tokens).backward()
-                window_loss += float(loss.detach())
-            if tc.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window_tokens += n_tokens
-            bar.update(1)
-            if step % tc.log_every == 0:
-                rate = window_tokens / max(time.time() - window_start, 1e-9)
-                avg = window_loss / max(window_tokens, 1)
-                extra = {"left": f"{(deadline - time.time()) / 60:.1f}min"} if deadline != math.inf else {}
-                bar.set_postfix(loss=f"{avg:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=epoch, **extra)
-                record({"step": step, "epoch": epoch, "train_loss": round(avg, 4), "lr": lr, "tokens_per_s": round(rate, 1),
-                        "minutes": round((time.time() - started) / 60, 3)})
-                window_loss = window_tokens = 0.0
-                window_start = time.time()
-            out_of_time = time.time() >= deadline
-            if step >= tc.max_steps or out_of_time:
-                stop = True
-                break
-            if step % tc.valid_every == 0:
-                validate()
-        if tc.max_epochs and epoch >= tc.max_epochs:
-            stop = True
-    bar.close()
-    if last_validated != step:
-        validate()
-    minutes = (time.time() - started) / 60
-    log(f"done: {step} steps, {epoch} epochs, {minutes:.1f} min; best valid BLEU "
-        f"{best_bleu if best_bleu is None else round(best_bleu, 2)}; checkpoints in {run_dir}")
-    return TrainResult(step, epoch, minutes, best_bleu, run_dir)
+    def train_step(self, group: list[Batch]) -> tuple[Optional[float], int]:
+        """One optimizer update over ``update_freq`` batches; returns (summed loss, tokens),
+        the loss None when it was not finite and the update was skipped."""
+        tc = self.config.train
+        n_tokens = sum(b.n_tokens for b in group)
+        lr = self.schedule.step()
+        total = torch.zeros((), device=self.device)
+        for batch in group:
+            with autocast(self.device):
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
+            (loss / n_tokens).backward()
+            total += loss.detach()
+        value = float(total)  # one host sync per update: needed to decide whether to apply it
+        if not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.schedule.step_num -= 1  # the schedule counts applied updates only
+            self.nonfinite_in_row += 1
+            self.nonfinite_total += 1
+            self.log(f"step {self.step + 1}: non-finite loss, update skipped ({self.nonfinite_in_row} in a row)")
+            if self.nonfinite_in_row >= tc.max_nonfinite:
+                raise XformerError(f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1}; "
+                                   f"stopped, the last good checkpoint is {self.run_dir / 'last.pt'} "
+                                   "(lower train.lr_scale or set train.clip_norm)")
+            return None, n_tokens
+        self.nonfinite_in_row = 0
+        if tc.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._lr = lr
+        return value, n_tokens
+
+    def run(self) -> TrainResult:
+        tc = self.config.train
+        self.started = time.time()
+        deadline = self.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
+        if self.step >= tc.max_steps:
+            self.log(f"{self.run_dir} is already at step {self.step} (train.max_steps={tc.max_steps}); "
+                     "raise train.max_steps to train on")
+            return TrainResult(self.step, self.epoch, 0.0, self.best_bleu, self.run_dir, "already done")
+        self.model.train()
+        self._lr = self.schedule.lr(max(self.step, 1))
+        window_loss = window_tokens = 0.0
+        window_start = time.time()
+        last_validated = self.step if self.resume_state is not None else -1
+        bar = tqdm(total=tc.max_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        reason = ""
+        with _StopSignals() as signals:
+            batches = None
+            while not reason:
+                if self.epoch == 0 or (batches is not None and self.batches_done >= len(batches)):
+                    if tc.max_epochs and self.epoch >= tc.max_epochs:
+                        reason = "epochs"
+                        break
+                    self.epoch += 1  # the next epoch: its order is fixed by (seed, epoch)
+                    self.batches_done = 0
+                    batches = None
+                if batches is None:
+                    batches = make_batches(self.train_data.src_lens, self.train_data.tgt_lens, tc.max_tokens, tc.seed, self.epoch)
+                while self.batches_done < len(batches):
+                    indices = batches[self.batches_done : self.batches_done + tc.update_freq]
+                    group = [self.train_data.batch(idx).to(self.device) for idx in indices]
+                    self.batches_done += len(indices)
+                    loss, n_tokens = self.train_step(group)
+                    if loss is None:
+                        continue
+                    bar.update(1)
+                    window_loss += loss
+                    window_tokens += n_tokens
+                    if self.step % tc.log_every == 0:
+                        rate = window_tokens / max(time.time() - window_start, 1e-9)
+                        avg = window_loss / max(window_tokens, 1)
+                        extra = {"left": f"{(deadline - time.time()) / 60:.1f}min"} if deadline != math.inf else {}
+                        bar.set_postfix(loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
+                                        tok_s=f"{rate:.0f}", epoch=self.epoch, **extra)
+                        self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
+                                     "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
+                        window_loss = window_tokens = 0.0
+                        window_start = time.time()
+                    if signals.received is not None:
+                        reason = "interrupted"
+                    elif self.step >= tc.max_steps:
+                        reason = "max_steps"
+                    elif time.time() >= deadline:
+                        reason = "time"
+                    elif self.step % tc.valid_every == 0:
+                        self.validate()
+                        last_validated = self.step
+                        if tc.patience and self.bad_validations >= tc.patience:
+                            reason = "patience"
+                    elif tc.save_every and self.step % tc.save_every == 0:
+                        self.save()
+                    if reason:
+                        break
+            bar.close()
+            if reason == "interrupted":
+                self.save()  # no validation: the user wants out now
+                self.log(f"interrupted at step {self.step}: saved {self.run_dir / 'last.pt'}; run the same command to resume")
+            elif last_validated != self.step:
+                self.validate()
+        if reason == "patience":
+            self.log(f"early stop: no better validation BLEU for {tc.patience} validations")
+        self.log(f"done: {self.step} steps, epoch {self.epoch}, {self.minutes():.1f} min; best valid BLEU "
+                 f"{self.best_bleu if self.best_bleu is None else round(self.best_bleu, 2)}; checkpoints in {self.run_dir}"
+                 + (f"; {self.nonfinite_total} non-finite losses skipped" if self.nonfinite_total else ""))
+        return TrainResult(self.step, self.epoch, self.minutes(), self.best_bleu, self.run_dir, reason)
+
+
+def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True) -> TrainResult:
+    return Trainer(config, overwrite, log, progress).run()

@@ -1,0 +1,136 @@
+"""Training survives: exact resume, signals, non-finite losses, early stopping, averaging."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from xformer_cli.config import load_config
+from xformer_cli.errors import XformerError
+from xformer_cli.train import trainer as trainer_module
+from xformer_cli.train.average import average_checkpoints
+from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.train.trainer import Trainer, train
+
+from conftest import assert_one_line_error, tiny_overrides, xformer
+
+
+def tiny_config(corpus, run_dir, **changes):
+    sets = dict(s.split("=", 1) for s in tiny_overrides(corpus, run_dir)[1::2])
+    sets.update({"model.dropout": "0.1", "train.max_tokens": "600", "train.log_every": "1", "train.valid_every": "6",
+                 "data.valid_max_sentences": "8", "decode.max_len_a": "0.5", "decode.max_len_b": "3"})
+    sets.update({k: str(v) for k, v in changes.items()})
+    return load_config("configs/multi30k.yaml", [f"{k}={v}" for k, v in sets.items()])
+
+
+def losses(run_dir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+
+
+def quiet(_):
+    pass
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(small_corpus, tmp_path):
+    whole = train(tiny_config(small_corpus, tmp_path / "a", **{"train.max_steps": 14}), log=quiet, progress=False)
+    assert whole.steps == 14
+    first = train(tiny_config(small_corpus, tmp_path / "b", **{"train.max_steps": 7}), log=quiet, progress=False)
+    assert first.steps == 7 and load_checkpoint(tmp_path / "b" / "last.pt")["batches_done"] == 7  # mid-epoch
+    resumed = train(tiny_config(small_corpus, tmp_path / "b", **{"train.max_steps": 14}), log=quiet, progress=False)
+    assert resumed.steps == 14
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 15))
+    for step in range(8, 15):
+        assert b[step] == pytest.approx(a[step], abs=1e-4), step
+    wa = load_checkpoint(tmp_path / "a" / "last.pt")["model"]
+    wb = load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4)
+
+
+def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, monkeypatch):
+    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 50, "train.valid_every": 100})
+    trainer = Trainer(cfg, log=quiet, progress=False)
+    real_step = trainer.train_step
+
+    def step_then_signal(group):
+        result = real_step(group)
+        if trainer.step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(trainer, "train_step", step_then_signal)
+    result = trainer.run()
+    assert result.stopped_because == "interrupted" and result.steps == 4
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 4
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    again = Trainer(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 6}), log=quiet, progress=False)
+    assert again.step == 4
+    assert again.run().steps == 6
+
+
+def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(small_corpus, tmp_path, monkeypatch):
+    real = trainer_module.label_smoothed_nll
+    calls = {"n": 0}
+    poisoned = {3}
+
+    def sometimes_nan(logits, target, eps, pad):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps, pad)
+        return (loss * float("nan"), nll) if calls["n"] in poisoned else (loss, nll)
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll", sometimes_nan)
+    messages = []
+    result = train(tiny_config(small_corpus, tmp_path / "one", **{"train.max_steps": 5}), log=messages.append, progress=False)
+    assert result.steps == 5 and calls["n"] >= 6  # the poisoned batch was skipped, not counted as a step
+    assert any("non-finite loss, update skipped" in m for m in messages)
+    assert any("1 non-finite losses skipped" in m for m in messages)
+
+    calls["n"] = 0
+    poisoned.clear()
+    poisoned.update(range(8, 100))
+    cfg = tiny_config(small_corpus, tmp_path / "many", **{"train.max_steps": 50, "train.valid_every": 5,
+                                                          "train.max_nonfinite": 3})
+    with pytest.raises(XformerError, match="3 non-finite losses in a row"):
+        train(cfg, log=quiet, progress=False)
+    assert load_checkpoint(tmp_path / "many" / "last.pt")["step"] == 5  # the last good checkpoint is intact
+
+
+def test_early_stopping_stops_after_patience_validations(small_corpus, tmp_path):
+    # A learning rate of ~0 keeps BLEU flat: validation 1 sets the best, 2 and 3 do not improve.
+    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 100, "train.valid_every": 2,
+                                                         "train.patience": 2, "train.lr_scale": 1e-9})
+    result = train(cfg, log=quiet, progress=False)
+    assert result.stopped_because == "patience" and result.steps == 6
+
+
+def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
+    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 8, "train.valid_every": 2,
+                                                         "train.keep_checkpoints": 3})
+    train(cfg, log=quiet, progress=False)
+    kept = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.pt"))
+    assert kept == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_8.pt"]
+
+    same = average_checkpoints([tmp_path / "run" / "checkpoint_8.pt"] * 3, tmp_path / "same.pt")
+    original = load_checkpoint(tmp_path / "run" / "checkpoint_8.pt")["model"]
+    for key, value in original.items():
+        torch.testing.assert_close(same["model"][key], value)
+
+    proc = xformer("average", tmp_path / "run", "--last", "2", "-o", tmp_path / "avg.pt")
+    assert proc.returncode == 0, proc.stderr.decode()
+    avg = load_checkpoint(tmp_path / "avg.pt")["model"]
+    six = load_checkpoint(tmp_path / "run" / "checkpoint_6.pt")["model"]
+    key = "encoder_layers.0.ffn.w1.weight"
+    torch.testing.assert_close(avg[key], (six[key] + original[key]) / 2)
+    proc = xformer("translate", "-m", tmp_path / "avg.pt", "-b", "1", stdin=b"A dog runs.\n")
+    assert proc.returncode == 0 and len(proc.stdout.decode().splitlines()) == 1
+    assert_one_line_error(xformer("average", tmp_path / "run", "--last", "9", "-o", tmp_path / "x.pt"), "fewer than 9")
+
+
+def test_resuming_with_a_different_model_is_refused(small_corpus, tmp_path):
+    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=quiet, progress=False)
+    with pytest.raises(XformerError, match="different 'model.d_model'"):
+        Trainer(tiny_config(small_corpus, tmp_path / "run", **{"model.d_model": 32}), log=quiet, progress=False)
