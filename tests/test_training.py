@@ -3,6 +3,8 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
-from conftest import assert_one_line_error, tiny_overrides, xformer
+from conftest import ROOT, assert_one_line_error, tiny_overrides, xformer
 
 
 def tiny_config(corpus, run_dir, **changes):
@@ -134,3 +136,33 @@ def test_resuming_with_a_different_model_is_refused(small_corpus, tmp_path):
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=quiet, progress=False)
     with pytest.raises(XformerError, match="different 'model.d_model'"):
         Trainer(tiny_config(small_corpus, tmp_path / "run", **{"model.d_model": 32}), log=quiet, progress=False)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_equals_one_process_accumulating_two_batches(small_corpus, tmp_path):
+    """torchrun with 2 CPU processes (gloo) and update_freq 1 takes the same steps as one
+    process with update_freq 2: rank r trains on batches r, r+2, ... of the same plan."""
+    common = {"train.max_steps": 4, "train.valid_every": 100, "model.dropout": 0.0, "train.threads": 1}
+    single = tiny_config(small_corpus, tmp_path / "single", **common, **{"train.update_freq": 2})
+    train(single, log=quiet, progress=False)
+
+    sets = dict(s.split("=", 1) for s in tiny_overrides(small_corpus, tmp_path / "ddp")[1::2])
+    sets.update({"model.dropout": "0.0", "train.max_tokens": "600", "train.log_every": "1", "train.valid_every": "100",
+                 "data.valid_max_sentences": "8", "decode.max_len_a": "0.5", "decode.max_len_b": "3",
+                 "train.max_steps": "4", "train.threads": "1", "train.update_freq": "1"})
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "xformer_cli", "train", "-c", "configs/multi30k.yaml", "--quiet", *args],
+                          capture_output=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert "x 2 processes" in proc.stderr.decode()
+
+    one = load_checkpoint(tmp_path / "single" / "last.pt")
+    two = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert one["step"] == two["step"] == 4
+    for key, value in one["model"].items():
+        torch.testing.assert_close(two["model"][key], value, atol=2e-5, rtol=1e-4)
+    # And the per-step losses agree: both normalise by all the update's target tokens.
+    a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    for step in range(1, 5):
+        assert b[step] == pytest.approx(a[step], rel=1e-4), step

@@ -103,10 +103,12 @@ def prepare_data(
     config: Config,
     log: Callable[[str], None] = print,
     before_write: Callable[[], None] = lambda: None,
+    write: bool = True,
 ) -> PreparedData:
     """Open and check everything, then tokenizer and cache. ``before_write`` runs once all
     inputs are known good, just before the first file is written (the trainer readies
-    its run directory there)."""
+    its run directory there). ``write=False`` only reads what another process prepared
+    (data-parallel ranks after the first)."""
     d = config.data
     sources = open_sources(d.train, d.src_lang, d.tgt_lang, "train", d.skip_invalid_utf8)
     valid = load_corpus(d.valid, d.src_lang, d.tgt_lang, "valid", d.skip_invalid_utf8)
@@ -116,7 +118,8 @@ def prepare_data(
     plan = TokenizerPlan(config, sources, Path(config.run_dir), log)
     tokenizer = plan.resolve()
     before_write()
-    plan.save(tokenizer)
+    if write:
+        plan.save(tokenizer)
     filters = Filters(d.max_len, d.max_len_ratio, d.dedup)
     train, reused = build_or_load(sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads)
     if reused:

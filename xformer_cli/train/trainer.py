@@ -7,6 +7,7 @@ and ``best.pt`` (highest validation BLEU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -22,7 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from xformer_cli.config import Config
-from xformer_cli.data.batching import Batch, collate, make_batches
+from xformer_cli.data.batching import Batch, collate, make_batches, shard
 from xformer_cli.data.prepare import prepare_data
 from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.translator import Translator
@@ -33,6 +34,7 @@ from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.schedule import NoamSchedule
 
@@ -150,11 +152,18 @@ class Trainer:
     """Owns the training state and writes it all to checkpoints, so a run continues exactly."""
 
     def __init__(self, config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True):
+        self.dist = Distributed.from_environment()
+        if not self.dist.is_main:  # one voice: rank 0 logs, validates and writes checkpoints
+            log, progress = (lambda _: None), False
         self.config, self.log, self.progress = config, log, progress
         tc = config.train
         configure_threads(tc.threads)
         torch.manual_seed(tc.seed)
         self.device = pick_device(tc.device)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(self.device)
+        self.dist.start(self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -170,12 +179,23 @@ class Trainer:
 
         # Every input is read and checked before the run directory is touched:
         # bad data must not cost the checkpoints of an earlier run.
-        prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
+        if self.dist.is_main:
+            prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
+            self.dist.barrier()
+        else:  # wait for rank 0 to train the tokenizer and build the cache, then reuse both
+            self.dist.barrier()
+            prepared = prepare_data(config, log, write=False)
         self.tokenizer, self.train_data, self.valid_corpus = prepared.tokenizer, prepared.train, prepared.valid
         self.valid_data = encode_corpus(self.valid_corpus, self.tokenizer) if self.valid_corpus is not None else None
 
         self.model = build_model(config, self.tokenizer).to(self.device)
-        log(f"model: {self.model.count_parameters():,} parameters on {self.device}")
+        self.forward_model = self.model
+        if self.dist.enabled:
+            self.forward_model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            torch.manual_seed(tc.seed + self.dist.rank)  # same initial weights, different dropout per rank
+        log(f"model: {self.model.count_parameters():,} parameters on {self.device}"
+            + (f" x {self.dist.world_size} processes" if self.dist.enabled else ""))
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=0.0, betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
             weight_decay=tc.weight_decay, **({"fused": True} if self.device.type == "cuda" else {}),
@@ -212,12 +232,16 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        if self.dist.enabled:  # rank 0's random state was saved; the others derive theirs
+            torch.manual_seed(self.config.train.seed + self.dist.rank + 1_000_003 * state["step"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_bleu, self.bad_validations = state["best_bleu"], state["bad_validations"]
         self.nonfinite_total = state.get("nonfinite_total", 0)
         self.log(f"resuming {self.run_dir / 'last.pt'}: step {self.step}, epoch {self.epoch}, batch {self.batches_done}")
 
     def save(self, best: bool = False) -> None:
+        if not self.dist.is_main:
+            return
         state = self.state()
         save_checkpoint(state, self.run_dir / "last.pt")
         if best:
@@ -232,13 +256,18 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def record(self, entry: dict) -> None:
+        if not self.dist.is_main:
+            return
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
 
-    def validate(self) -> None:
+    def validate(self) -> bool:
+        """Validate and save (rank 0); returns, on every rank, whether patience ran out."""
         tc = self.config.train
+        if not self.dist.is_main:
+            return self.dist.any(False, self.device)
         entry: dict = {"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3)}
-        improved = False
+        improved = self.valid_data is None  # without a valid set, best.pt is simply the latest
         if self.valid_data is not None:
             loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing)
             self.model.eval()
@@ -258,24 +287,34 @@ class Trainer:
             entry["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
         self.save(best=improved)
         self.record(entry)
+        return self.dist.any(bool(tc.patience) and self.bad_validations >= tc.patience, self.device)
 
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
 
     def train_step(self, group: list[Batch]) -> tuple[Optional[float], int]:
-        """One optimizer update over ``update_freq`` batches; returns (summed loss, tokens),
-        the loss None when it was not finite and the update was skipped."""
+        """One optimizer update over ``update_freq`` batches (on every rank); returns the summed
+        loss and target tokens over all of them, the loss None when it was not finite and the
+        update was skipped."""
         tc = self.config.train
         n_tokens = sum(b.n_tokens for b in group)
+        # The loss is normalised by the target tokens of the whole update, over every batch
+        # and every rank; DDP averages gradients over ranks, hence the world size.
+        all_tokens = int(self.dist.sum([float(n_tokens)], self.device)[0])
+        per_rank_tokens = all_tokens / self.dist.world_size
         lr = self.schedule.step()
         total = torch.zeros((), device=self.device)
-        for batch in group:
-            with autocast(self.device):
-                logits = self.model(batch.src, batch.tgt_in)
-            loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
-            (loss / n_tokens).backward()
+        for i, batch in enumerate(group):
+            defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
+            with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
+                with autocast(self.device):
+                    logits = self.forward_model(batch.src, batch.tgt_in)
+                loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
+                (loss / per_rank_tokens).backward()
             total += loss.detach()
-        value = float(total)  # one host sync per update: needed to decide whether to apply it
+        # One host sync per update, needed to decide whether to apply it; summed over ranks
+        # so every rank decides the same.
+        value = self.dist.sum([float(total)], self.device)[0]
         if not math.isfinite(value):
             self.optimizer.zero_grad(set_to_none=True)
             self.schedule.step_num -= 1  # the schedule counts applied updates only
@@ -286,7 +325,7 @@ class Trainer:
                 raise XformerError(f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1}; "
                                    f"stopped, the last good checkpoint is {self.run_dir / 'last.pt'} "
                                    "(lower train.lr_scale or set train.clip_norm)")
-            return None, n_tokens
+            return None, all_tokens
         self.nonfinite_in_row = 0
         if tc.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
@@ -294,7 +333,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self._lr = lr
-        return value, n_tokens
+        return value, all_tokens
 
     def run(self) -> TrainResult:
         tc = self.config.train
@@ -324,6 +363,9 @@ class Trainer:
                     batches = None
                 if batches is None:
                     batches = make_batches(self.train_data.src_lens, self.train_data.tgt_lens, tc.max_tokens, tc.seed, self.epoch)
+                    if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
+                        usable = len(batches) // self.dist.world_size * self.dist.world_size
+                        batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
                 while self.batches_done < len(batches):
                     indices = batches[self.batches_done : self.batches_done + tc.update_freq]
                     group = [self.train_data.batch(idx).to(self.device) for idx in indices]
@@ -344,16 +386,18 @@ class Trainer:
                                      "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
                         window_loss = window_tokens = 0.0
                         window_start = time.time()
-                    if signals.received is not None:
+                    # Ranks must agree on stopping: a signal or the clock may reach them a step apart.
+                    interrupted = self.dist.any(signals.received is not None, self.device)
+                    out_of_time = self.dist.any(time.time() >= deadline, self.device)
+                    if interrupted:
                         reason = "interrupted"
                     elif self.step >= tc.max_steps:
                         reason = "max_steps"
-                    elif time.time() >= deadline:
+                    elif out_of_time:
                         reason = "time"
                     elif self.step % tc.valid_every == 0:
-                        self.validate()
                         last_validated = self.step
-                        if tc.patience and self.bad_validations >= tc.patience:
+                        if self.validate():
                             reason = "patience"
                     elif tc.save_every and self.step % tc.save_every == 0:
                         self.save()
@@ -365,6 +409,7 @@ class Trainer:
                 self.log(f"interrupted at step {self.step}: saved {self.run_dir / 'last.pt'}; run the same command to resume")
             elif last_validated != self.step:
                 self.validate()
+        self.dist.stop()
         if reason == "patience":
             self.log(f"early stop: no better validation BLEU for {tc.patience} validations")
         self.log(f"done: {self.step} steps, epoch {self.epoch}, {self.minutes():.1f} min; best valid BLEU "
