@@ -1,18 +1,35 @@
-"""Training-step throughput: xformer's model + loss against a plain torch.nn.Transformer loop.
+"""Training throughput and model FLOP utilisation, against peers measured in the same run.
 
-Both train the same architecture (the config's sizes, tied embeddings, the same vocabulary)
-on the same real batches from Multi30k, with Adam, in the same process, alternating rounds
-so machine noise hits both alike. Prints target tokens/s for each and the ratio.
+1. Model loop: xformer's model + loss against a plain torch.nn.Transformer loop. Both train
+   the same architecture (the config's sizes, tied embeddings, the same vocabulary) on the
+   same real batches, with Adam, in the same process, alternating rounds so machine noise
+   hits both alike. Prints target tokens/s, achieved FLOP/s (counted by torch's
+   FlopCounterMode) and MFU against a large matmul timed in the same process.
+2. Whole trainers (--trainer-steps N): ``xformer train`` and, with --onmt-venv,
+   OpenNMT-py 3.5.1's ``onmt_train`` (scripts/peers/setup_opennmt.sh) on the same
+   architecture and max_tokens, one after the other; steady-state target tokens/s from
+   their own logs (the first report, start-up, is dropped).
 
-    python scripts/bench_train.py --config configs/multi30k.yaml --steps 20
+    python scripts/bench_train.py --config configs/multi30k.yaml --steps 15
+    python scripts/bench_train.py --steps 15 --trainer-steps 60 --onmt-venv /tmp/onmt-venv
+    python scripts/bench_train.py --steps 6 --set model.d_model=512 model.d_ff=2048 \
+        model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6   # paper-base sizes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +74,34 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def peak_matmul_flops(device: torch.device, size: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of a large square fp32 matmul on this device (bf16 on CUDA): the ceiling MFU is measured against."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def step_flops(model, loss_fn, batches) -> float:
+    """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for batch in batches:
+            loss_fn(model(batch.src, batch.tgt_in), batch.tgt_out).backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
 def run(model, loss_fn, batches, optimizer) -> float:
     tokens = 0
     start = time.perf_counter()
@@ -70,15 +115,63 @@ def run(model, loss_fn, batches, optimizer) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def xformer_trainer_rate(args, steps: int, every: int) -> tuple[float, list[float]]:
+    """Steady-state target tokens/s of ``xformer train`` (its metrics.jsonl), start-up excluded."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        sets = [*args.set, f"run_dir={run_dir}", f"train.max_steps={steps}", f"train.log_every={every}",
+                f"train.valid_every={steps * 10}", "data.valid_max_sentences=8", "train.max_minutes=0"]
+        subprocess.run([sys.executable, "-m", "xformer_cli", "train", "-c", args.config, "--overwrite", "--quiet",
+                        *[x for kv in sets for x in ("--set", kv)]], check=True, cwd=ROOT)
+        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]
+    return statistics.median(rates), rates
+
+
+def onmt_trainer_rate(venv: str, cfg, steps: int, every: int) -> tuple[float, list[float], float]:
+    """Steady-state target tokens/s of OpenNMT-py's onmt_train on the same sizes and max_tokens,
+    from its "Step N/M; ...; SRC/TGT tok/s" lines; also its mean target tokens per batch."""
+    m = cfg.model
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    spm_model = Path("/tmp/onmt-m30k/spm/joint.model")
+    if not spm_model.exists():  # the peer script trains it (same recipe as xformer's tokenizer)
+        subprocess.run(["bash", "scripts/peers/run_onmt_multi30k.sh", "1"], check=True, cwd=ROOT, env=env,
+                       stdout=subprocess.DEVNULL)
+    common = ["-config", "scripts/peers/onmt_multi30k.yaml", "-src_subword_model", str(spm_model),
+              "-tgt_subword_model", str(spm_model)]
+    subprocess.run([f"{venv}/bin/onmt_build_vocab", *common, "-n_sample", "-1"], check=True, cwd=ROOT, env=env,
+                   capture_output=True)
+    sizes = ["-hidden_size", m.d_model, "-word_vec_size", m.d_model, "-transformer_ff", m.d_ff, "-heads", m.n_heads,
+             "-enc_layers", m.encoder_layers, "-dec_layers", m.decoder_layers, "-batch_size", cfg.train.max_tokens,
+             "-train_steps", steps, "-report_every", every, "-save_checkpoint_steps", steps * 10,
+             "-valid_steps", steps * 10, "-seed", 1]
+    done = subprocess.run([f"{venv}/bin/onmt_train", *common, *map(str, sizes)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise SystemExit(f"onmt_train failed:\n{log[-3000:]}")
+    steps_found = re.findall(r"Step\s+\d+/\s*\d+;.*?bsz:\s*(\d+)/(\d+)/(\d+);\s*(\d+)/(\d+) tok/s", log)
+    rates = [float(tgt_rate) for *_, tgt_rate in steps_found][1:]
+    per_batch = statistics.mean(float(tgt) for _, tgt, *_ in steps_found)
+    return statistics.median(rates), rates, per_batch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/multi30k.yaml")
     parser.add_argument("--steps", type=int, default=20, help="batches per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=6000, help="training pairs to tokenize and batch")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. paper-base sizes)")
+    parser.add_argument("--trainer-steps", type=int, default=0, help="also time whole trainers for this many steps")
+    parser.add_argument("--report-every", type=int, default=10, help="steps per tokens/s report in --trainer-steps")
+    parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
     args = parser.parse_args()
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     corpus = load_corpus(cfg.data.train[0], cfg.data.src_lang, cfg.data.tgt_lang, "train")
     corpus.src, corpus.tgt = corpus.src[: args.pairs], corpus.tgt[: args.pairs]
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
@@ -106,12 +199,29 @@ def main() -> None:
         theirs_rates.append(run(theirs, theirs_loss, batches, opt_theirs))
     ours_best, theirs_best = max(ours_rates), max(theirs_rates)
     real = sum(b.n_tokens for b in batches)
+    peak = peak_matmul_flops(torch.device("cpu"))
+    flops_per_token = {name: step_flops(m, fn, batches) / real for name, m, fn in
+                       (("ours", ours, ours_loss), ("theirs", theirs, theirs_loss))}
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
-    print(f"xformer              {ours_best:8.0f} target tokens/s  (rounds: {', '.join(f'{r:.0f}' for r in ours_rates)})")
-    print(f"torch.nn.Transformer {theirs_best:8.0f} target tokens/s  (rounds: {', '.join(f'{r:.0f}' for r in theirs_rates)})")
+    print(f"peak matmul (2048^3 fp32, same process): {peak / 1e9:.1f} GFLOP/s")
+    for name, label, rate, rates in (("ours", "xformer             ", ours_best, ours_rates),
+                                     ("theirs", "torch.nn.Transformer", theirs_best, theirs_rates)):
+        achieved = rate * flops_per_token[name]
+        print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peak:5.1%}"
+              f"  (rounds: {', '.join(f'{r:.0f}' for r in rates)}; {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
     print(f"ratio                {ours_best / theirs_best:8.2f}x")
+    if not args.trainer_steps:
+        return
+    print(f"whole trainers, {args.trainer_steps} steps, tokens/s reported every {args.report_every} steps (median, first dropped):")
+    ours_rate, ours_reports = xformer_trainer_rate(args, args.trainer_steps, args.report_every)
+    print(f"xformer train        {ours_rate:8.0f} target tokens/s  (reports: {', '.join(f'{r:.0f}' for r in ours_reports)})")
+    if args.onmt_venv:
+        onmt_rate, onmt_reports, per_batch = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every)
+        print(f"OpenNMT-py onmt_train {onmt_rate:7.0f} target tokens/s  ({per_batch:.0f} target tokens per batch; "
+              f"reports: {', '.join(f'{r:.0f}' for r in onmt_reports)})")
+        print(f"ratio                {ours_rate / onmt_rate:8.2f}x")
 
 
 if __name__ == "__main__":

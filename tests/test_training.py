@@ -87,8 +87,12 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(sm
     monkeypatch.setattr(trainer_module, "label_smoothed_nll", sometimes_nan)
     messages = []
     result = train(tiny_config(small_corpus, tmp_path / "one", **{"train.max_steps": 5}), log=messages.append, progress=False)
-    assert result.steps == 5 and calls["n"] >= 6  # the poisoned batch was skipped, not counted as a step
-    assert any("non-finite loss, update skipped" in m for m in messages)
+    assert result.steps == 5
+    state = load_checkpoint(tmp_path / "one" / "last.pt")
+    # The poisoned update was skipped on the device: Adam applied 4 of the 5 updates.
+    assert all(int(s["step"]) == 4 for s in state["optimizer"]["state"].values())
+    assert state["nonfinite_total"] == 1
+    assert any("non-finite loss, update skipped 1 time(s)" in m for m in messages)
     assert any("1 non-finite losses skipped" in m for m in messages)
 
     calls["n"] = 0
@@ -166,3 +170,60 @@ def test_two_process_ddp_equals_one_process_accumulating_two_batches(small_corpu
     a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
     for step in range(1, 5):
         assert b[step] == pytest.approx(a[step], rel=1e-4), step
+
+
+def test_prefetch_keeps_order_stops_early_and_surfaces_errors():
+    from xformer_cli.train.trainer import prefetch
+
+    assert [x for x in prefetch(range(10), lambda i: i * i)] == [(i, i * i) for i in range(10)]
+    for item, _ in prefetch(range(1000), lambda i: i):
+        if item == 3:
+            break  # the thread is told to stop and joined, not left blocked
+
+    def boom(i):
+        if i == 2:
+            raise ValueError("bad batch")
+        return i
+
+    with pytest.raises(ValueError, match="bad batch"):
+        list(prefetch(range(5), boom))
+
+
+def test_an_out_of_memory_batch_is_skipped(small_corpus, tmp_path, monkeypatch):
+    real = trainer_module.label_smoothed_nll
+    calls = {"n": 0}
+
+    def oom_once(*args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args)
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll", oom_once)
+    messages = []
+    result = train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 4}), log=messages.append, progress=False)
+    assert result.steps == 4
+    assert any("out of GPU memory" in m and "skipped" in m for m in messages)
+
+
+def test_tensorboard_events_when_tensorboard_is_installed(small_corpus, tmp_path, monkeypatch):
+    scalars = []
+
+    class FakeWriter:  # stands in for torch.utils.tensorboard.SummaryWriter
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_scalar(self, tag, value, step):
+            scalars.append((tag, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            scalars.append(("closed", -1))
+
+    monkeypatch.setattr(trainer_module, "_tensorboard_writer", lambda directory: FakeWriter(directory))
+    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.valid_every": 2}),
+          log=quiet, progress=False)
+    tags = {tag for tag, _ in scalars}
+    assert {"train_loss", "lr", "tokens_per_s", "valid_bleu", "valid_loss"} <= tags and ("closed", -1) in scalars

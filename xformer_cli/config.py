@@ -105,6 +105,9 @@ class TrainConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
+    optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on CUDA
+    precision: str = "bf16"  # on CUDA: bf16 | fp16 (with a gradient scaler) | fp32; the CPU trains in fp32
+    compile: bool = False  # torch.compile the model for training
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no gradient clipping
     valid_every: int = 1000  # steps between validations (loss and BLEU); last.pt is saved then too
@@ -301,6 +304,8 @@ def validate(cfg: Config) -> None:
     _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
     for name in ("save_every", "keep_checkpoints", "patience"):
         _require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
+    _require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")
+    _require(t.precision in ("bf16", "fp16", "fp32"), "train.precision", "must be bf16, fp16 or fp32")
     _require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(t.threads >= 0, "train.threads", "must be >= 0")

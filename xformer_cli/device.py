@@ -21,6 +21,8 @@ def configure_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA (the tensor cores' fast path); plain fp32 elsewhere."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+def autocast(device: torch.device, precision: str = "bf16"):
+    """Mixed precision on CUDA (bf16 by default: the tensor cores' fast path, no loss
+    scaling needed); plain fp32 elsewhere or with precision fp32."""
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=device.type == "cuda" and precision != "fp32")

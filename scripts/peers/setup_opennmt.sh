@@ -37,11 +37,11 @@ ONMT_VERSION="3.5.1"
 RUNTIME_DEPS=(
   "pyonmttok==1.38.1"
   "configargparse==1.9.0"
-  "pyyaml"
+  "pyyaml==6.0.3"
   "numpy==2.4.6"
   "sacrebleu==2.6.0"
-  "sentencepiece"
-  "regex"
+  "sentencepiece==0.2.3"
+  "regex==2026.11.15"
   "rapidfuzz==3.14.6"
   "pyahocorasick==2.3.1"
   "fasttext-wheel==0.9.2"
@@ -67,7 +67,7 @@ echo "torch==${TORCH_VERSION}" > "$constraints"
 "${PIP[@]}" install -c "$constraints" "${RUNTIME_DEPS[@]}"
 
 # Check: the right torch, and the three entry points start.
-"$PY" - <<EOF
+PYTHONWARNINGS="ignore::FutureWarning" "$PY" - <<EOF
 import torch, onmt, importlib.metadata as md
 v = torch.__version__
 assert v.startswith("${TORCH_VERSION}"), f"torch is {v}, expected ${TORCH_VERSION}"

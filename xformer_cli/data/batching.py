@@ -19,6 +19,10 @@ class Batch:
     tgt_out: Tensor  # (B, T) target ids + eos, padded
     n_tokens: int  # real target tokens (what the loss is normalised by)
 
+    def pin(self) -> "Batch":
+        """Page-locked host memory, so the copy to the GPU can overlap compute."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens)
+
     def to(self, device: torch.device) -> "Batch":
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),

@@ -55,3 +55,10 @@ class Distributed:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         return self.sum([float(flag)], device)[0] > 0 if self.enabled else flag
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, staying on the device (no host sync)."""
+        if self.enabled:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor)
+        return tensor

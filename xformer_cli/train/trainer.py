@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 import torch
 import yaml
+from torch import Tensor
 from tqdm import tqdm
 
 from xformer_cli.config import Config
@@ -105,6 +107,87 @@ def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, de
             tokens += batch.n_tokens
     model.train()
     return total / tokens, nll_total / tokens
+
+
+def _tensorboard_writer(directory: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
+        return None
+    return SummaryWriter(log_dir=str(directory))
+
+
+_DONE = object()
+_AGREE_EVERY = 10  # steps between the ranks' agreement on stopping (a signal, the clock)
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def prefetch(items: Sequence[T], load: Callable[[T], U], depth: int = 2) -> Iterator[tuple[T, U]]:
+    """(item, load(item)) in order, with the next ``depth`` loads done by a background thread
+    so the accelerator never waits on batch assembly. Errors in the thread surface here."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(value) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False  # the consumer has gone
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((item, load(item))):
+                    return
+        except BaseException as exc:  # hand it to the consumer
+            put(exc)
+            return
+        put(_DONE)
+
+    thread = threading.Thread(target=work, daemon=True, name="xformer-prefetch")
+    thread.start()
+    try:
+        while True:
+            got = ready.get()
+            if got is _DONE:
+                return
+            if isinstance(got, BaseException):
+                raise got
+            yield got
+    finally:
+        stop.set()
+        thread.join()
+
+
+class StepStats:
+    """Training figures accumulated on the device, so the loop never waits to read them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.in_row = torch.zeros((), device=device)  # non-finite updates in a row, across drains
+        self._reset()
+
+    def _reset(self) -> None:
+        zero = lambda: torch.zeros((), device=self.device, dtype=torch.float64)
+        self.loss_sum, self.good_tokens, self.skipped = zero(), zero(), zero()
+        self.max_in_row = self.in_row.clone()
+
+    def add(self, loss: Tensor, finite: Tensor, n_tokens: "int | Tensor") -> None:
+        self.loss_sum += torch.where(finite, loss, 0.0).double()
+        self.good_tokens += finite.double() * n_tokens
+        self.skipped += (~finite).double()
+        self.in_row = torch.where(finite, 0.0, self.in_row + 1)
+        self.max_in_row = torch.maximum(self.max_in_row, self.in_row)
+
+    def drain(self) -> tuple[float, float, int, int]:
+        """(loss sum, tokens of applied updates, skipped updates, most skipped in a row); resets."""
+        values = torch.stack([self.loss_sum, self.good_tokens, self.skipped, self.max_in_row.double()]).tolist()
+        self._reset()
+        return values[0], values[1], int(values[2]), int(values[3])
 
 
 # Settings a resumed run must share with the run it continues: they decide the model, the
@@ -196,16 +279,26 @@ class Trainer:
             torch.manual_seed(tc.seed + self.dist.rank)  # same initial weights, different dropout per rank
         log(f"model: {self.model.count_parameters():,} parameters on {self.device}"
             + (f" x {self.dist.world_size} processes" if self.dist.enabled else ""))
-        self.optimizer = torch.optim.Adam(
+        optimizer_class = torch.optim.AdamW if tc.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = optimizer_class(
             self.model.parameters(), lr=0.0, betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
-            weight_decay=tc.weight_decay, **({"fused": True} if self.device.type == "cuda" else {}),
+            # Fused (CPU and CUDA): one kernel per step, and it can skip a non-finite update on
+            # the device (found_inf), so the loop never waits to decide.
+            weight_decay=tc.weight_decay, fused=True,
         )
+        # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a pass-through).
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.device.type == "cuda" and tc.precision == "fp16")
+        if tc.compile:
+            self.forward_model = torch.compile(self.forward_model, dynamic=True)
         self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
         self.translator = Translator(self.model, self.tokenizer, config.decode, self.device)
         self.step = self.epoch = self.batches_done = 0
         self.best_bleu: Optional[float] = None
         self.bad_validations = 0  # validations in a row without a better BLEU (early stopping)
-        self.nonfinite_in_row = self.nonfinite_total = 0
+        self.nonfinite_total = 0
+        self.oom_skipped = 0
+        self.stats = StepStats(self.device)
+        self.tensorboard = _tensorboard_writer(self.run_dir / "tensorboard") if self.dist.is_main else None
         if self.resume_state is not None:
             self._restore(self.resume_state)
 
@@ -219,7 +312,7 @@ class Trainer:
             "config": self.config.to_dict(),
             "tokenizer": {"src": self.tokenizer.src_model_bytes, "tgt": self.tokenizer.tgt_model_bytes},
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(), "rng": rng,
+            "schedule": self.schedule.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
             "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
             "best_bleu": self.best_bleu, "bad_validations": self.bad_validations,
             "nonfinite_total": self.nonfinite_total,
@@ -229,6 +322,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -256,10 +351,16 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def record(self, entry: dict) -> None:
+        """metrics.jsonl always; TensorBoard events too when tensorboard is installed."""
         if not self.dist.is_main:
             return
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
+        if self.tensorboard is not None:
+            for key, value in entry.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    self.tensorboard.add_scalar(key, value, entry["step"])
+            self.tensorboard.flush()
 
     def validate(self) -> bool:
         """Validate and save (rank 0); returns, on every rank, whether patience ran out."""
@@ -292,48 +393,81 @@ class Trainer:
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
 
-    def train_step(self, group: list[Batch]) -> tuple[Optional[float], int]:
-        """One optimizer update over ``update_freq`` batches (on every rank); returns the summed
-        loss and target tokens over all of them, the loss None when it was not finite and the
-        update was skipped."""
+    def train_step(self, group: list[Batch]) -> int:
+        """One optimizer update over ``update_freq`` batches (on every rank); returns the target
+        tokens it saw on this rank. Nothing here waits for the accelerator: the loss stays on
+        the device (``self.stats``) and a non-finite one makes the fused optimizer skip the
+        update on the device; ``drain_stats`` reads the figures once per ``log_every`` steps."""
         tc = self.config.train
         n_tokens = sum(b.n_tokens for b in group)
         # The loss is normalised by the target tokens of the whole update, over every batch
         # and every rank; DDP averages gradients over ranks, hence the world size.
-        all_tokens = int(self.dist.sum([float(n_tokens)], self.device)[0])
+        all_tokens: float | Tensor = n_tokens
+        if self.dist.enabled:
+            all_tokens = self.dist.all_reduce_sum(self._device_scalar(n_tokens))
         per_rank_tokens = all_tokens / self.dist.world_size
         lr = self.schedule.step()
         total = torch.zeros((), device=self.device)
-        for i, batch in enumerate(group):
-            defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
-            with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
-                with autocast(self.device):
-                    logits = self.forward_model(batch.src, batch.tgt_in)
-                loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
-                (loss / per_rank_tokens).backward()
-            total += loss.detach()
-        # One host sync per update, needed to decide whether to apply it; summed over ranks
-        # so every rank decides the same.
-        value = self.dist.sum([float(total)], self.device)[0]
-        if not math.isfinite(value):
+        try:
+            for i, batch in enumerate(group):
+                defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
+                with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
+                    with autocast(self.device, tc.precision):
+                        logits = self.forward_model(batch.src, batch.tgt_in)
+                    loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
+                    self.scaler.scale(loss / per_rank_tokens).backward()
+                total += loss.detach()
+        except torch.cuda.OutOfMemoryError:
+            # One oversized batch should not end a long run: drop it and go on.
             self.optimizer.zero_grad(set_to_none=True)
-            self.schedule.step_num -= 1  # the schedule counts applied updates only
-            self.nonfinite_in_row += 1
-            self.nonfinite_total += 1
-            self.log(f"step {self.step + 1}: non-finite loss, update skipped ({self.nonfinite_in_row} in a row)")
-            if self.nonfinite_in_row >= tc.max_nonfinite:
-                raise XformerError(f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1}; "
-                                   f"stopped, the last good checkpoint is {self.run_dir / 'last.pt'} "
-                                   "(lower train.lr_scale or set train.clip_norm)")
-            return None, all_tokens
-        self.nonfinite_in_row = 0
+            torch.cuda.empty_cache()
+            self.schedule.step_num -= 1
+            self.oom_skipped += 1
+            self.log(f"step {self.step + 1}: out of GPU memory on a batch of {n_tokens} target tokens; skipped "
+                     f"({self.oom_skipped} so far; lower train.max_tokens if this repeats)")
+            return 0
+        if self.dist.enabled:
+            total = self.dist.all_reduce_sum(total)  # every rank then skips or applies alike
+        finite = torch.isfinite(total)
         if tc.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
-        self.optimizer.step()
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # fp16: the scaler skips non-finite gradients itself
+            self.scaler.update()
+        else:
+            self.optimizer.found_inf = (~finite).float()  # read by the fused kernel: skip on the device
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.stats.add(total, finite, all_tokens)
         self.step += 1
         self._lr = lr
-        return value, all_tokens
+        return n_tokens
+
+    def drain_stats(self) -> tuple[float, float]:
+        """Read the device-side figures since the last call (one sync): the summed loss and
+        the target tokens (all ranks) of the applied updates. Reports skipped updates and
+        stops the run when too many came in a row."""
+        tc = self.config.train
+        loss_sum, good_tokens, skipped, max_in_row = self.stats.drain()
+        if skipped:
+            self.nonfinite_total += skipped
+            self.log(f"step {self.step}: non-finite loss, update skipped {skipped} time(s) since the last report "
+                     f"({self.nonfinite_total} in all)")
+        if max_in_row >= tc.max_nonfinite:
+            raise XformerError(f"{max_in_row} non-finite losses in a row before step {self.step}; "
+                               f"stopped, the last good checkpoint is {self.run_dir / 'last.pt'} "
+                               "(lower train.lr_scale or set train.clip_norm)")
+        return loss_sum, good_tokens
+
+    def _device_scalar(self, value: float) -> Tensor:
+        return torch.tensor(float(value), pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
+
+    def _load_group(self, batches: list, start: int) -> list[Batch]:
+        group = [self.train_data.batch(idx) for idx in batches[start : start + self.config.train.update_freq]]
+        if self.device.type == "cuda":
+            group = [b.pin() for b in group]
+        return [b.to(self.device) for b in group]
 
     def run(self) -> TrainResult:
         tc = self.config.train
@@ -345,7 +479,7 @@ class Trainer:
             return TrainResult(self.step, self.epoch, 0.0, self.best_bleu, self.run_dir, "already done")
         self.model.train()
         self._lr = self.schedule.lr(max(self.step, 1))
-        window_loss = window_tokens = 0.0
+        window_loss_sum = window_good_tokens = window_tokens = 0.0
         window_start = time.time()
         last_validated = self.step if self.resume_state is not None else -1
         bar = tqdm(total=tc.max_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
@@ -366,29 +500,39 @@ class Trainer:
                     if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
                         usable = len(batches) // self.dist.world_size * self.dist.world_size
                         batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
-                while self.batches_done < len(batches):
-                    indices = batches[self.batches_done : self.batches_done + tc.update_freq]
-                    group = [self.train_data.batch(idx).to(self.device) for idx in indices]
-                    self.batches_done += len(indices)
-                    loss, n_tokens = self.train_step(group)
-                    if loss is None:
+                starts = range(self.batches_done, len(batches), tc.update_freq)
+                for start, group in prefetch(starts, lambda start: self._load_group(batches, start)):
+                    self.batches_done = min(start + tc.update_freq, len(batches))
+                    step_before = self.step
+                    window_tokens += self.train_step(group)
+                    if self.step == step_before:  # out of memory: the batch was dropped
                         continue
                     bar.update(1)
-                    window_loss += loss
-                    window_tokens += n_tokens
+                    due_to_save = self.step % tc.valid_every == 0 or (tc.save_every and self.step % tc.save_every == 0)
+                    if self.step % tc.log_every == 0 or due_to_save or self.step >= tc.max_steps:
+                        # The one read of device figures, before anything is logged or saved.
+                        loss_sum, good_tokens = self.drain_stats()
+                        window_loss_sum += loss_sum
+                        window_good_tokens += good_tokens
                     if self.step % tc.log_every == 0:
-                        rate = window_tokens / max(time.time() - window_start, 1e-9)
-                        avg = window_loss / max(window_tokens, 1)
+                        tokens = self.dist.sum([window_tokens], self.device)[0]
+                        rate = tokens / max(time.time() - window_start, 1e-9)
+                        avg = window_loss_sum / max(window_good_tokens, 1)
                         extra = {"left": f"{(deadline - time.time()) / 60:.1f}min"} if deadline != math.inf else {}
                         bar.set_postfix(loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
                                         tok_s=f"{rate:.0f}", epoch=self.epoch, **extra)
                         self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
                                      "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
-                        window_loss = window_tokens = 0.0
+                        window_loss_sum = window_good_tokens = window_tokens = 0.0
                         window_start = time.time()
-                    # Ranks must agree on stopping: a signal or the clock may reach them a step apart.
-                    interrupted = self.dist.any(signals.received is not None, self.device)
-                    out_of_time = self.dist.any(time.time() >= deadline, self.device)
+                    # Ranks must agree on stopping (a signal or the clock may reach them a step
+                    # apart): one collective every few steps, not a host sync on every step.
+                    interrupted, out_of_time = signals.received is not None, time.time() >= deadline
+                    if self.dist.enabled:
+                        if self.step % _AGREE_EVERY and not due_to_save and self.step < tc.max_steps:
+                            interrupted = out_of_time = False
+                        else:
+                            interrupted, out_of_time = (v > 0 for v in self.dist.sum([float(interrupted), float(out_of_time)], self.device))
                     if interrupted:
                         reason = "interrupted"
                     elif self.step >= tc.max_steps:
@@ -404,12 +548,15 @@ class Trainer:
                     if reason:
                         break
             bar.close()
+            self.drain_stats()  # count any skipped updates since the last read into the checkpoint
             if reason == "interrupted":
                 self.save()  # no validation: the user wants out now
                 self.log(f"interrupted at step {self.step}: saved {self.run_dir / 'last.pt'}; run the same command to resume")
             elif last_validated != self.step:
                 self.validate()
         self.dist.stop()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if reason == "patience":
             self.log(f"early stop: no better validation BLEU for {tc.patience} validations")
         self.log(f"done: {self.step} steps, epoch {self.epoch}, {self.minutes():.1f} min; best valid BLEU "
