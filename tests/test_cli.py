@@ -43,6 +43,39 @@ def test_translate_keeps_one_line_per_input_line(trained_run, small_corpus, tmp_
 
 
 @pytest.mark.slow
+def test_translate_streams_hostile_input_in_chunks_without_losing_a_line(trained_run, tmp_path):
+    long_line = " ".join(["dog"] * 2000).encode()
+    lines = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe utf8", long_line, b"\r", b"Two men."] * 3
+    stdin = b"\n".join(lines) + b"\n"
+    base = ("translate", "-m", trained_run / "best.pt", "-b", "1", "--max-len-a", "0", "--max-len-b", "8")
+    whole = xformer(*base, stdin=stdin)
+    assert whole.returncode == 0, whole.stderr.decode()
+    out = whole.stdout.decode().split("\n")
+    assert len(out) == len(lines) + 1 and out[-1] == ""
+    assert [o == "" for o in out[:-1]] == [line.strip() == b"" for line in lines]
+    chunked = xformer(*base, "--chunk-lines", "2", stdin=stdin)  # 2 lines in memory at a time
+    assert chunked.stdout == whole.stdout
+
+    nbest = xformer(*base[:-4], "-b", "3", "--nbest", "3", stdin=b"A dog runs.\n\nTwo men.\n")
+    assert nbest.returncode == 0, nbest.stderr.decode()
+    rows = [row.split("\t") for row in nbest.stdout.decode().splitlines()]
+    assert [(r[0], r[1]) for r in rows] == [(str(i), str(k)) for i in (1, 2, 3) for k in (1, 2, 3)]
+    scores = [float(r[2]) for r in rows[:3]]
+    assert scores == sorted(scores, reverse=True) and rows[0][3]
+    assert rows[3][3] == "" and rows[3][2] == "0.0000"  # a blank line: k empty translations
+
+    ensemble = xformer("translate", "-m", trained_run / "best.pt", "-m", trained_run / "best.pt", "-b", "2",
+                       stdin=b"A dog runs.\nTwo men.\n")
+    single = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", stdin=b"A dog runs.\nTwo men.\n")
+    assert ensemble.returncode == 0 and ensemble.stdout == single.stdout  # a model with itself is the model
+
+    kept = write_lines(tmp_path / "old.de", ["earlier result"])
+    bad = xformer(*base, "--nbest", "4", "-o", kept, stdin=b"A dog.\n")
+    assert_one_line_error(bad, "--nbest")
+    assert kept.read_text() == "earlier result\n"  # a failed run leaves earlier output alone
+
+
+@pytest.mark.slow
 def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     hyp = tmp_path / "hyp.de"
     ref = small_corpus / "test2016.de"

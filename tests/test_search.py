@@ -67,3 +67,62 @@ def test_outputs_respect_the_maximum_length_and_nbest_is_sorted():
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     assert all(h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, 0.6)) for h in hyps)
     assert len(greedy_search(model, src, BOS, EOS, 0.5, 1)[0].tokens) <= 3
+
+
+def test_cached_and_uncached_decoding_give_identical_outputs_and_scores():
+    model = random_model(vocab=20, seed=7)
+    src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0], [13, 14, 15, 3, 0, 0]])
+    for cached, uncached in (
+        (greedy_search(model, src, BOS, EOS, 1.0, 6), greedy_search(model, src, BOS, EOS, 1.0, 6, use_cache=False)),
+        ([h[0] for h in beam_search(model, src, BOS, EOS, 4, 0.6, 1.0, 6)],
+         [h[0] for h in beam_search(model, src, BOS, EOS, 4, 0.6, 1.0, 6, use_cache=False)]),
+    ):
+        assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+        assert [h.score for h in cached] == pytest.approx([h.score for h in uncached], abs=1e-4)
+    assert any(len(h.tokens) >= 3 for h in cached)  # long enough for the cache to matter
+
+
+def test_sampling_is_seeded_and_draws_only_from_the_top_k():
+    model = random_model(vocab=20, seed=3)
+    src = torch.tensor([[5, 6, 7, 8, 3]] * 8)
+
+    def draw(seed, topk, temperature=1.0):
+        gen = torch.Generator().manual_seed(seed)
+        return [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6, sampling_topk=topk,
+                                                temperature=temperature, generator=gen)]
+
+    assert draw(1, -1) == draw(1, -1)  # reproducible
+    assert len({tuple(t) for t in draw(1, -1, temperature=2.0)}) > 1  # and actually random
+    # top-1 sampling is greedy search
+    assert draw(5, 1) == [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6)]
+
+
+def test_an_ensemble_of_one_model_twice_decodes_like_the_model():
+    from xformer_cli.decode.ensemble import Ensemble
+
+    model = random_model(vocab=20, seed=9)
+    src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0]])
+    alone = beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 5)
+    twice = beam_search(Ensemble([model, model]), src, BOS, EOS, 3, 0.6, 1.0, 5)
+    assert [h[0].tokens for h in alone] == [h[0].tokens for h in twice]
+    assert [h[0].score for h in alone] == pytest.approx([h[0].score for h in twice], abs=1e-4)
+    # Two different models: each step is the renormalised mean of their log-probabilities.
+    other = random_model(vocab=20, seed=10)
+    pair = Ensemble([model, other])
+    mask = model.padding_mask(src)
+    step = pair.decode_step(torch.full((2, 1), BOS), pair.encode(src, mask), mask, pair.new_cache())
+    expected = torch.log_softmax((model.decode_step(torch.full((2, 1), BOS), model.encode(src, mask), mask, model.new_cache())
+                                  + other.decode_step(torch.full((2, 1), BOS), other.encode(src, mask), mask, other.new_cache())) / 2, -1)
+    assert torch.allclose(step, expected, atol=1e-5)
+
+
+def test_token_batches_respect_both_caps_and_cover_every_sentence():
+    from xformer_cli.decode.translator import token_batches
+
+    lengths = [3, 50, 7, 7, 0, 12, 400, 5]
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+    batches = token_batches(lengths, order, max_sentences=3, max_slots=60)
+    assert [i for b in batches for i in b] == order  # in order, each once
+    for b in batches:
+        assert len(b) <= 3
+        assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 1) <= 60  # an over-long one goes alone

@@ -118,34 +118,10 @@ def average(
     typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
 
 
-def _read_input(path: Optional[Path]) -> list[str]:
-    """Lines split on '\\n' only, undecodable bytes replaced: the line count never drifts."""
-    if path is None or str(path) == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        if not path.is_file():
-            raise XformerError(f"input file not found: {path}")
-        data = path.read_bytes()
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
-
-
-def _write_output(lines: list[str], path: Optional[Path]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path is None or str(path) == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        path.write_text(text, encoding="utf-8")
-
-
-def _translator(checkpoint: Path, device: str):
+def _translator(checkpoints: List[Path], device: str):
     from xformer_cli.decode.translator import Translator
 
-    return Translator.from_checkpoint(checkpoint, device=device)
+    return Translator.from_checkpoint(checkpoints, device=device)
 
 
 _beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from the checkpoint's decode config.")
@@ -159,7 +135,7 @@ _device = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
 @app.command()
 @user_errors
 def translate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train."),
+    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train; repeat for an ensemble. With --engine ctranslate2: a directory written by xformer export."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source text, one sentence per line (default stdin)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations (default stdout)."),
     beam_size: Optional[int] = _beam,
@@ -167,22 +143,89 @@ def translate(
     max_len_a: Optional[float] = _len_a,
     max_len_b: Optional[int] = _len_b,
     batch_size: Optional[int] = _batch,
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Padded source tokens x beam per batch at most."),
+    nbest: int = typer.Option(1, "--nbest", help="Write the N best per input line: LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION."),
+    sampling_topk: int = typer.Option(0, "--sampling-topk", help="Sample instead of search: from the K most likely tokens (-1: all). Needs --beam-size 1."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible draws)."),
+    chunk_lines: int = typer.Option(2000, "--chunk-lines", help="Lines read, sorted and translated at a time (bounds memory)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when reading a file and stderr is a terminal)."),
+    engine: str = typer.Option("xformer", "--engine", help="xformer (PyTorch) or ctranslate2 (a model from xformer export)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every decoder position at each step (slow; for comparison)."),
     device: str = _device,
     attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
     attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
 ) -> None:
-    """Translate text: exactly one output line per input line, blank lines stay blank."""
-    lines = _read_input(input)
-    translator = _translator(checkpoint, device)
-    hyps = translator.translate(lines, beam_size, length_penalty, max_len_a, max_len_b, batch_size)
-    _write_output(hyps, output)
+    """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
+
+    Input streams in chunks, so files of any size translate in bounded memory; a file
+    given with --output appears only once it is complete.
+    """
+    from tqdm import tqdm
+
+    from xformer_cli.decode.translator import translate_lines
+    from xformer_cli.textio import count_lines, iter_lines, open_output
+
+    if chunk_lines < 1:
+        raise XformerError("--chunk-lines must be at least 1")
+    if engine == "ctranslate2":
+        from xformer_cli.export import CTranslate2Translator
+
+        if len(checkpoints) > 1 or nbest != 1 or sampling_topk or attention is not None or no_cache:
+            raise XformerError("--engine ctranslate2 takes one exported model and no --nbest, --sampling-topk, --attention or --no-cache")
+        translator = CTranslate2Translator.from_directory(checkpoints[0], device="cuda" if device.startswith("cuda") else "cpu")
+        options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
+                       batch_size=batch_size)
+    elif engine == "xformer":
+        translator = _translator(checkpoints, device)
+        options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                                     max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, nbest=nbest,
+                                     sampling_topk=sampling_topk, temperature=temperature, seed=seed,
+                                     use_cache=not no_cache)
+    else:
+        raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
+    from_file = input is not None and str(input) != "-"
+    show = progress if progress is not None else (from_file and sys.stderr.isatty())
+    total = count_lines(input) if show and from_file else None
+    wanted = max(attention_sentences, 1) if attention is not None else 0
+    plotted: list[str] = []  # the first non-empty lines, kept as the input streams by
+
+    def remember(lines):
+        for line in lines:
+            if len(plotted) < wanted and line.strip():
+                plotted.append(line)
+            yield line
+
+    with open_output(output) as out, tqdm(total=total, unit="line", disable=not show, file=sys.stderr) as bar:
+        for text in translate_lines(translator, remember(iter_lines(input)), options, chunk_lines):
+            out.write(text + "\n")
+            bar.update(1 if nbest == 1 else 1 / nbest)
     if attention is not None:
         from xformer_cli.plots import plot_attention
 
-        chosen = [line for line in lines if line.strip()][: max(attention_sentences, 1)]
-        plot_attention(translator.attention(chosen, beam_size=beam_size), attention, per_head=attention_heads)
+        if not plotted:
+            raise XformerError("--attention needs a non-empty input line")
+        plot_attention(translator.attention(plotted, beam_size=beam_size), attention, per_head=attention_heads)
         typer.echo(f"attention plot: {attention}", err=True)
+
+
+@app.command()
+@user_errors
+def export(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the exported model to."),
+    format: str = typer.Option("ctranslate2", "--format", help="Only ctranslate2 for now."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, bfloat16 ..."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+) -> None:
+    """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it."""
+    from xformer_cli.export import export_ctranslate2
+
+    if format != "ctranslate2":
+        raise XformerError(f"--format must be ctranslate2, not {format!r}")
+    written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+    typer.echo(f"exported {checkpoint} -> {written}", err=True)
 
 
 @app.command("eval-bleu")
@@ -218,9 +261,11 @@ def eval_bleu(
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        translated = _translator(checkpoint, device).translate(_read_input(src), beam_size, length_penalty, batch_size=batch_size)
+        from xformer_cli.textio import read_lines as read_text, write_lines
+
+        translated = _translator([checkpoint], device).translate(read_text(src), beam_size, length_penalty, batch_size=batch_size)
         if output is not None:
-            _write_output(translated, output)
+            write_lines(translated, output)
         systems = [(f"translation of {src}", translated)]
     else:
         systems = [(str(h), list(read_lines(h))) for h in hyps]

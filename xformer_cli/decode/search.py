@@ -3,11 +3,14 @@
 Both use the model's key/value cache (``Transformer.decode_step``): each step feeds only
 the newest token, and the encoder output is projected once per sentence. Sentences that
 finish leave the batch, so long stragglers do not drag the finished ones along.
+``use_cache=False`` recomputes the whole prefix at every step instead: the reference the
+cache is tested and benchmarked against. Greedy search can also sample (top-k, temperature).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -41,27 +44,50 @@ def force_eos(lprobs: Tensor, rows: Tensor, eos: int) -> None:
     lprobs[rows, eos] = eos_lp
 
 
+def pick_tokens(lprobs: Tensor, topk: int, temperature: float, generator: Optional[torch.Generator]) -> Tensor:
+    """The most likely token per row, or, when sampling (topk != 0), one drawn from the
+    ``topk`` most likely (-1: the whole vocabulary) at ``temperature``."""
+    if topk == 0:
+        return lprobs.argmax(dim=1)
+    logits = lprobs / max(temperature, 1e-6)
+    if 0 < topk < logits.size(1):
+        kth = logits.topk(topk, dim=1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
+
+
 @torch.no_grad()
 def greedy_search(
-    model: Transformer, src: Tensor, bos: int, eos: int, max_len_a: float = 1.0, max_len_b: int = 50
+    model: Transformer,
+    src: Tensor,
+    bos: int,
+    eos: int,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    use_cache: bool = True,
+    sampling_topk: int = 0,
+    temperature: float = 1.0,
+    generator: Optional[torch.Generator] = None,
 ) -> list[Hypothesis]:
+    """Best (or sampled) next token until eos; scores are the model's log-probabilities."""
     pad = model.cfg.pad_id
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
     limits = max_lengths(src, pad, max_len_a, max_len_b)
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     active = torch.arange(src.size(0), device=src.device)  # batch rows still decoding
-    last = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)
+    seqs = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)
     tokens: list[list[int]] = [[] for _ in range(src.size(0))]
     logprob = [0.0] * src.size(0)
     results: list[Hypothesis | None] = [None] * src.size(0)
     step = 0
     while active.numel():
-        lprobs = model.decode_step(last, memory, src_mask, cache)
+        lprobs = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
         lprobs[:, pad] = lprobs[:, bos] = float("-inf")
         at_limit = limits[active] <= step
         force_eos(lprobs, at_limit, eos)
-        best_lp, best = lprobs.max(dim=1)
+        best = pick_tokens(lprobs, sampling_topk, temperature, generator)
+        best_lp = lprobs.gather(1, best.unsqueeze(1)).squeeze(1)
         done = (best == eos).tolist()
         for row, (sentence, token, lp) in enumerate(zip(active.tolist(), best.tolist(), best_lp.tolist())):
             logprob[sentence] += lp
@@ -69,12 +95,12 @@ def greedy_search(
                 results[sentence] = Hypothesis(tokens[sentence], logprob[sentence], logprob[sentence])
             else:
                 tokens[sentence].append(token)
+        seqs = torch.cat([seqs, best.unsqueeze(1)], dim=1)
         keep = ~torch.tensor(done, device=src.device)
         if not keep.all():
             rows = keep.nonzero().squeeze(1)
-            active, best, memory, src_mask = active[rows], best[rows], memory[rows], src_mask[rows]
+            active, seqs, memory, src_mask = active[rows], seqs[rows], memory[rows], src_mask[rows]
             reorder_cache(cache, rows)
-        last = best.unsqueeze(1)
         step += 1
     return results  # type: ignore[return-value]
 
@@ -90,6 +116,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     nbest: int = 1,
+    use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam search for every sentence of ``src`` at once; returns the ``nbest`` best per sentence.
 
@@ -111,7 +138,7 @@ def beam_search(
     limits = max_lengths(src, pad, max_len_a, max_len_b)
     memory = memory.repeat_interleave(k, dim=0)
     src_mask = src_mask.repeat_interleave(k, dim=0)
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     active = torch.arange(n, device=device)
     seqs = torch.full((n * k, 1), bos, dtype=torch.long, device=device)
     scores = torch.full((n, k), float("-inf"), device=device)
@@ -120,7 +147,7 @@ def beam_search(
     step = 0
     while active.numel():
         m = active.numel()
-        lprobs = model.decode_step(seqs[:, -1:], memory, src_mask, cache)
+        lprobs = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
         vocab = lprobs.size(1)
         lprobs[:, pad] = lprobs[:, bos] = float("-inf")
         at_limit = (limits[active] <= step).repeat_interleave(k)

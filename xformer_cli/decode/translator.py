@@ -7,14 +7,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from xformer_cli.config import Config, DecodeConfig, config_from_dict
 from xformer_cli.data.batching import encode_source_batch, pad
+from xformer_cli.decode.ensemble import Ensemble
 from xformer_cli.decode.search import Hypothesis, beam_search, greedy_search
 from xformer_cli.device import autocast, pick_device
 from xformer_cli.errors import XformerError
@@ -33,25 +34,82 @@ class AttentionMap:
     weights: torch.Tensor  # (layers, heads, len(target), len(source))
 
 
+@dataclass
+class SearchOptions(DecodeConfig):
+    """How to decode: the checkpoint's decode config (``Translator.options`` fills what is
+    not given from it) plus what only a translation run chooses."""
+
+    nbest: int = 1
+    sampling_topk: int = 0  # 0: search; k > 0 sample from the k best; -1 from all (beam must be 1)
+    temperature: float = 1.0
+    seed: Optional[int] = None
+    use_cache: bool = True
+
+    def check(self) -> "SearchOptions":
+        if self.beam_size < 1:
+            raise XformerError("beam size must be at least 1")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise XformerError(f"--nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
+        if self.sampling_topk and self.beam_size != 1:
+            raise XformerError("sampling draws one translation per sentence: use it with --beam-size 1")
+        if self.batch_size < 1 or self.max_tokens < 1:
+            raise XformerError("--batch-size and --max-tokens must be at least 1")
+        if self.temperature <= 0:
+            raise XformerError(f"temperature must be positive, got {self.temperature}")
+        return self
+
+
+def resolve_options(decode: DecodeConfig, **given) -> SearchOptions:
+    """``given`` options (None = unset) over a model's decode defaults, checked."""
+    return SearchOptions(**{**asdict(decode), **{k: v for k, v in given.items() if v is not None}}).check()
+
+
+def token_batches(lengths: Sequence[int], order: Sequence[int], max_sentences: int, max_slots: int) -> list[list[int]]:
+    """Cut ``order`` (indices sorted by length) into batches of at most ``max_sentences``
+    sentences and ``max_slots`` padded source tokens; a longer sentence goes alone."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        width = max(longest, lengths[i] + 1)  # + eos
+        if current and (len(current) >= max_sentences or width * (len(current) + 1) > max_slots):
+            batches.append(current)
+            current, width = [], lengths[i] + 1
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
 class Translator:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device):
+    """Translates with one model or, given several checkpoints, their ensemble."""
+
+    def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device):
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":
-        state = load_checkpoint(path)
-        try:
-            config = config_from_dict(state["config"])
-            tok = state["tokenizer"]
-            tokenizer = Tokenizer(tok["src"], tok.get("tgt"))
-            model = build_model(config, tokenizer)
-            model.load_state_dict(state["model"])
-        except (KeyError, TypeError, RuntimeError) as exc:
-            raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {str(exc)[:120]})") from None
+    def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto") -> "Translator":
+        """One checkpoint, or a list of them decoded as an ensemble (same tokenizer required);
+        decode defaults come from the first."""
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise XformerError("no checkpoint given")
+        loaded = [load_model(p) for p in paths]
+        model, tokenizer, config = loaded[0]
+        for other_path, (_, other_tokenizer, _) in zip(paths[1:], loaded[1:]):
+            if (other_tokenizer.src_model_bytes, other_tokenizer.tgt_model_bytes) != (tokenizer.src_model_bytes, tokenizer.tgt_model_bytes):
+                raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; an ensemble needs one vocabulary")
+        if len(loaded) > 1:
+            model = Ensemble([m for m, _, _ in loaded])
         return cls(model, tokenizer, config.decode, pick_device(device))
+
+    def options(self, **given) -> SearchOptions:
+        """Search options: the given ones (None = unset), the rest from the checkpoint's decode config."""
+        return resolve_options(self.decode, **given)
 
     def translate(
         self,
@@ -61,51 +119,61 @@ class Translator:
         max_len_a: Optional[float] = None,
         max_len_b: Optional[int] = None,
         batch_size: Optional[int] = None,
+        **more,
     ) -> list[str]:
-        """One output line per input line, in input order; blank input gives blank output."""
-        hyps = self.translate_ids(lines, beam_size, length_penalty, max_len_a, max_len_b, batch_size)
-        return [self.tokenizer.decode_tgt([h.tokens])[0] if h is not None else "" for h in hyps]
+        """One output line per input line, in input order; blank input gives blank output.
+        ``more``: any other ``SearchOptions`` field (sampling_topk, temperature, seed, ...)."""
+        opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                            max_len_b=max_len_b, batch_size=batch_size, **more)
+        return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]
 
-    def translate_ids(
-        self,
-        lines: Sequence[str],
-        beam_size: Optional[int] = None,
-        length_penalty: Optional[float] = None,
-        max_len_a: Optional[float] = None,
-        max_len_b: Optional[int] = None,
-        batch_size: Optional[int] = None,
-    ) -> list[Optional[Hypothesis]]:
-        d = self.decode
-        beam = d.beam_size if beam_size is None else beam_size
-        alpha = d.length_penalty if length_penalty is None else length_penalty
-        a = d.max_len_a if max_len_a is None else max_len_a
-        b = d.max_len_b if max_len_b is None else max_len_b
-        size = d.batch_size if batch_size is None else batch_size
-        if beam < 1:
-            raise XformerError("beam size must be at least 1")
-        # Strip newlines and control line breaks so one input line stays one output line.
+    def detokenize(self, hyp: Hypothesis) -> str:
+        return self.tokenizer.decode_tgt([hyp.tokens])[0]
+
+    def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
+        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
+        # Whitespace (line breaks of every kind included) is normalised, so one input line
+        # stays one output line.
         clean = [" ".join(line.split()) for line in lines]
         encoded = self.tokenizer.encode_src(clean)
-        results: list[Optional[Hypothesis]] = [None] * len(clean)
-        order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
-        for start in range(0, len(order), size):
-            chunk = order[start : start + size]
+        results: list[list[Hypothesis]] = [[] for _ in clean]
+        lengths = [len(ids) for ids in encoded]
+        order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+        generator = None
+        if opts.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(opts.seed)
+        for chunk in token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1)):
             src = encode_source_batch([encoded[i] for i in chunk]).to(self.device)
             with autocast(self.device):
-                if beam == 1:
-                    hyps = greedy_search(self.model, src, BOS_ID, EOS_ID, a, b)
+                if opts.beam_size == 1:
+                    found = [[h] for h in greedy_search(self.model, src, BOS_ID, EOS_ID, opts.max_len_a, opts.max_len_b,
+                                                         opts.use_cache, opts.sampling_topk, opts.temperature, generator)]
                 else:
-                    hyps = [h[0] for h in beam_search(self.model, src, BOS_ID, EOS_ID, beam, alpha, a, b)]
-            for i, hyp in zip(chunk, hyps):
-                results[i] = hyp
+                    found = beam_search(self.model, src, BOS_ID, EOS_ID, opts.beam_size, opts.length_penalty,
+                                        opts.max_len_a, opts.max_len_b, opts.nbest, opts.use_cache)
+            for i, hyps in zip(chunk, found):
+                results[i] = hyps
         return results
+
+    def search_stream(self, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[list[Hypothesis]]:
+        """``search`` over any number of lines in bounded memory: ``chunk_lines`` at a time,
+        each chunk sorted by length for batching, results yielded in input order."""
+        chunk: list[str] = []
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= chunk_lines:
+                yield from self.search(chunk, opts)
+                chunk = []
+        if chunk:
+            yield from self.search(chunk, opts)
 
     def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
         """Translate each line, then read the cross-attention the model paid to produce it."""
         maps = []
-        for line, hyp in zip(lines, self.translate_ids(lines, beam_size=beam_size)):
-            if hyp is None:
+        for line, hyps in zip(lines, self.search(lines, self.options(beam_size=beam_size))):
+            if not hyps:
                 continue
+            hyp = hyps[0]
             src_ids = self.tokenizer.encode_src([" ".join(line.split())])[0]
             src = encode_source_batch([src_ids]).to(self.device)
             tgt_in = pad([hyp.tokens], prefix=(BOS_ID,)).to(self.device)
@@ -116,3 +184,53 @@ class Translator:
                 weights=weights,
             ))
         return maps
+
+
+def load_model(path: "str | Path", state: Optional[dict] = None) -> tuple[Transformer, Tokenizer, Config]:
+    """The model (eval mode), tokenizer and config of a checkpoint; one-line errors."""
+    state = load_checkpoint(path) if state is None else state
+    try:
+        config = config_from_dict(state["config"])
+        tok = state["tokenizer"]
+        tokenizer = Tokenizer(tok["src"], tok.get("tgt"))
+        model = build_model(config, tokenizer)
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {str(exc)[:120]})") from None
+    return model.eval(), tokenizer, config
+
+
+def nbest_lines(line_no: int, hyps: list[Hypothesis], k: int, detokenize) -> list[str]:
+    """``--nbest`` output: exactly k lines ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` per input
+    line (1-based), best first; SCORE is the length-normalised log-probability the search
+    ranks by. A blank input line gives k lines with an empty translation and score 0."""
+    rows = []
+    for rank in range(1, k + 1):
+        if not hyps:
+            rows.append(f"{line_no}\t{rank}\t0.0000\t")
+        elif rank <= len(hyps):
+            rows.append(f"{line_no}\t{rank}\t{hyps[rank - 1].score:.4f}\t{detokenize(hyps[rank - 1])}")
+        else:  # fewer finished hypotheses than asked for (tiny vocabularies only)
+            rows.append(f"{line_no}\t{rank}\t-inf\t")
+    return rows
+
+
+def translate_lines(translator, lines: Iterable[str], options, chunk_lines: int = 2000) -> Iterator[str]:
+    """Output lines for streamed input lines, in order: one per input line, or ``nbest``
+    per line. ``translator`` is a ``Translator`` (``options``: SearchOptions) or a
+    CTranslate2 translator (``options``: keyword arguments of its ``translate``)."""
+    if isinstance(translator, Translator):
+        for index, hyps in enumerate(translator.search_stream(lines, options, chunk_lines), start=1):
+            if options.nbest > 1:
+                yield from nbest_lines(index, hyps, options.nbest, translator.detokenize)
+            else:
+                yield translator.detokenize(hyps[0]) if hyps else ""
+        return
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= chunk_lines:
+            yield from translator.translate(chunk, **options)
+            chunk = []
+    if chunk:
+        yield from translator.translate(chunk, **options)

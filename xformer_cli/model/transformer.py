@@ -284,11 +284,15 @@ class Transformer(nn.Module):
         src_mask = self.padding_mask(src)
         return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
 
-    def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: list[dict]) -> Tensor:
+    def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
         """One incremental step: (B, 1) newest tokens -> (B, V) log-probabilities.
 
-        ``cache`` is a list with one dict per decoder layer, empty at step 0.
+        ``cache`` is a list with one dict per decoder layer, empty at step 0. Without a
+        cache (None), ``last_tokens`` is the whole prefix (B, T) and every position is
+        recomputed: the slow reference the cache is measured and tested against.
         """
+        if cache is None:
+            return F.log_softmax(self.generator(self.decode(last_tokens, memory, src_mask)[:, -1]).float(), dim=-1)
         offset = cache[0]["k"].size(2) if "k" in cache[0] else 0
         y = self.tgt_embed(last_tokens, offset=offset)
         for layer, layer_cache in zip(self.decoder_layers, cache):
@@ -313,8 +317,8 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
 
-def reorder_cache(cache: list[dict], order: Tensor) -> None:
+def reorder_cache(cache: Optional[list[dict]], order: Tensor) -> None:
     """Select rows of every cached tensor (beam reordering, finished sentences leaving)."""
-    for layer_cache in cache:
+    for layer_cache in cache or ():
         for key, value in layer_cache.items():
             layer_cache[key] = value.index_select(0, order)

@@ -1,0 +1,131 @@
+"""Decoding speed: xformer without and with its key/value cache, the same model exported
+to CTranslate2, and OpenNMT-py's onmt_translate on a model of the same size, in one run.
+
+For each beam size it prints sentences/s and target tokens/s (output sentencepiece pieces
++ eos, counted with the xformer model's tokenizer for every system) and BLEU against the
+reference, so speed is never bought with worse output.
+
+    python scripts/bench_decode.py --checkpoint runs/multi30k/best.pt
+    python scripts/bench_decode.py --checkpoint runs/multi30k/best.pt --beams 1 5 \\
+        --onmt-venv /tmp/onmt-venv --onmt-model /tmp/onmt-m30k/model_step_300.pt
+
+The OpenNMT-py model comes from scripts/peers/run_onmt_multi30k.sh (same sizes as
+configs/multi30k.yaml); its time is its own "Total translation time" (start-up excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_train import cpu_name  # noqa: E402
+
+from xformer_cli.decode.translator import Translator  # noqa: E402
+
+DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
+
+
+def timed(fn) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int) -> tuple[list[str], float]:
+    """onmt_translate's output and its own translation time (start-up and model load excluded)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(threads)}
+    spm = "/tmp/onmt-m30k/spm/joint.model"
+    with tempfile.TemporaryDirectory() as tmp:
+        hyp = Path(tmp) / "hyp"
+        done = subprocess.run(
+            [f"{venv}/bin/onmt_translate", "-model", model, "-src", str(src), "-output", str(hyp),
+             "-transforms", "sentencepiece", "-src_subword_model", spm, "-tgt_subword_model", spm,
+             "-beam_size", str(beam), "-batch_size", "64", "-batch_type", "sents", "-gpu", "-1", "-report_time",
+             "-max_length", "250"],
+            cwd=ROOT, env=env, capture_output=True, text=True)
+        log = done.stdout + done.stderr
+        if done.returncode != 0:
+            raise SystemExit(f"onmt_translate failed:\n{log[-3000:]}")
+        seconds = float(re.search(r"Total translation time \(s\):\s*([\d.]+)", log).group(1))
+        return hyp.read_text(encoding="utf-8").splitlines(), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--src", default=str(DATA / "multi30k" / "test2016.en"))
+    parser.add_argument("--ref", default=str(DATA / "multi30k" / "test2016.de"))
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--sentences", type=int, default=0, help="only the first N (0 = all)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-uncached", action="store_true", help="skip (a), the slow no-cache reference")
+    parser.add_argument("--ct2-dir", help="exported model (default: export to a temporary directory)")
+    parser.add_argument("--onmt-venv")
+    parser.add_argument("--onmt-model")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+    ref_lines = Path(args.ref).read_text(encoding="utf-8").splitlines()
+    if args.sentences:
+        src_lines, ref_lines = src_lines[: args.sentences], ref_lines[: args.sentences]
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+
+    def target_tokens(lines: list[str]) -> int:
+        return sum(len(ids) + 1 for ids in translator.tokenizer.encode_tgt(lines))
+
+    systems = []
+    ct2 = None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            from xformer_cli.export import CTranslate2Translator, export_ctranslate2
+
+            ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
+            ct2 = CTranslate2Translator.from_directory(ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
+                                                       threads=args.threads)
+        except ImportError as exc:
+            print(f"(CTranslate2 not measured: {exc})")
+        translator.translate(src_lines[:20], beam_size=max(args.beams))  # warm-up
+        for beam in args.beams:
+            if not args.no_uncached:
+                systems.append((beam, "(a) xformer, no cache", *timed(lambda: translator.translate(src_lines, beam_size=beam, use_cache=False))))
+            systems.append((beam, "(b) xformer, KV cache", *timed(lambda: translator.translate(src_lines, beam_size=beam))))
+            if ct2 is not None:
+                ct2.translate(src_lines[:20], beam_size=beam)  # warm-up
+                systems.append((beam, "(c) CTranslate2 export", *timed(lambda: ct2.translate(src_lines, beam_size=beam))))
+            if args.onmt_venv and args.onmt_model:
+                src_file = Path(tmp) / "src.txt"
+                src_file.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
+                systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, src_file, beam, args.threads)))
+
+    print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
+    print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
+          f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}")
+    print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
+    baseline: dict[int, float] = {}
+    for beam, name, hyps, seconds in systems:
+        score = sacrebleu.corpus_bleu(hyps, [ref_lines]).score
+        rate = len(src_lines) / seconds
+        if name.startswith("(b)"):
+            baseline[beam] = rate
+        print(f"{beam:>4}  {name:<24} {seconds:8.2f} {rate:8.1f} {target_tokens(hyps) / seconds:10.0f} {score:6.2f}")
+    for beam, name, hyps, seconds in systems:
+        if beam in baseline and not name.startswith("(b)"):
+            print(f"beam {beam}: (b) is {baseline[beam] / (len(src_lines) / seconds):.2f}x {name}")
+
+
+if __name__ == "__main__":
+    main()

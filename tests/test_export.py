@@ -1,0 +1,168 @@
+"""CTranslate2 export: the exported model decodes like the checkpoint it came from."""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, ModelSection, TokenizerConfig
+from xformer_cli.data.batching import collate
+from xformer_cli.decode.translator import Translator
+from xformer_cli.errors import XformerError
+from xformer_cli.model.build import build_model
+from xformer_cli.tokenizer import PAD_ID, Tokenizer
+from xformer_cli.train.checkpoint import save_checkpoint
+
+from conftest import head
+
+pytest.importorskip("ctranslate2")
+from xformer_cli.export import MISSING_CT2, CTranslate2Translator, export_ctranslate2  # noqa: E402
+
+N_TRAIN = 30  # memorised pairs: confident, real German outputs
+N_UNSEEN = 12  # unseen test sentences: the model's guesses, decoded identically all the same
+STEPS = 100
+
+
+def _train_checkpoint(multi30k, path, pre_norm: bool, joint: bool):
+    """A tiny model trained on real pairs, saved as the trainer saves its checkpoints."""
+    torch.manual_seed(0)
+    src, tgt = head(multi30k / "train.en", N_TRAIN), [t.strip() for t in head(multi30k / "train.de", N_TRAIN)]
+    tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
+    config = Config(
+        data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
+        tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
+        model=ModelSection(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                           pre_norm=pre_norm),
+        decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
+    )
+    model = build_model(config, tokenizer).train()
+    batch = collate(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    for _ in range(STEPS):
+        logits = model(batch.src, batch.tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    save_checkpoint({
+        "config": config.to_dict(),
+        "tokenizer": {"src": tokenizer.src_model_bytes, "tgt": tokenizer.tgt_model_bytes},
+        "model": model.state_dict(),
+        "step": STEPS,
+    }, path)
+    return path, src + head(multi30k / "test2016.en", N_UNSEEN)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Two torch threads on two busy cores spin far more than they compute."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=[("post-norm", "joint"), ("pre-norm", "separate")], ids=lambda p: "-".join(p))
+def exported(request, multi30k, tmp_path_factory):
+    norm, vocab = request.param
+    root = tmp_path_factory.mktemp(f"{norm}-{vocab}")
+    checkpoint, sentences = _train_checkpoint(multi30k, root / "last.pt", norm == "pre-norm", vocab == "joint")
+    out = export_ctranslate2(checkpoint, root / "ct2")
+    return checkpoint, out, sentences
+
+
+def test_greedy_outputs_and_scores_equal_xformer(exported):
+    checkpoint, out, sentences = exported
+    reference = Translator.from_checkpoint(checkpoint, device="cpu")
+    ct2 = CTranslate2Translator.from_directory(out, threads=1)
+    expected = reference.translate(sentences, beam_size=1)
+    got = ct2.translate(sentences, beam_size=1)
+    assert len(got) == len(sentences) >= 20
+    assert got == expected
+    assert sum(line in expected[:N_TRAIN] for line in got) > N_TRAIN // 2  # outputs are real, varied German
+    assert len(set(got)) > N_TRAIN // 2
+
+    # The same tokens, and the same summed log-probabilities (eos included) up to the mass
+    # of pad and bos: CTranslate2 renormalises without them, xformer masks them after its
+    # log-softmax. The memorised sentences all end before the length limit (where CTranslate2
+    # would score the uncut hypothesis).
+    ours = reference.search(sentences, reference.options(beam_size=1))
+    theirs = ct2.translate_ids(sentences, beam_size=1)
+    assert [h.tokens for h in theirs] == [h.tokens for (h,) in ours]
+    for mine, (hyp,) in zip(theirs[:N_TRAIN], ours[:N_TRAIN]):
+        assert mine.logprob == pytest.approx(hyp.logprob, abs=5e-3)
+        assert mine.score == mine.logprob
+
+
+def test_files_of_an_export(exported):
+    _, out, _ = exported
+    names = {p.name for p in out.iterdir()}
+    assert {"model.bin", "config.json", "xformer_export.json"} <= names
+    assert names & {"spm.model", "source.spm.model"}
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no staging directory left
+
+
+def test_beam_search_gives_one_line_per_input_line(exported):
+    checkpoint, out, sentences = exported
+    ct2 = CTranslate2Translator.from_directory(out, threads=1)
+    lines = ["", sentences[0], "   ", sentences[1] + "\n", "\t", sentences[2]]
+    got = ct2.translate(lines, beam_size=4, batch_size=2)
+    assert len(got) == len(lines)
+    assert got[0] == got[2] == got[4] == ""
+    assert all(got[i] for i in (1, 3, 5))
+    assert got[1] == ct2.translate([sentences[0]], beam_size=4)[0]  # batching does not change results
+
+    # Not guaranteed equal to xformer's beam (the stopping rules differ), but close.
+    reference = Translator.from_checkpoint(checkpoint, device="cpu")
+    expected = reference.translate(sentences, beam_size=4, length_penalty=0.6)
+    got = ct2.translate(sentences, beam_size=4, length_penalty=0.6)
+    assert sum(a == b for a, b in zip(got, expected)) >= 0.9 * len(sentences)
+
+
+def test_quantized_export_translates(exported, tmp_path):
+    checkpoint, _, sentences = exported
+    out = export_ctranslate2(checkpoint, tmp_path / "int8", quantization="int8")
+    got = CTranslate2Translator.from_directory(out).translate(sentences[:5] + [""], beam_size=2)
+    assert len(got) == 6 and got[-1] == "" and all(got[:5])
+
+
+def test_existing_directory_is_refused_and_left_untouched(exported, tmp_path):
+    checkpoint, _, _ = exported
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(XformerError, match="not empty") as info:
+        export_ctranslate2(checkpoint, target)
+    assert "\n" not in str(info.value)
+    assert [p.name for p in target.iterdir()] == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+    export_ctranslate2(checkpoint, target, force=True)
+    assert not (target / "keep.txt").exists() and (target / "model.bin").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_bad_inputs_are_one_line_errors(exported, tmp_path):
+    checkpoint, out, _ = exported
+    truncated = tmp_path / "cut.pt"
+    truncated.write_bytes(checkpoint.read_bytes()[:2000])
+    with pytest.raises(XformerError, match="not a readable xformer checkpoint"):
+        export_ctranslate2(truncated, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(XformerError, match="quantization"):
+        export_ctranslate2(checkpoint, tmp_path / "out", quantization="int3")
+    assert not (tmp_path / "out").exists()
+    for missing in (tmp_path / "nowhere", tmp_path):
+        with pytest.raises(XformerError, match=str(missing)):
+            CTranslate2Translator.from_directory(missing)
+
+
+def test_missing_ctranslate2_is_a_clear_error(exported, tmp_path, monkeypatch):
+    checkpoint, out, _ = exported
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 -> ImportError
+    with pytest.raises(XformerError) as info:
+        export_ctranslate2(checkpoint, tmp_path / "out")
+    assert str(info.value) == MISSING_CT2
+    with pytest.raises(XformerError, match="pip install"):
+        CTranslate2Translator.from_directory(out)

@@ -1,0 +1,75 @@
+"""Line-exact text input and output for translation: the line count never drifts.
+
+Input is split on '\\n' only (never on the other characters ``str.splitlines`` treats as
+breaks), undecodable bytes become U+FFFD, and it is read lazily so any size streams in
+bounded memory. Output to a file goes to a temporary sibling that replaces the target
+only once everything is written: a failed run never truncates an earlier result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator, Optional
+
+from xformer_cli.errors import XformerError
+
+
+def _is_std(path: Optional[Path]) -> bool:
+    return path is None or str(path) == "-"
+
+
+def iter_lines(path: Optional[Path]) -> Iterator[str]:
+    """Lines of a file (or stdin for None / "-"), without their line ends."""
+    if _is_std(path):
+        handle = sys.stdin.buffer
+    else:
+        if not path.is_file():
+            raise XformerError(f"input file not found: {path}")
+        handle = path.open("rb")
+    with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
+        for raw in handle:  # binary iteration splits on b"\n" only
+            yield raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+def read_lines(path: Optional[Path]) -> list[str]:
+    return list(iter_lines(path))
+
+
+def count_lines(path: Path) -> int:
+    """Lines ``iter_lines`` will give (a final line without '\\n' counts), for progress bars."""
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+@contextlib.contextmanager
+def open_output(path: Optional[Path]) -> Iterator[IO[str]]:
+    """stdout, or a file that appears (atomically) only when the block succeeds."""
+    if _is_std(path):
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise XformerError(f"output directory does not exist: {directory}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_lines(lines: list[str], path: Optional[Path]) -> None:
+    with open_output(path) as handle:
+        handle.writelines(line + "\n" for line in lines)
