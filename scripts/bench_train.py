@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from xformer_cli.config import load_config
 from xformer_cli.data.batching import make_batches
 from xformer_cli.data.sources import load_corpus
+from xformer_cli.device import autocast, pick_device
 from xformer_cli.model.build import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.loss import label_smoothed_nll
@@ -76,6 +77,8 @@ def cpu_name() -> str:
 
 def peak_matmul_flops(device: torch.device, size: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of a large square fp32 matmul on this device (bf16 on CUDA): the ceiling MFU is measured against."""
+    if device.type == "cuda":
+        size, repeats = 8192, 50  # big enough to reach the tensor cores' peak
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -97,22 +100,33 @@ def step_flops(model, loss_fn, batches) -> float:
     counter = FlopCounterMode(display=False)
     with counter:
         for batch in batches:
-            loss_fn(model(batch.src, batch.tgt_in), batch.tgt_out).backward()
+            with autocast(next(model.parameters()).device):
+                logits = model(batch.src, batch.tgt_in)
+            loss_fn(logits, batch.tgt_out).backward()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
 
 
 def run(model, loss_fn, batches, optimizer) -> float:
     tokens = 0
+    device = next(model.parameters()).device
+    synchronize(device)
     start = time.perf_counter()
     for batch in batches:
-        logits = model(batch.src, batch.tgt_in)
+        with autocast(device):  # bf16 on CUDA, nothing on CPU (as the trainer does)
+            logits = model(batch.src, batch.tgt_in)
         loss = loss_fn(logits, batch.tgt_out)
         (loss / batch.n_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += batch.n_tokens
+    synchronize(device)
     return tokens / (time.perf_counter() - start)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +182,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (e.g. paper-base sizes)")
     parser.add_argument("--trainer-steps", type=int, default=0, help="also time whole trainers for this many steps")
     parser.add_argument("--report-every", type=int, default=10, help="steps per tokens/s report in --trainer-steps")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda (bf16 autocast), auto")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
     args = parser.parse_args()
 
@@ -177,19 +192,22 @@ def main() -> None:
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)
     index_batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.max_tokens, seed=1)[: args.steps]
-    batches = [data.batch(idx) for idx in index_batches]
+    device = pick_device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    batches = [data.batch(idx).to(device) for idx in index_batches]
 
     torch.manual_seed(0)
-    ours = build_model(cfg, tokenizer).train()
+    ours = build_model(cfg, tokenizer).train().to(device)
     m = cfg.model
     theirs = TorchBaseline(tokenizer.src_vocab_size, m.d_model, m.d_ff, m.n_heads, m.encoder_layers,
-                           m.decoder_layers, m.dropout).train()
+                           m.decoder_layers, m.dropout).train().to(device)
     eps = cfg.train.label_smoothing
     ours_loss = lambda logits, gold: label_smoothed_nll(logits, gold, eps, PAD_ID)[0]  # noqa: E731
     theirs_loss = lambda logits, gold: F.cross_entropy(  # noqa: E731
         logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=PAD_ID, label_smoothing=eps, reduction="sum")
-    opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     run(ours, ours_loss, batches[:2], opt_ours)  # warm-up
     run(theirs, theirs_loss, batches[:2], opt_theirs)
 
@@ -199,13 +217,14 @@ def main() -> None:
         theirs_rates.append(run(theirs, theirs_loss, batches, opt_theirs))
     ours_best, theirs_best = max(ours_rates), max(theirs_rates)
     real = sum(b.n_tokens for b in batches)
-    peak = peak_matmul_flops(torch.device("cpu"))
+    peak = peak_matmul_flops(device)
     flops_per_token = {name: step_flops(m, fn, batches) / real for name, m, fn in
                        (("ours", ours, ours_loss), ("theirs", theirs, theirs_loss))}
-    print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
+    print(f"machine: {where}, torch {torch.__version__}")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
-    print(f"peak matmul (2048^3 fp32, same process): {peak / 1e9:.1f} GFLOP/s")
+    print(f"peak matmul (2048^3 {'bf16' if device.type == 'cuda' else 'fp32'}, same process): {peak / 1e9:.1f} GFLOP/s")
     for name, label, rate, rates in (("ours", "xformer             ", ours_best, ours_rates),
                                      ("theirs", "torch.nn.Transformer", theirs_best, theirs_rates)):
         achieved = rate * flops_per_token[name]

@@ -176,7 +176,7 @@ def beam_search(
         parents = top_beams.gather(1, pick) + torch.arange(m, device=device).unsqueeze(1) * k
         next_tokens = top_tokens.gather(1, pick)
         seqs = torch.cat([seqs[parents.view(-1)], next_tokens.view(-1, 1)], dim=1)
-        reorder_cache(cache, parents.view(-1))
+        reorder_cache(cache, parents.view(-1), within_sentences=True)
 
         best_alive = (scores[:, 0] / ((5.0 + limits[active].float() + 1.0) / 6.0) ** alpha).tolist()
         done = torch.tensor([

@@ -317,8 +317,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
 
-def reorder_cache(cache: Optional[list[dict]], order: Tensor) -> None:
-    """Select rows of every cached tensor (beam reordering, finished sentences leaving)."""
+def reorder_cache(cache: Optional[list[dict]], order: Tensor, within_sentences: bool = False) -> None:
+    """Select rows of every cached tensor (beam reordering, finished sentences leaving).
+
+    ``within_sentences``: the rows only move among the beams of their own sentence, whose
+    encoder keys/values are identical, so those are left as they are (a copy saved per step).
+    """
     for layer_cache in cache or ():
         for key, value in layer_cache.items():
-            layer_cache[key] = value.index_select(0, order)
+            if not (within_sentences and key.startswith("mem_")):
+                layer_cache[key] = value.index_select(0, order)
