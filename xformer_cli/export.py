@@ -99,7 +99,7 @@ def _check_output(output: Path, force: bool) -> None:
     if output.exists() and not output.is_dir():
         raise XformerError(f"{output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()) and not force:
-        raise XformerError(f"{output} exists and is not empty (use force to replace it)")
+        raise XformerError(f"{output} exists and is not empty (use --force to replace it)")
 
 
 def _load(checkpoint: str | Path):
