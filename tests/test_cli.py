@@ -142,3 +142,18 @@ def test_bad_checkpoints_and_score_files(tmp_path):
     ref = write_lines(tmp_path / "r.txt", ["a b c"])
     assert_one_line_error(xformer("eval-bleu", "--hyp", hyp, "--ref", ref), "line counts differ", "h.txt has 2 lines")
     assert_one_line_error(xformer("eval-bleu", "--hyp", hyp, "--ref", tmp_path / "gone.txt"), "file not found")
+
+
+@pytest.mark.slow
+def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_path):
+    exported = tmp_path / "ct2"
+    proc = xformer("export", "-m", trained_run / "best.pt", "-o", exported)
+    assert proc.returncode == 0, proc.stderr.decode()
+    stdin = b"A dog runs.\n\nTwo men play soccer in a park.\n"
+    ct2 = xformer("translate", "-m", exported, "--engine", "ctranslate2", "-b", "1", stdin=stdin)
+    ours = xformer("translate", "-m", trained_run / "best.pt", "-b", "1", stdin=stdin)
+    assert ct2.returncode == 0, ct2.stderr.decode()
+    assert ct2.stdout == ours.stdout and len(ct2.stdout.decode().splitlines()) == 3
+    again = xformer("export", "-m", trained_run / "best.pt", "-o", exported)
+    assert_one_line_error(again, "not empty", "--force")
+    assert (exported / "model.bin").is_file()  # the refused export left the first one intact
