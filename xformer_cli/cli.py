@@ -261,9 +261,9 @@ def eval_bleu(
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        from xformer_cli.textio import read_lines as read_text, write_lines
+        from xformer_cli.textio import iter_lines, write_lines
 
-        translated = _translator([checkpoint], device).translate(read_text(src), beam_size, length_penalty, batch_size=batch_size)
+        translated = _translator([checkpoint], device).translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
         if output is not None:
             write_lines(translated, output)
         systems = [(f"translation of {src}", translated)]

@@ -321,16 +321,13 @@ class CTranslate2Translator:
         """
         from xformer_cli.data.batching import encode_source_batch
         from xformer_cli.decode.search import Hypothesis, max_lengths
-        from xformer_cli.decode.translator import resolve_options, token_batches
+        from xformer_cli.decode.translator import resolve_options, source_batches
 
         opts = resolve_options(self.decode, **options)
         beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
-        clean = [" ".join(line.split()) for line in lines]
-        encoded = self.tokenizer.encode_src(clean)
-        results: list[Optional[Hypothesis]] = [None] * len(clean)
-        lengths = [len(ids) for ids in encoded]
-        order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
-        for chunk in token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // beam, 1)):
+        encoded, batches = source_batches(self.tokenizer, lines, opts)
+        results: list[Optional[Hypothesis]] = [None] * len(lines)
+        for chunk in batches:
             # The same per-sentence limits as xformer's search (float32 arithmetic included).
             limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
             for i, hyp in zip(chunk, self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha)):

@@ -35,10 +35,6 @@ def iter_lines(path: Optional[Path]) -> Iterator[str]:
             yield raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8", errors="replace")
 
 
-def read_lines(path: Optional[Path]) -> list[str]:
-    return list(iter_lines(path))
-
-
 def count_lines(path: Path) -> int:
     """Lines ``iter_lines`` will give (a final line without '\\n' counts), for progress bars."""
     count, last = 0, b"\n"

@@ -82,6 +82,33 @@ def token_batches(lengths: Sequence[int], order: Sequence[int], max_sentences: i
     return batches
 
 
+def normalize_line(line: str) -> str:
+    """Whitespace (line breaks of every kind included) collapsed to single spaces, so one
+    input line stays one output line."""
+    return " ".join(line.split())
+
+
+def source_batches(tokenizer: Tokenizer, lines: Sequence[str], opts: SearchOptions) -> tuple[list[list[int]], list[list[int]]]:
+    """Encoded source lines, and batches of their indices: blank lines left out, sorted by
+    length, capped by ``opts.batch_size`` sentences and ``opts.max_tokens`` slots x beam."""
+    encoded = tokenizer.encode_src([normalize_line(line) for line in lines])
+    lengths = [len(ids) for ids in encoded]
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+    return encoded, token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1))
+
+
+def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Consecutive lists of at most ``size`` lines: what streaming translation holds at once."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 class Translator:
     """Translates with one model or, given several checkpoints, their ensemble."""
 
@@ -132,17 +159,12 @@ class Translator:
 
     def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
-        # Whitespace (line breaks of every kind included) is normalised, so one input line
-        # stays one output line.
-        clean = [" ".join(line.split()) for line in lines]
-        encoded = self.tokenizer.encode_src(clean)
-        results: list[list[Hypothesis]] = [[] for _ in clean]
-        lengths = [len(ids) for ids in encoded]
-        order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+        encoded, batches = source_batches(self.tokenizer, lines, opts)
+        results: list[list[Hypothesis]] = [[] for _ in lines]
         generator = None
         if opts.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(opts.seed)
-        for chunk in token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1)):
+        for chunk in batches:
             src = encode_source_batch([encoded[i] for i in chunk]).to(self.device)
             with autocast(self.device):
                 if opts.beam_size == 1:
@@ -158,13 +180,7 @@ class Translator:
     def search_stream(self, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[list[Hypothesis]]:
         """``search`` over any number of lines in bounded memory: ``chunk_lines`` at a time,
         each chunk sorted by length for batching, results yielded in input order."""
-        chunk: list[str] = []
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) >= chunk_lines:
-                yield from self.search(chunk, opts)
-                chunk = []
-        if chunk:
+        for chunk in chunked(lines, chunk_lines):
             yield from self.search(chunk, opts)
 
     def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
@@ -174,12 +190,12 @@ class Translator:
             if not hyps:
                 continue
             hyp = hyps[0]
-            src_ids = self.tokenizer.encode_src([" ".join(line.split())])[0]
+            src_ids = self.tokenizer.encode_src([normalize_line(line)])[0]
             src = encode_source_batch([src_ids]).to(self.device)
             tgt_in = pad([hyp.tokens], prefix=(BOS_ID,)).to(self.device)
             weights = torch.stack([w[0] for w in self.model.cross_attention(src, tgt_in)]).float().cpu()
             maps.append(AttentionMap(
-                source=self.tokenizer.src_pieces(" ".join(line.split())) + ["</s>"],
+                source=self.tokenizer.src_pieces(normalize_line(line)) + ["</s>"],
                 target=self.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
                 weights=weights,
             ))
@@ -226,11 +242,5 @@ def translate_lines(translator, lines: Iterable[str], options, chunk_lines: int 
             else:
                 yield translator.detokenize(hyps[0]) if hyps else ""
         return
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) >= chunk_lines:
-            yield from translator.translate(chunk, **options)
-            chunk = []
-    if chunk:
+    for chunk in chunked(lines, chunk_lines):
         yield from translator.translate(chunk, **options)
