@@ -11,11 +11,17 @@ reference, so speed is never bought with worse output.
 
 The OpenNMT-py model comes from scripts/peers/run_onmt_multi30k.sh (same sizes as
 configs/multi30k.yaml); its time is its own "Total translation time" (start-up excluded).
+
+Every measurement runs in a process of its own (model load and a warm-up excluded from
+the time): CTranslate2's thread pool, once used, slows PyTorch in the same process by
+about 30% for the rest of its life, which an earlier single-process version of this
+script charged to whichever xformer run came after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -46,7 +52,7 @@ def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int) ->
     """onmt_translate's output and its own translation time (start-up and model load excluded)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(threads)}
-    spm = "/tmp/onmt-m30k/spm/joint.model"
+    spm = str(Path(model).parent / "spm" / "joint.model")  # where run_onmt_multi30k.sh puts it
     with tempfile.TemporaryDirectory() as tmp:
         hyp = Path(tmp) / "hyp"
         done = subprocess.run(
@@ -62,6 +68,42 @@ def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int) ->
         return hyp.read_text(encoding="utf-8").splitlines(), seconds
 
 
+def measure(args: argparse.Namespace) -> None:
+    """Worker: one system at one beam size; prints seconds and writes the hypotheses."""
+    torch.set_num_threads(args.threads)
+    src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+    if args.sentences:
+        src_lines = src_lines[: args.sentences]
+    beam = args.beams[0]
+    if args.worker.startswith("ct2"):
+        from xformer_cli.export import CTranslate2Translator
+
+        system = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
+                                                      threads=args.threads, compute_type="int8" if args.worker == "ct2-int8" else "default")
+        run = lambda: system.translate(src_lines, beam_size=beam)  # noqa: E731
+    else:
+        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+        use_cache = args.worker == "cached"
+        run = lambda: translator.translate(src_lines, beam_size=beam, use_cache=use_cache)  # noqa: E731
+    (system if args.worker.startswith("ct2") else translator).translate(src_lines[:20], beam_size=beam)  # warm-up
+    hyps, seconds = timed(run)
+    Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print(json.dumps({"seconds": seconds}))
+
+
+def in_own_process(args: argparse.Namespace, worker: str, beam: int, hyp_file: Path) -> tuple[list[str], float]:
+    command = [sys.executable, __file__, "--worker", worker, "--beams", str(beam), "--hyp-out", str(hyp_file),
+               "--checkpoint", args.checkpoint, "--src", args.src, "--sentences", str(args.sentences),
+               "--threads", str(args.threads), "--device", args.device]
+    if args.ct2_dir:
+        command += ["--ct2-dir", str(args.ct2_dir)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{worker} beam {beam} failed:\n{done.stderr[-3000:]}")
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return hyp_file.read_text(encoding="utf-8").splitlines(), seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True)
@@ -75,37 +117,38 @@ def main() -> None:
     parser.add_argument("--ct2-dir", help="exported model (default: export to a temporary directory)")
     parser.add_argument("--onmt-venv")
     parser.add_argument("--onmt-model")
+    parser.add_argument("--ct2-int8", action="store_true", help="also CTranslate2 with int8 weights (changes the outputs)")
+    parser.add_argument("--worker", choices=["uncached", "cached", "ct2", "ct2-int8"], help=argparse.SUPPRESS)
+    parser.add_argument("--hyp-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return measure(args)
 
-    torch.set_num_threads(args.threads)
     src_lines = Path(args.src).read_text(encoding="utf-8").splitlines()
     ref_lines = Path(args.ref).read_text(encoding="utf-8").splitlines()
     if args.sentences:
         src_lines, ref_lines = src_lines[: args.sentences], ref_lines[: args.sentences]
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    translator = Translator.from_checkpoint(args.checkpoint, device="cpu")  # for counting tokens
 
     def target_tokens(lines: list[str]) -> int:
         return sum(len(ids) + 1 for ids in translator.tokenizer.encode_tgt(lines))
 
     systems = []
-    ct2 = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            from xformer_cli.export import CTranslate2Translator, export_ctranslate2
+            from xformer_cli.export import export_ctranslate2
 
-            ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
-            ct2 = CTranslate2Translator.from_directory(ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
-                                                       threads=args.threads)
+            args.ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
         except ImportError as exc:
             print(f"(CTranslate2 not measured: {exc})")
-        translator.translate(src_lines[:20], beam_size=max(args.beams))  # warm-up
         for beam in args.beams:
-            if not args.no_uncached:
-                systems.append((beam, "(a) xformer, no cache", *timed(lambda: translator.translate(src_lines, beam_size=beam, use_cache=False))))
-            systems.append((beam, "(b) xformer, KV cache", *timed(lambda: translator.translate(src_lines, beam_size=beam))))
-            if ct2 is not None:
-                ct2.translate(src_lines[:20], beam_size=beam)  # warm-up
-                systems.append((beam, "(c) CTranslate2 export", *timed(lambda: ct2.translate(src_lines, beam_size=beam))))
+            workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer, KV cache")]
+            if args.ct2_dir:
+                workers.append(("ct2", "(c) CTranslate2 export"))
+                if args.ct2_int8:
+                    workers.append(("ct2-int8", "(c) CTranslate2, int8"))
+            for worker, name in workers:
+                systems.append((beam, name, *in_own_process(args, worker, beam, Path(tmp) / f"{worker}{beam}.hyp")))
             if args.onmt_venv and args.onmt_model:
                 src_file = Path(tmp) / "src.txt"
                 src_file.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
@@ -113,18 +156,22 @@ def main() -> None:
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
     print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
-          f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}")
+          f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}; "
+          f"batches of {translator.decode.batch_size} sentences / {translator.decode.max_tokens} tokens x beam")
     print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
-    baseline: dict[int, float] = {}
+    baseline: dict[int, tuple[float, list[str]]] = {}
     for beam, name, hyps, seconds in systems:
         score = sacrebleu.corpus_bleu(hyps, [ref_lines]).score
-        rate = len(src_lines) / seconds
+        rate = target_tokens(hyps) / seconds
         if name.startswith("(b)"):
-            baseline[beam] = rate
-        print(f"{beam:>4}  {name:<24} {seconds:8.2f} {rate:8.1f} {target_tokens(hyps) / seconds:10.0f} {score:6.2f}")
+            baseline[beam] = (rate, hyps)
+        print(f"{beam:>4}  {name:<24} {seconds:8.2f} {len(src_lines) / seconds:8.1f} {rate:10.0f} {score:6.2f}")
     for beam, name, hyps, seconds in systems:
         if beam in baseline and not name.startswith("(b)"):
-            print(f"beam {beam}: (b) is {baseline[beam] / (len(src_lines) / seconds):.2f}x {name}")
+            rate, ours = baseline[beam]
+            same = sum(a == b for a, b in zip(hyps, ours))
+            print(f"beam {beam}: (b) is {rate / (target_tokens(hyps) / seconds):.2f}x {name} in target tokens/s; "
+                  f"identical outputs {same}/{len(ours)}")
 
 
 if __name__ == "__main__":

@@ -154,6 +154,18 @@ def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_
     ours = xformer("translate", "-m", trained_run / "best.pt", "-b", "1", stdin=stdin)
     assert ct2.returncode == 0, ct2.stderr.decode()
     assert ct2.stdout == ours.stdout and len(ct2.stdout.decode().splitlines()) == 3
+    # Beam search with a minimum length: both engines honour it the same way.
+    options = ("-b", "3", "--min-len", "4", "--max-len-a", "0", "--max-len-b", "6")
+    ct2 = xformer("translate", "-m", exported, "--engine", "ctranslate2", *options, stdin=stdin)
+    ours = xformer("translate", "-m", trained_run / "best.pt", *options, stdin=stdin)
+    assert ct2.returncode == 0 and ours.returncode == 0, ct2.stderr.decode() + ours.stderr.decode()
+    assert ct2.stdout == ours.stdout
+    int8 = xformer("translate", "-m", exported, "--engine", "ctranslate2", "--compute-type", "int8", stdin=stdin)
+    assert int8.returncode == 0 and len(int8.stdout.decode().splitlines()) == 3, int8.stderr.decode()
+    assert_one_line_error(xformer("translate", "-m", exported, "--engine", "ctranslate2", "--compute-type", "int9",
+                                  stdin=stdin), "cannot load the CTranslate2 model", "int9")
+    assert_one_line_error(xformer("translate", "-m", trained_run / "best.pt", "--min-len", "-1", stdin=stdin),
+                          "--min-len must be at least 0")
     again = xformer("export", "-m", trained_run / "best.pt", "-o", exported)
     assert_one_line_error(again, "not empty", "--force")
     assert (exported / "model.bin").is_file()  # the refused export left the first one intact

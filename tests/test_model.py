@@ -70,7 +70,7 @@ def test_incremental_decoding_matches_full_decoder(pre_norm):
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     for t in range(tgt.size(1)):
-        step = model.decode_step(tgt[:, t : t + 1], memory, src_mask, cache)
+        step = F.log_softmax(model.decode_step(tgt[:, t : t + 1], memory, src_mask, cache), dim=-1)
         torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=1e-5)
 
 

@@ -35,11 +35,12 @@ def sequence_logprob(model, src, tokens) -> float:
 
 
 def test_beam_search_finds_the_exhaustive_best_on_a_tiny_vocabulary():
-    """A beam wider than every possible output (1 + 3 + 9 + 27 of length <= 3) makes beam search exact."""
+    """A beam wider than every possible output (1 + 3 + 9 + 27 of length <= 3) makes beam search exact
+    (min_len 0: the empty output is a candidate too)."""
     vocab = 6  # tokens 4 and 5 are words; 0-3 are pad/unk/bos/eos
     model = random_model(vocab=vocab, seed=4)
     src = torch.tensor([[4, 5, 3]])
-    beam = beam_search(model, src, BOS, EOS, beam_size=64, alpha=0.0, max_len_a=0.0, max_len_b=3)[0][0]
+    beam = beam_search(model, src, BOS, EOS, beam_size=64, alpha=0.0, max_len_a=0.0, max_len_b=3, min_len=0)[0][0]
     words = [1, 4, 5]
     candidates = [list(seq) for n in range(0, 4) for seq in itertools.product(words, repeat=n)]
     best = max(candidates, key=lambda seq: sequence_logprob(model, src, seq))
@@ -67,6 +68,43 @@ def test_outputs_respect_the_maximum_length_and_nbest_is_sorted():
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     assert all(h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, 0.6)) for h in hyps)
     assert len(greedy_search(model, src, BOS, EOS, 0.5, 1)[0].tokens) <= 3
+
+
+def eos_eager(model: Transformer, boost: float = 50.0) -> Transformer:
+    """The model, but with eos made the runaway favourite at every step."""
+    step = model.decode_step
+
+    def decode_step(*args):
+        logits = step(*args)
+        logits[:, EOS] += boost
+        return logits
+
+    model.decode_step = decode_step
+    return model
+
+
+def test_min_len_keeps_eos_back_and_the_default_never_gives_an_empty_output():
+    model = eos_eager(random_model(vocab=20, seed=3))
+    src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0]])
+    assert [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6, min_len=0)] == [[], []]
+    assert all(len(h.tokens) == 1 for h in greedy_search(model, src, BOS, EOS, 1.0, 6))  # default min_len=1
+    assert all(len(h.tokens) == 3 for h in greedy_search(model, src, BOS, EOS, 1.0, 6, min_len=3))
+    assert [h[0].tokens for h in beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 6, min_len=0)] == [[], []]
+    for hyps in beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 6, nbest=3, min_len=2):
+        assert all(len(h.tokens) >= 2 for h in hyps) and len(hyps) == 3
+
+
+def test_early_stopping_keeps_the_search_exact_for_the_nbest_asked_for():
+    """Stopping once ``nbest`` finished hypotheses beat every live beam's bound gives the
+    same best output as searching on until all K hypotheses are settled (nbest=K)."""
+    for seed in range(6):
+        model = random_model(vocab=24, seed=seed)
+        src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3], [12, 13, 3, 0, 0, 0, 0, 0], [14, 15, 16, 17, 3, 0, 0, 0]])
+        for alpha in (0.0, 0.6, 1.0):
+            one = beam_search(model, src, BOS, EOS, 4, alpha, 1.5, 4, nbest=1)
+            settled = beam_search(model, src, BOS, EOS, 4, alpha, 1.5, 4, nbest=4)
+            assert [h[0].tokens for h in one] == [h[0].tokens for h in settled]
+            assert [h[0].score for h in one] == pytest.approx([h[0].score for h in settled], abs=1e-6)
 
 
 def test_cached_and_uncached_decoding_give_identical_outputs_and_scores():
@@ -110,9 +148,13 @@ def test_an_ensemble_of_one_model_twice_decodes_like_the_model():
     other = random_model(vocab=20, seed=10)
     pair = Ensemble([model, other])
     mask = model.padding_mask(src)
-    step = pair.decode_step(torch.full((2, 1), BOS), pair.encode(src, mask), mask, pair.new_cache())
-    expected = torch.log_softmax((model.decode_step(torch.full((2, 1), BOS), model.encode(src, mask), mask, model.new_cache())
-                                  + other.decode_step(torch.full((2, 1), BOS), other.encode(src, mask), mask, other.new_cache())) / 2, -1)
+    bos = torch.full((2, 1), BOS)
+
+    def lprobs(m):
+        return torch.log_softmax(m.decode_step(bos, m.encode(src, mask), mask, m.new_cache()), -1)
+
+    step = torch.log_softmax(pair.decode_step(bos, pair.encode(src, mask), mask, pair.new_cache()), -1)
+    expected = torch.log_softmax((lprobs(model) + lprobs(other)) / 2, -1)
     assert torch.allclose(step, expected, atol=1e-5)
 
 

@@ -128,6 +128,7 @@ _beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from t
 _alpha = typer.Option(None, "--length-penalty", help="GNMT length penalty alpha (paper: 0.6).")
 _len_a = typer.Option(None, "--max-len-a", help="Max output length = a * source length + b.")
 _len_b = typer.Option(None, "--max-len-b", help="Max output length = a * source length + b.")
+_min_len = typer.Option(None, "--min-len", help="Output pieces before eos at least (default 1: no empty translations).")
 _batch = typer.Option(None, "--batch-size", help="Sentences per decoding batch.")
 _device = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
 
@@ -142,6 +143,7 @@ def translate(
     length_penalty: Optional[float] = _alpha,
     max_len_a: Optional[float] = _len_a,
     max_len_b: Optional[int] = _len_b,
+    min_len: Optional[int] = _min_len,
     batch_size: Optional[int] = _batch,
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Padded source tokens x beam per batch at most."),
     nbest: int = typer.Option(1, "--nbest", help="Write the N best per input line: LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION."),
@@ -151,6 +153,7 @@ def translate(
     chunk_lines: int = typer.Option(2000, "--chunk-lines", help="Lines read, sorted and translated at a time (bounds memory)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when reading a file and stderr is a terminal)."),
     engine: str = typer.Option("xformer", "--engine", help="xformer (PyTorch) or ctranslate2 (a model from xformer export)."),
+    compute_type: str = typer.Option("default", "--compute-type", help="With --engine ctranslate2: default (the exported float32), int8, int8_float32, float16, bfloat16, ... (CTranslate2's quantization)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every decoder position at each step (slow; for comparison)."),
     device: str = _device,
     attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
@@ -174,13 +177,16 @@ def translate(
 
         if len(checkpoints) > 1 or nbest != 1 or sampling_topk or attention is not None or no_cache:
             raise XformerError("--engine ctranslate2 takes one exported model and no --nbest, --sampling-topk, --attention or --no-cache")
-        translator = CTranslate2Translator.from_directory(checkpoints[0], device="cuda" if device.startswith("cuda") else "cpu")
+        translator = CTranslate2Translator.from_directory(checkpoints[0], device="cuda" if device.startswith("cuda") else "cpu",
+                                                          compute_type=compute_type)
         options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-                       batch_size=batch_size)
+                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens)
     elif engine == "xformer":
+        if compute_type != "default":
+            raise XformerError("--compute-type is for --engine ctranslate2")
         translator = _translator(checkpoints, device)
         options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                                     max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens, nbest=nbest,
+                                     max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens, nbest=nbest,
                                      sampling_topk=sampling_topk, temperature=temperature, seed=seed,
                                      use_cache=not no_cache)
     else:

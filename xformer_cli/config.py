@@ -128,6 +128,7 @@ class DecodeConfig:
     length_penalty: float = 0.6  # GNMT alpha
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50
+    min_len: int = 1  # output pieces before eos at least; 1 = never an empty translation
     batch_size: int = 64  # sentences per decoding batch at most
     max_tokens: int = 8000  # padded source tokens times beam size per decoding batch at most
 
@@ -323,6 +324,7 @@ def validate(cfg: Config) -> None:
     _require(dec.beam_size >= 1, "decode.beam_size", "must be at least 1")
     _require(dec.max_len_a >= 0 and dec.max_len_b >= 0, "decode.max_len_b", "max_len_a and max_len_b must be >= 0")
     _require(dec.max_len_a > 0 or dec.max_len_b > 0, "decode.max_len_b", "max_len_a and max_len_b cannot both be 0")
+    _require(dec.min_len >= 0, "decode.min_len", "must be >= 0")
     _require(dec.batch_size >= 1, "decode.batch_size", "must be at least 1")
     _require(dec.max_tokens >= 1, "decode.max_tokens", "must be at least 1")
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")

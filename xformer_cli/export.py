@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -242,10 +242,7 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "joint_vocab": tokenizer.joint,
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
-        "decode": {
-            "beam_size": d.beam_size, "length_penalty": d.length_penalty,
-            "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "batch_size": d.batch_size,
-        },
+        "decode": asdict(d),
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
@@ -330,11 +327,11 @@ class CTranslate2Translator:
         for chunk in batches:
             # The same per-sentence limits as xformer's search (float32 arithmetic included).
             limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
-            for i, hyp in zip(chunk, self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha)):
+            for i, hyp in zip(chunk, self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha, opts.min_len)):
                 results[i] = hyp
         return results
 
-    def _translate_chunk(self, sources: list[list[int]], limits: list[int], beam: int, alpha: float):
+    def _translate_chunk(self, sources: list[list[int]], limits: list[int], beam: int, alpha: float, min_len: int):
         # CTranslate2 takes one max_decoding_length per call, so the batch gets the longest
         # source's limit (a * source length + b, eos counted) and each output is then cut
         # to its own: exact for greedy search, whose first tokens do not depend on the limit
@@ -349,6 +346,7 @@ class CTranslate2Translator:
             num_hypotheses=beam,
             length_penalty=0.0,  # scores are plain log-probabilities, eos included
             max_decoding_length=max_length,
+            min_decoding_length=min_len,  # pieces before eos, as xformer counts them
             max_input_length=self.max_positions - 1,  # one position left for the added eos
             suppress_sequences=self.suppress,  # xformer never emits pad or bos either
             return_scores=True,

@@ -35,12 +35,12 @@ class Ensemble(nn.Module):
         return [layer for m in self.models for layer in m.new_cache()]
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
-        """The members' mean log-probability, renormalised into a distribution."""
+        """The members' mean log-probability: the logits of their normalised geometric mean."""
         memories = memory.split(self._widths, dim=-1)
         steps, start = [], 0
         for model, member_memory in zip(self.models, memories):
             layers = len(model.decoder_layers)
             member_cache = None if cache is None else cache[start : start + layers]
             start += layers
-            steps.append(model.decode_step(last_tokens, member_memory, src_mask, member_cache))
-        return F.log_softmax(torch.stack(steps).mean(dim=0), dim=-1)
+            steps.append(F.log_softmax(model.decode_step(last_tokens, member_memory, src_mask, member_cache), dim=-1))
+        return torch.stack(steps).mean(dim=0)

@@ -52,6 +52,8 @@ class SearchOptions(DecodeConfig):
             raise XformerError(f"--nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
         if self.sampling_topk and self.beam_size != 1:
             raise XformerError("sampling draws one translation per sentence: use it with --beam-size 1")
+        if self.min_len < 0:
+            raise XformerError(f"--min-len must be at least 0, got {self.min_len}")
         if self.batch_size < 1 or self.max_tokens < 1:
             raise XformerError("--batch-size and --max-tokens must be at least 1")
         if self.temperature <= 0:
@@ -169,10 +171,11 @@ class Translator:
             with autocast(self.device):
                 if opts.beam_size == 1:
                     found = [[h] for h in greedy_search(self.model, src, BOS_ID, EOS_ID, opts.max_len_a, opts.max_len_b,
-                                                         opts.use_cache, opts.sampling_topk, opts.temperature, generator)]
+                                                         opts.use_cache, opts.sampling_topk, opts.temperature, generator,
+                                                         opts.min_len)]
                 else:
                     found = beam_search(self.model, src, BOS_ID, EOS_ID, opts.beam_size, opts.length_penalty,
-                                        opts.max_len_a, opts.max_len_b, opts.nbest, opts.use_cache)
+                                        opts.max_len_a, opts.max_len_b, opts.nbest, opts.use_cache, opts.min_len)
             for i, hyps in zip(chunk, found):
                 results[i] = hyps
         return results

@@ -80,10 +80,29 @@ class Embedding(nn.Module):
 
 # -- 3.2 Attention ---------------------------------------------------------------------
 
+_FEW_QUERIES = 8
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False,
+              dropout: float = 0.0) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (3.2.1), per head.
+
+    ``F.scaled_dot_product_attention`` computes it, except for the handful of queries of
+    an incremental decoding step, where its tiled CPU kernel costs about twice the plain
+    matmul-softmax-matmul written here (measured in BENCHMARKS.md).
+    """
+    if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+    scores = (q @ k.transpose(-1, -2)) * (q.size(-1) ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
 
-    Scaled dot-product attention itself is ``F.scaled_dot_product_attention``. Keys and values
+    Scaled dot-product attention itself is ``attention`` above. Keys and values
     share one projection so the encoder-decoder case computes them in one matmul.
     """
 
@@ -115,9 +134,7 @@ class MultiHeadAttention(nn.Module):
         ``kv`` passes keys and values already projected (the decoding cache)."""
         q = self._split_heads(self.q_proj(query))
         k, v = kv if kv is not None else self.project_kv(query if memory is None else memory)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
-        )
+        out = attention(q, k, v, mask, causal, self.dropout if self.training else 0.0)
         return self.out_proj(out.transpose(1, 2).reshape(query.shape))
 
     def weights(self, query: Tensor, memory: Tensor, mask: Optional[Tensor] = None) -> Tensor:
@@ -185,7 +202,9 @@ class DecoderLayer(nn.Module):
 
     With a ``cache`` dict the layer decodes incrementally: it appends this step's
     keys/values to ``cache["k"]``/``cache["v"]`` and reuses the encoder keys/values
-    in ``cache["mem_k"]``/``cache["mem_v"]``, computed once per sentence.
+    in ``cache["mem_k"]``/``cache["mem_v"]``, computed once per sentence. Then ``y`` holds
+    the newest position of every beam, sentence-major (B*K, 1, D), while ``memory`` has one
+    row per sentence (B, S, D): the K beams of a sentence are K queries against one memory.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -208,7 +227,7 @@ class DecoderLayer(nn.Module):
             y = self.sub_self(y, lambda h: self._cached_self_attn(h, cache))
             if "mem_k" not in cache:
                 cache["mem_k"], cache["mem_v"] = self.cross_attn.project_kv(memory)
-            y = self.sub_cross(y, lambda h: self.cross_attn(h, mask=src_mask, kv=(cache["mem_k"], cache["mem_v"])))
+            y = self.sub_cross(y, lambda h: self._cached_cross_attn(h, src_mask, cache))
         return self.sub_ffn(y, self.ffn)
 
     def _cross_attn(self, h: Tensor, memory: Tensor, src_mask: Tensor, attention: Optional[list]) -> Tensor:
@@ -223,6 +242,12 @@ class DecoderLayer(nn.Module):
             k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
         cache["k"], cache["v"] = k, v
         return self.self_attn(h, kv=(k, v))
+
+    def _cached_cross_attn(self, h: Tensor, src_mask: Tensor, cache: dict) -> Tensor:
+        sentences = cache["mem_k"].size(0)
+        beams = h.view(sentences, -1, h.size(-1))  # (B*K, 1, D) -> (B, K, D)
+        out = self.cross_attn(beams, mask=src_mask, kv=(cache["mem_k"], cache["mem_v"]))
+        return out.view(h.shape)
 
 
 # -- 3.1 Encoder and decoder stacks -------------------------------------------------------
@@ -285,19 +310,23 @@ class Transformer(nn.Module):
         return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
-        """One incremental step: (B, 1) newest tokens -> (B, V) log-probabilities.
+        """One incremental step: (B*K, 1) newest tokens of K beams per sentence (sentence-major)
+        -> (B*K, V) float32 logits of the next token (search normalises them only where it
+        needs to); ``memory`` (B, S, D) and ``src_mask`` have one row per sentence.
 
         ``cache`` is a list with one dict per decoder layer, empty at step 0. Without a
-        cache (None), ``last_tokens`` is the whole prefix (B, T) and every position is
+        cache (None), ``last_tokens`` is the whole prefix (B*K, T) and every position is
         recomputed: the slow reference the cache is measured and tested against.
         """
         if cache is None:
-            return F.log_softmax(self.generator(self.decode(last_tokens, memory, src_mask)[:, -1]).float(), dim=-1)
+            beams = last_tokens.size(0) // memory.size(0)
+            memory, src_mask = memory.repeat_interleave(beams, dim=0), src_mask.repeat_interleave(beams, dim=0)
+            return self.generator(self.decode(last_tokens, memory, src_mask)[:, -1]).float()
         offset = cache[0]["k"].size(2) if "k" in cache[0] else 0
         y = self.tgt_embed(last_tokens, offset=offset)
         for layer, layer_cache in zip(self.decoder_layers, cache):
             y = layer(y, memory, src_mask, layer_cache)
-        return F.log_softmax(self.generator(self.decoder_norm(y))[:, -1].float(), dim=-1)
+        return self.generator(self.decoder_norm(y))[:, -1].float()
 
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
@@ -317,13 +346,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
 
-def reorder_cache(cache: Optional[list[dict]], order: Tensor, within_sentences: bool = False) -> None:
-    """Select rows of every cached tensor (beam reordering, finished sentences leaving).
-
-    ``within_sentences``: the rows only move among the beams of their own sentence, whose
-    encoder keys/values are identical, so those are left as they are (a copy saved per step).
-    """
+def reorder_cache(cache: Optional[list[dict]], beams: Tensor, sentences: Optional[Tensor] = None) -> None:
+    """Select rows of every cached tensor: ``beams`` for the per-beam self-attention keys and
+    values (beam reordering, finished sentences leaving), ``sentences`` for the per-sentence
+    encoder keys/values (None: the sentences stay as they are, as when beams only move
+    among those of their own sentence)."""
     for layer_cache in cache or ():
         for key, value in layer_cache.items():
-            if not (within_sentences and key.startswith("mem_")):
+            order = sentences if key.startswith("mem_") else beams
+            if order is not None:
                 layer_cache[key] = value.index_select(0, order)
