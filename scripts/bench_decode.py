@@ -48,7 +48,7 @@ def timed(fn) -> tuple[list[str], float]:
     return out, time.perf_counter() - start
 
 
-def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int) -> tuple[list[str], float]:
+def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int, batch_size: int) -> tuple[list[str], float]:
     """onmt_translate's output and its own translation time (start-up and model load excluded)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(threads)}
@@ -58,7 +58,7 @@ def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int) ->
         done = subprocess.run(
             [f"{venv}/bin/onmt_translate", "-model", model, "-src", str(src), "-output", str(hyp),
              "-transforms", "sentencepiece", "-src_subword_model", spm, "-tgt_subword_model", spm,
-             "-beam_size", str(beam), "-batch_size", "64", "-batch_type", "sents", "-gpu", "-1", "-report_time",
+             "-beam_size", str(beam), "-batch_size", str(batch_size), "-batch_type", "sents", "-gpu", "-1", "-report_time",
              "-max_length", "250"],
             cwd=ROOT, env=env, capture_output=True, text=True)
         log = done.stdout + done.stderr
@@ -75,16 +75,17 @@ def measure(args: argparse.Namespace) -> None:
     if args.sentences:
         src_lines = src_lines[: args.sentences]
     beam = args.beams[0]
+    batching = {"batch_size": args.batch_size, "max_tokens": args.max_tokens}
     if args.worker.startswith("ct2"):
         from xformer_cli.export import CTranslate2Translator
 
         system = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
                                                       threads=args.threads, compute_type="int8" if args.worker == "ct2-int8" else "default")
-        run = lambda: system.translate(src_lines, beam_size=beam)  # noqa: E731
+        run = lambda: system.translate(src_lines, beam_size=beam, **batching)  # noqa: E731
     else:
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
         use_cache = args.worker == "cached"
-        run = lambda: translator.translate(src_lines, beam_size=beam, use_cache=use_cache)  # noqa: E731
+        run = lambda: translator.translate(src_lines, beam_size=beam, use_cache=use_cache, **batching)  # noqa: E731
     (system if args.worker.startswith("ct2") else translator).translate(src_lines[:20], beam_size=beam)  # warm-up
     hyps, seconds = timed(run)
     Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -94,7 +95,8 @@ def measure(args: argparse.Namespace) -> None:
 def in_own_process(args: argparse.Namespace, worker: str, beam: int, hyp_file: Path) -> tuple[list[str], float]:
     command = [sys.executable, __file__, "--worker", worker, "--beams", str(beam), "--hyp-out", str(hyp_file),
                "--checkpoint", args.checkpoint, "--src", args.src, "--sentences", str(args.sentences),
-               "--threads", str(args.threads), "--device", args.device]
+               "--threads", str(args.threads), "--device", args.device,
+               "--batch-size", str(args.batch_size), "--max-tokens", str(args.max_tokens)]
     if args.ct2_dir:
         command += ["--ct2-dir", str(args.ct2_dir)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -113,6 +115,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=0, help="only the first N (0 = all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch, for every system")
+    parser.add_argument("--max-tokens", type=int, default=16000, help="xformer and CTranslate2: padded source tokens x beam per batch")
     parser.add_argument("--no-uncached", action="store_true", help="skip (a), the slow no-cache reference")
     parser.add_argument("--ct2-dir", help="exported model (default: export to a temporary directory)")
     parser.add_argument("--onmt-venv")
@@ -152,12 +156,12 @@ def main() -> None:
             if args.onmt_venv and args.onmt_model:
                 src_file = Path(tmp) / "src.txt"
                 src_file.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
-                systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, src_file, beam, args.threads)))
+                systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, src_file, beam, args.threads, args.batch_size)))
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
     print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
           f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}; "
-          f"batches of {translator.decode.batch_size} sentences / {translator.decode.max_tokens} tokens x beam")
+          f"batches of {args.batch_size} sentences (xformer, CTranslate2: and {args.max_tokens} tokens x beam)")
     print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
     baseline: dict[int, tuple[float, list[str]]] = {}
     for beam, name, hyps, seconds in systems:

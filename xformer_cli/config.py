@@ -129,8 +129,8 @@ class DecodeConfig:
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50
     min_len: int = 1  # output pieces before eos at least; 1 = never an empty translation
-    batch_size: int = 64  # sentences per decoding batch at most
-    max_tokens: int = 8000  # padded source tokens times beam size per decoding batch at most
+    batch_size: int = 256  # sentences per decoding batch at most (bigger: fewer, fuller steps)
+    max_tokens: int = 16000  # padded source tokens times beam size per decoding batch at most
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from xformer_cli.model.transformer import Transformer, reorder_cache
@@ -36,31 +37,29 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def mask_logits(logits: Tensor, pad: int, bos: int, eos: int, at_limit: Tensor, ban_eos: bool = False) -> Tensor:
-    """Rules the model does not know, applied in place to next-token logits: pad and bos
-    never follow, eos not while ``ban_eos`` (below the minimum length), and at the length
-    limit only eos may. Returns each row's log-partition (log-sum-exp) taken before
-    masking, so a kept token's log-probability is ``logit - log_z``: masked tokens are
-    forbidden, not renormalised away, and a hypothesis cut off at the limit is scored
-    like any other."""
-    log_z = logits.logsumexp(dim=1)
+def next_token_logprobs(logits: Tensor, pad: int, bos: int, eos: int, at_limit: Tensor, ban_eos: bool = False) -> Tensor:
+    """Log-probabilities from next-token logits, with the rules the model does not know:
+    pad and bos never follow, eos not while ``ban_eos`` (below the minimum length), and at
+    the length limit only eos may. Forbidden tokens get -inf without renormalising the
+    rest, so a hypothesis cut off at the limit is scored like any other."""
+    lprobs = F.log_softmax(logits, dim=-1)
     cut = at_limit.any()
-    eos_logit = logits[at_limit, eos] if cut else None
-    logits[:, pad] = logits[:, bos] = float("-inf")
+    eos_lp = lprobs[at_limit, eos] if cut else None
+    lprobs[:, pad] = lprobs[:, bos] = float("-inf")
     if ban_eos:
-        logits[:, eos] = float("-inf")
+        lprobs[:, eos] = float("-inf")
     if cut:
-        logits[at_limit] = float("-inf")
-        logits[at_limit, eos] = eos_logit
-    return log_z
+        lprobs[at_limit] = float("-inf")
+        lprobs[at_limit, eos] = eos_lp
+    return lprobs
 
 
-def pick_tokens(logits: Tensor, topk: int, temperature: float, generator: Optional[torch.Generator]) -> Tensor:
+def pick_tokens(lprobs: Tensor, topk: int, temperature: float, generator: Optional[torch.Generator]) -> Tensor:
     """The most likely token per row, or, when sampling (topk != 0), one drawn from the
     ``topk`` most likely (-1: the whole vocabulary) at ``temperature``."""
     if topk == 0:
-        return logits.argmax(dim=1)
-    logits = logits / max(temperature, 1e-6)
+        return lprobs.argmax(dim=1)
+    logits = lprobs / max(temperature, 1e-6)
     if 0 < topk < logits.size(1):
         kth = logits.topk(topk, dim=1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -96,9 +95,9 @@ def greedy_search(
     step = 0
     while active.numel():
         logits = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
-        log_z = mask_logits(logits, pad, bos, eos, limits[active] <= step, step < min_len)
-        best = pick_tokens(logits, sampling_topk, temperature, generator)
-        best_lp = logits.gather(1, best.unsqueeze(1)).squeeze(1) - log_z
+        lprobs = next_token_logprobs(logits, pad, bos, eos, limits[active] <= step, step < min_len)
+        best = pick_tokens(lprobs, sampling_topk, temperature, generator)
+        best_lp = lprobs.gather(1, best.unsqueeze(1)).squeeze(1)
         done = (best == eos).tolist()
         for row, (sentence, token, lp) in enumerate(zip(active.tolist(), best.tolist(), best_lp.tolist())):
             logprob[sentence] += lp
@@ -164,12 +163,12 @@ def beam_search(
     while active.numel():
         m = active.numel()
         logits = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
-        log_z = mask_logits(logits, pad, bos, eos, (limits[active] <= step).repeat_interleave(k), step < min_len)
+        lprobs = next_token_logprobs(logits, pad, bos, eos, (limits[active] <= step).repeat_interleave(k), step < min_len)
         # The 2K best continuations of a sentence are among the 2K best tokens of each of
         # its beams: rank those few rather than all K x vocabulary sums.
-        width = min(2 * k, logits.size(1))
-        beam_top, beam_tokens = logits.topk(width, dim=1)
-        candidates = (scores.view(-1, 1) + beam_top - log_z.unsqueeze(1)).view(m, k * width)
+        width = min(2 * k, lprobs.size(1))
+        beam_top, beam_tokens = lprobs.topk(width, dim=1)
+        candidates = (scores.view(-1, 1) + beam_top).view(m, k * width)
         top_scores, top_ids = candidates.topk(min(2 * k, k * width), dim=1)
         top_beams, top_tokens = top_ids // width, beam_tokens.view(m, k * width).gather(1, top_ids)
         is_eos = top_tokens == eos

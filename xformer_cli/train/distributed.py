@@ -38,7 +38,10 @@ class Distributed:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     def stop(self) -> None:
+        """Tear down once every rank is done communicating: a rank that leaves while another
+        still talks to it can abort at exit (gloo)."""
         if self.enabled and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
     def barrier(self) -> None:
@@ -55,6 +58,14 @@ class Distributed:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         return self.sum([float(flag)], device)[0] > 0 if self.enabled else flag
+
+    def gather(self, value: object) -> list:
+        """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+        if not self.enabled:
+            return [value]
+        values: list = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, staying on the device (no host sync)."""

@@ -304,10 +304,18 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def state(self) -> dict:
+    def _rng_state(self) -> dict:
+        """This process's random state: the CPU generator, and the CUDA one of its device."""
         rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return rng
+
+    def state(self, rng_per_rank: Optional[list[dict]] = None) -> dict:
+        """Everything to continue exactly; ``rng_per_rank``: every rank's random state
+        (``Distributed.gather``), so each resumes its own dropout stream."""
+        rng_per_rank = rng_per_rank or [self._rng_state()]
+        rng = {**rng_per_rank[0], "ranks": rng_per_rank}
         return {
             "config": self.config.to_dict(),
             "tokenizer": {"src": self.tokenizer.src_model_bytes, "tgt": self.tokenizer.tgt_model_bytes},
@@ -324,10 +332,17 @@ class Trainer:
         self.schedule.load_state_dict(state["schedule"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        if self.dist.enabled:  # rank 0's random state was saved; the others derive theirs
+        ranks = state["rng"].get("ranks", [state["rng"]])
+        if len(ranks) == self.dist.world_size:  # each rank takes up its own stream again
+            rng = ranks[self.dist.rank]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and self.device.type == "cuda":
+                cuda = rng["cuda"]
+                # Older checkpoints hold every device's state (a list); newer ones this rank's.
+                torch.cuda.set_rng_state(cuda[self.device.index or 0] if isinstance(cuda, list) else cuda, self.device)
+        else:  # another number of processes than the run was saved with: fresh, distinct streams
+            self.log(f"resuming with {self.dist.world_size} processes, saved with {len(ranks)}: "
+                     "data order and weights continue exactly, dropout draws do not")
             torch.manual_seed(self.config.train.seed + self.dist.rank + 1_000_003 * state["step"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_bleu, self.bad_validations = state["best_bleu"], state["bad_validations"]
@@ -335,9 +350,11 @@ class Trainer:
         self.log(f"resuming {self.run_dir / 'last.pt'}: step {self.step}, epoch {self.epoch}, batch {self.batches_done}")
 
     def save(self, best: bool = False) -> None:
+        """Write last.pt (and best.pt) on rank 0; every rank calls it, handing its random state over."""
+        rng_per_rank = self.dist.gather(self._rng_state())
         if not self.dist.is_main:
             return
-        state = self.state()
+        state = self.state(rng_per_rank)
         save_checkpoint(state, self.run_dir / "last.pt")
         if best:
             save_checkpoint(state, self.run_dir / "best.pt")
@@ -366,6 +383,7 @@ class Trainer:
         """Validate and save (rank 0); returns, on every rank, whether patience ran out."""
         tc = self.config.train
         if not self.dist.is_main:
+            self.save()  # only hands this rank's random state to rank 0
             return self.dist.any(False, self.device)
         entry: dict = {"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3)}
         improved = self.valid_data is None  # without a valid set, best.pt is simply the latest
@@ -554,6 +572,7 @@ class Trainer:
                 self.log(f"interrupted at step {self.step}: saved {self.run_dir / 'last.pt'}; run the same command to resume")
             elif last_validated != self.step:
                 self.validate()
+        self.forward_model = self.model  # the DDP wrapper holds the process group: let it go first
         self.dist.stop()
         if self.tensorboard is not None:
             self.tensorboard.close()
