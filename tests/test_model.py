@@ -70,8 +70,22 @@ def test_incremental_decoding_matches_full_decoder(pre_norm):
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     for t in range(tgt.size(1)):
-        step = F.log_softmax(model.decode_step(tgt[:, t : t + 1], memory, src_mask, cache), dim=-1)
+        with torch.no_grad():  # as search runs it (the plain attention path for few queries)
+            step = F.log_softmax(model.decode_step(tgt[:, t : t + 1], memory, src_mask, cache), dim=-1)
         torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_plain_attention_of_decoding_steps_equals_sdpa():
+    from xformer_cli.model.transformer import attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 5, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 8)
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3, [True] * 2 + [False] * 5])[:, None, None, :]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(q, k, v, mask), expected, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(attention(q[:, :, :1], k, v), F.scaled_dot_product_attention(q[:, :, :1], k, v),
+                                   atol=1e-6, rtol=1e-5)
 
 
 def test_sinusoidal_values():

@@ -88,10 +88,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (3.2.1), per head.
 
     ``F.scaled_dot_product_attention`` computes it, except for the handful of queries of
-    an incremental decoding step, where its tiled CPU kernel costs about twice the plain
-    matmul-softmax-matmul written here (measured in BENCHMARKS.md).
+    an incremental decoding step (no gradients), where its tiled CPU kernel costs about
+    twice the plain matmul-softmax-matmul written here (measured in BENCHMARKS.md).
     """
-    if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0:
+    if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
     scores = (q @ k.transpose(-1, -2)) * (q.size(-1) ** -0.5)
     if mask is not None:
