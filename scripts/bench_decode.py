@@ -75,19 +75,17 @@ def measure(args: argparse.Namespace) -> None:
     if args.sentences:
         src_lines = src_lines[: args.sentences]
     beam = args.beams[0]
-    batching = {"batch_size": args.batch_size, "max_tokens": args.max_tokens}
+    options = {"beam_size": beam, "batch_size": args.batch_size, "max_tokens": args.max_tokens}
     if args.worker.startswith("ct2"):
         from xformer_cli.export import CTranslate2Translator
 
-        system = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
+        engine = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
                                                       threads=args.threads, compute_type="int8" if args.worker == "ct2-int8" else "default")
-        run = lambda: system.translate(src_lines, beam_size=beam, **batching)  # noqa: E731
     else:
-        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
-        use_cache = args.worker == "cached"
-        run = lambda: translator.translate(src_lines, beam_size=beam, use_cache=use_cache, **batching)  # noqa: E731
-    (system if args.worker.startswith("ct2") else translator).translate(src_lines[:20], beam_size=beam)  # warm-up
-    hyps, seconds = timed(run)
+        engine = Translator.from_checkpoint(args.checkpoint, device=args.device)
+        options["use_cache"] = args.worker == "cached"
+    engine.translate(src_lines[:20], beam_size=beam)  # warm-up
+    hyps, seconds = timed(lambda: engine.translate(src_lines, **options))
     Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(json.dumps({"seconds": seconds}))
 

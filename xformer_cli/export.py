@@ -235,14 +235,13 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
     else:
         (directory / SOURCE_SPM).write_bytes(tokenizer.src_model_bytes)
         (directory / TARGET_SPM).write_bytes(tokenizer.tgt_model_bytes)
-    d = config.decode
     info = {
         "format": "xformer-ctranslate2",
         "xformer_version": __version__,
         "joint_vocab": tokenizer.joint,
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
-        "decode": asdict(d),
+        "decode": asdict(config.decode),
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 

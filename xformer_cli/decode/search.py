@@ -32,8 +32,8 @@ def max_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
     return (a * src_len.float() + b).long().clamp(min=1)
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ^ alpha (Wu et al. 2016)."""
+def length_penalty(length: "int | Tensor", alpha: float) -> "float | Tensor":
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ^ alpha (Wu et al. 2016); elementwise for a tensor."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -85,7 +85,7 @@ def greedy_search(
     pad = model.cfg.pad_id
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
-    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    limits = max_lengths(src, pad, max_len_a, max_len_b)  # of the rows still decoding
     cache = model.new_cache() if use_cache else None
     active = torch.arange(src.size(0), device=src.device)  # batch rows still decoding
     seqs = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)
@@ -95,7 +95,7 @@ def greedy_search(
     step = 0
     while active.numel():
         logits = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
-        lprobs = next_token_logprobs(logits, pad, bos, eos, limits[active] <= step, step < min_len)
+        lprobs = next_token_logprobs(logits, pad, bos, eos, limits <= step, step < min_len)
         best = pick_tokens(lprobs, sampling_topk, temperature, generator)
         best_lp = lprobs.gather(1, best.unsqueeze(1)).squeeze(1)
         done = (best == eos).tolist()
@@ -109,7 +109,7 @@ def greedy_search(
         keep = ~torch.tensor(done, device=src.device)
         if not keep.all():
             rows = keep.nonzero().squeeze(1)
-            active, seqs, memory, src_mask = active[rows], seqs[rows], memory[rows], src_mask[rows]
+            active, limits, seqs, memory, src_mask = active[rows], limits[rows], seqs[rows], memory[rows], src_mask[rows]
             reorder_cache(cache, rows, sentences=rows)
         step += 1
     return results  # type: ignore[return-value]
@@ -151,7 +151,9 @@ def beam_search(
     device = src.device
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
-    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    limits = max_lengths(src, pad, max_len_a, max_len_b)  # of the sentences still decoding
+    # A live beam's score can rise no higher than its log-probability over this penalty.
+    best_possible_penalty = length_penalty(limits.float() + 1.0, alpha)  # + 1: eos
     cache = model.new_cache() if use_cache else None
     active = torch.arange(n, device=device)
     beam_offsets = torch.arange(k, device=device)
@@ -162,8 +164,10 @@ def beam_search(
     step = 0
     while active.numel():
         m = active.numel()
+        sentences = active.tolist()
+        at_limit = limits <= step
         logits = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
-        lprobs = next_token_logprobs(logits, pad, bos, eos, (limits[active] <= step).repeat_interleave(k), step < min_len)
+        lprobs = next_token_logprobs(logits, pad, bos, eos, at_limit.repeat_interleave(k), step < min_len)
         # The 2K best continuations of a sentence are among the 2K best tokens of each of
         # its beams: rank those few rather than all K x vocabulary sums.
         width = min(2 * k, lprobs.size(1))
@@ -181,7 +185,7 @@ def beam_search(
             prefixes = seqs[parent, 1:].tolist()
             raw = top_scores[eos_rows, eos_cols].tolist()
             for r, prefix, s in zip(eos_rows.tolist(), prefixes, raw):
-                kept = finished[int(active[r])]
+                kept = finished[sentences[r]]
                 kept.append(Hypothesis(prefix, s / penalty, s))
                 if len(kept) > k:  # keep the K best
                     kept.remove(min(kept, key=lambda h: h.score))
@@ -194,16 +198,17 @@ def beam_search(
         seqs = torch.cat([seqs[parents], next_tokens.view(-1, 1)], dim=1)
         reorder_cache(cache, parents)
 
-        bounds = (scores[:, 0] / ((5.0 + limits[active].float() + 1.0) / 6.0) ** alpha).tolist()
+        bounds = (scores[:, 0] / best_possible_penalty).tolist()
         done = torch.tensor([
             len(finished[s]) >= nbest and sorted(h.score for h in finished[s])[-nbest] >= bound
-            for s, bound in zip(active.tolist(), bounds)
+            for s, bound in zip(sentences, bounds)
         ], device=device)
-        done |= limits[active] <= step
+        done |= at_limit
         if done.any():
             keep = (~done).nonzero().squeeze(1)
             rows = (keep.unsqueeze(1) * k + beam_offsets).view(-1)
-            active, scores, seqs = active[keep], scores[keep], seqs[rows]
+            active, limits, best_possible_penalty = active[keep], limits[keep], best_possible_penalty[keep]
+            scores, seqs = scores[keep], seqs[rows]
             memory, src_mask = memory[keep], src_mask[keep]
             reorder_cache(cache, rows, sentences=keep)
         step += 1

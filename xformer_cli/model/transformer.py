@@ -83,6 +83,14 @@ class Embedding(nn.Module):
 _FEW_QUERIES = 8
 
 
+def attention_weights(q: Tensor, k: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) per head, (..., Lq, Lk); ``mask`` True where attending is allowed."""
+    scores = (q @ k.transpose(-1, -2)) * (q.size(-1) ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False,
               dropout: float = 0.0) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (3.2.1), per head.
@@ -93,10 +101,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     """
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
-    scores = (q @ k.transpose(-1, -2)) * (q.size(-1) ** -0.5)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1) @ v
+    return attention_weights(q, k, mask) @ v
 
 
 class MultiHeadAttention(nn.Module):
@@ -142,10 +147,7 @@ class MultiHeadAttention(nn.Module):
         inside the fused kernel, spelled out for attention plots."""
         q = self._split_heads(self.q_proj(query))
         k, _ = self.project_kv(memory)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(dim=-1)
+        return attention_weights(q, k, mask)
 
 
 # -- 3.3 Position-wise feed-forward network -------------------------------------------
