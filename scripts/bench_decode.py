@@ -1,5 +1,6 @@
-"""Decoding speed: xformer without and with its key/value cache, the same model exported
-to CTranslate2, and OpenNMT-py's onmt_translate on a model of the same size, in one run.
+"""Decoding speed: xformer without and with its key/value cache, in fp32 and bf16, the same
+model exported to CTranslate2 (float32 and int8: ``xformer translate --precision int8`` is
+that int8 engine), and OpenNMT-py's onmt_translate on a model of the same size, in one run.
 
 For each beam size it prints sentences/s and target tokens/s (output sentencepiece pieces
 + eos, counted with the xformer model's tokenizer for every system) and BLEU against the
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_train import cpu_name  # noqa: E402
 
 from xformer_cli.decode.translator import Translator  # noqa: E402
+from xformer_cli.device import cpu_flags, resolve_decode_precision  # noqa: E402
 
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
 
@@ -82,8 +84,9 @@ def measure(args: argparse.Namespace) -> None:
         engine = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
                                                       threads=args.threads, compute_type="int8" if args.worker == "ct2-int8" else "default")
     else:
-        engine = Translator.from_checkpoint(args.checkpoint, device=args.device)
-        options["use_cache"] = args.worker == "cached"
+        engine = Translator.from_checkpoint(args.checkpoint, device=args.device,
+                                            precision="bf16" if args.worker == "cached-bf16" else "fp32")
+        options["use_cache"] = args.worker != "uncached"
     engine.translate(src_lines[:20], beam_size=beam)  # warm-up
     hyps, seconds = timed(lambda: engine.translate(src_lines, **options))
     Path(args.hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -119,8 +122,9 @@ def main() -> None:
     parser.add_argument("--ct2-dir", help="exported model (default: export to a temporary directory)")
     parser.add_argument("--onmt-venv")
     parser.add_argument("--onmt-model")
-    parser.add_argument("--ct2-int8", action="store_true", help="also CTranslate2 with int8 weights (changes the outputs)")
-    parser.add_argument("--worker", choices=["uncached", "cached", "ct2", "ct2-int8"], help=argparse.SUPPRESS)
+    parser.add_argument("--no-bf16", action="store_true", help="skip xformer bf16")
+    parser.add_argument("--no-int8", action="store_true", help="skip CTranslate2 int8 (= xformer --precision int8)")
+    parser.add_argument("--worker", choices=["uncached", "cached", "cached-bf16", "ct2", "ct2-int8"], help=argparse.SUPPRESS)
     parser.add_argument("--hyp-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -144,11 +148,13 @@ def main() -> None:
         except ImportError as exc:
             print(f"(CTranslate2 not measured: {exc})")
         for beam in args.beams:
-            workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer, KV cache")]
+            workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
+            if not args.no_bf16:
+                workers.append(("cached-bf16", "(b) xformer bf16"))
             if args.ct2_dir:
-                workers.append(("ct2", "(c) CTranslate2 export"))
-                if args.ct2_int8:
-                    workers.append(("ct2-int8", "(c) CTranslate2, int8"))
+                workers.append(("ct2", "(c) CTranslate2 float32"))
+                if not args.no_int8:
+                    workers.append(("ct2-int8", "(c) CT2 int8 = xf int8"))
             for worker, name in workers:
                 systems.append((beam, name, *in_own_process(args, worker, beam, Path(tmp) / f"{worker}{beam}.hyp")))
             if args.onmt_venv and args.onmt_model:
@@ -157,22 +163,26 @@ def main() -> None:
                 systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, src_file, beam, args.threads, args.batch_size)))
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_bf16", "avx512_vnni", "amx", "avx_vnni", "avx2")))
+    print(f"cpu flags: {' '.join(flags)}; translate --precision auto -> {resolve_decode_precision('auto', torch.device(args.device))[0]}")
     print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
           f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}; "
           f"batches of {args.batch_size} sentences (xformer, CTranslate2: and {args.max_tokens} tokens x beam)")
     print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
+    auto = resolve_decode_precision("auto", torch.device(args.device))[0]
+    reference = "(b) xformer bf16" if auto == "bf16" and not args.no_bf16 else "(b) xformer fp32"
     baseline: dict[int, tuple[float, list[str]]] = {}
     for beam, name, hyps, seconds in systems:
         score = sacrebleu.corpus_bleu(hyps, [ref_lines]).score
         rate = target_tokens(hyps) / seconds
-        if name.startswith("(b)"):
+        if name == reference:
             baseline[beam] = (rate, hyps)
         print(f"{beam:>4}  {name:<24} {seconds:8.2f} {len(src_lines) / seconds:8.1f} {rate:10.0f} {score:6.2f}")
     for beam, name, hyps, seconds in systems:
-        if beam in baseline and not name.startswith("(b)"):
+        if beam in baseline and name != reference:
             rate, ours = baseline[beam]
             same = sum(a == b for a, b in zip(hyps, ours))
-            print(f"beam {beam}: (b) is {rate / (target_tokens(hyps) / seconds):.2f}x {name} in target tokens/s; "
+            print(f"beam {beam}: {reference[4:]} (auto) is {rate / (target_tokens(hyps) / seconds):.2f}x {name[4:]} in target tokens/s; "
                   f"identical outputs {same}/{len(ours)}")
 
 

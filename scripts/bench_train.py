@@ -1,14 +1,17 @@
 """Training throughput and model FLOP utilisation, against peers measured in the same run.
 
-1. Model loop: xformer's model + loss against a plain torch.nn.Transformer loop. Both train
-   the same architecture (the config's sizes, tied embeddings, the same vocabulary) on the
-   same real batches, with Adam, in the same process, alternating rounds so machine noise
-   hits both alike. Prints target tokens/s, achieved FLOP/s (counted by torch's
-   FlopCounterMode) and MFU against a large matmul timed in the same process.
-2. Whole trainers (--trainer-steps N): ``xformer train`` and, with --onmt-venv,
-   OpenNMT-py 3.5.1's ``onmt_train`` (scripts/peers/setup_opennmt.sh) on the same
-   architecture and max_tokens, one after the other; steady-state target tokens/s from
-   their own logs (the first report, start-up, is dropped).
+1. Model loop: xformer's model + loss, in fp32 and in the precision ``auto`` picks on this
+   machine (bf16 where the hardware has it), against a plain torch.nn.Transformer loop (fp32).
+   All train the same architecture (the config's sizes, tied embeddings, the same
+   vocabulary) on the same real batches, with Adam, in the same process, alternating rounds
+   so machine noise hits them alike. Prints target tokens/s, achieved FLOP/s (counted by
+   torch's FlopCounterMode) and MFU against large fp32 and bf16 matmuls timed in the same
+   process.
+2. Whole trainers (--trainer-steps N): ``xformer train`` with train.precision fp32 and auto
+   and, with --onmt-venv, OpenNMT-py 3.5.1's ``onmt_train`` (scripts/peers/setup_opennmt.sh;
+   fp32: it has no CPU bf16 training) on the same architecture and max_tokens, one after
+   the other; steady-state target tokens/s from their own logs (the first report, start-up,
+   is dropped).
 
     python scripts/bench_train.py --config configs/multi30k.yaml --steps 15
     python scripts/bench_train.py --steps 15 --trainer-steps 60 --onmt-venv /tmp/onmt-venv
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from xformer_cli.config import load_config
 from xformer_cli.data.batching import make_batches
 from xformer_cli.data.sources import load_corpus
-from xformer_cli.device import autocast, pick_device
+from xformer_cli.device import autocast, cpu_flags, pick_device, resolve_precision
 from xformer_cli.model.build import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.loss import label_smoothed_nll
@@ -75,11 +78,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def peak_matmul_flops(device: torch.device, size: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a large square fp32 matmul on this device (bf16 on CUDA): the ceiling MFU is measured against."""
+def peak_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of a large square matmul in ``dtype`` on this device: the ceiling MFU is measured against."""
     if device.type == "cuda":
         size, repeats = 8192, 50  # big enough to reach the tensor cores' peak
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
@@ -93,27 +95,27 @@ def peak_matmul_flops(device: torch.device, size: int = 2048, repeats: int = 10)
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def step_flops(model, loss_fn, batches) -> float:
+def step_flops(model, loss_fn, batches, precision: str = "fp32") -> float:
     """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
         for batch in batches:
-            with autocast(next(model.parameters()).device):
+            with autocast(next(model.parameters()).device, precision):
                 logits = model(batch.src, batch.tgt_in)
             loss_fn(logits, batch.tgt_out).backward()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
 
 
-def run(model, loss_fn, batches, optimizer) -> float:
+def run(model, loss_fn, batches, optimizer, precision: str = "fp32") -> float:
     tokens = 0
     device = next(model.parameters()).device
     synchronize(device)
     start = time.perf_counter()
     for batch in batches:
-        with autocast(device):  # bf16 on CUDA, nothing on CPU (as the trainer does)
+        with autocast(device, precision):
             logits = model(batch.src, batch.tgt_in)
         loss = loss_fn(logits, batch.tgt_out)
         (loss / batch.n_tokens).backward()
@@ -132,11 +134,12 @@ def synchronize(device: torch.device) -> None:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def xformer_trainer_rate(args, steps: int, every: int) -> tuple[float, list[float]]:
+def xformer_trainer_rate(args, steps: int, every: int, precision: str) -> tuple[float, list[float]]:
     """Steady-state target tokens/s of ``xformer train`` (its metrics.jsonl), start-up excluded."""
     with tempfile.TemporaryDirectory() as run_dir:
         sets = [*args.set, f"run_dir={run_dir}", f"train.max_steps={steps}", f"train.log_every={every}",
-                f"train.valid_every={steps * 10}", "data.valid_max_sentences=8", "train.max_minutes=0"]
+                f"train.valid_every={steps * 10}", "data.valid_max_sentences=8", "train.max_minutes=0",
+                f"train.precision={precision}", f"train.device={args.device}"]
         subprocess.run([sys.executable, "-m", "xformer_cli", "train", "-c", args.config, "--overwrite", "--quiet",
                         *[x for kv in sets for x in ("--set", kv)]], check=True, cwd=ROOT)
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -197,6 +200,7 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
     batches = [data.batch(idx).to(device) for idx in index_batches]
 
+    auto, why = resolve_precision("auto", device)
     torch.manual_seed(0)
     ours = build_model(cfg, tokenizer).train().to(device)
     m = cfg.model
@@ -208,39 +212,54 @@ def main() -> None:
         logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=PAD_ID, label_smoothing=eps, reduction="sum")
     opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    run(ours, ours_loss, batches[:2], opt_ours)  # warm-up
-    run(theirs, theirs_loss, batches[:2], opt_theirs)
-
-    ours_rates, theirs_rates = [], []
+    # (name, label, model, loss, optimizer, precision); one model trains in both precisions:
+    # the weights stay fp32 either way, only the autocast differs.
+    systems = [("ours-fp32", "xformer fp32          ", ours, ours_loss, opt_ours, "fp32"),
+               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours, ours_loss, opt_ours, auto),
+               ("theirs", "torch.nn.Transformer  ", theirs, theirs_loss, opt_theirs, "fp32")]
+    if auto == "fp32":
+        systems.pop(1)
+    for _, _, model, loss_fn, opt, precision in systems:
+        run(model, loss_fn, batches[:2], opt, precision)  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name, *_ in systems}
     for _ in range(args.rounds):
-        ours_rates.append(run(ours, ours_loss, batches, opt_ours))
-        theirs_rates.append(run(theirs, theirs_loss, batches, opt_theirs))
-    ours_best, theirs_best = max(ours_rates), max(theirs_rates)
+        for name, _, model, loss_fn, opt, precision in systems:
+            rates[name].append(run(model, loss_fn, batches, opt, precision))
     real = sum(b.n_tokens for b in batches)
-    peak = peak_matmul_flops(device)
-    flops_per_token = {name: step_flops(m, fn, batches) / real for name, m, fn in
-                       (("ours", ours, ours_loss), ("theirs", theirs, theirs_loss))}
+    peaks = {"fp32": peak_matmul_flops(device, torch.float32), "bf16": peak_matmul_flops(device, torch.bfloat16)}
+    flops_per_token = {name: step_flops(model, fn, batches, precision) / real
+                       for name, _, model, fn, _, precision in systems}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
     print(f"machine: {where}, torch {torch.__version__}")
+    if device.type == "cpu":
+        flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
+        print(f"cpu flags: {' '.join(flags)}")
+    print(f"precision auto -> {auto} ({why})")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
-    print(f"peak matmul (2048^3 {'bf16' if device.type == 'cuda' else 'fp32'}, same process): {peak / 1e9:.1f} GFLOP/s")
-    for name, label, rate, rates in (("ours", "xformer             ", ours_best, ours_rates),
-                                     ("theirs", "torch.nn.Transformer", theirs_best, theirs_rates)):
+    print(f"peak matmul (2048^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
+    for name, label, _, _, _, precision in systems:
+        rate = max(rates[name])
         achieved = rate * flops_per_token[name]
-        print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peak:5.1%}"
-              f"  (rounds: {', '.join(f'{r:.0f}' for r in rates)}; {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
-    print(f"ratio                {ours_best / theirs_best:8.2f}x")
+        print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peaks['fp32']:5.1%} of fp32 peak,"
+              f" {achieved / peaks['bf16']:5.1%} of bf16 peak  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
+              f" {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
+    for name, label, *_ in systems[:-1]:
+        print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
     if not args.trainer_steps:
         return
     print(f"whole trainers, {args.trainer_steps} steps, tokens/s reported every {args.report_every} steps (median, first dropped):")
-    ours_rate, ours_reports = xformer_trainer_rate(args, args.trainer_steps, args.report_every)
-    print(f"xformer train        {ours_rate:8.0f} target tokens/s  (reports: {', '.join(f'{r:.0f}' for r in ours_reports)})")
+    trainer_rates = {}
+    for precision in dict.fromkeys(["fp32", auto]):
+        rate, reports = xformer_trainer_rate(args, args.trainer_steps, args.report_every, precision)
+        trainer_rates[precision] = rate
+        print(f"xformer train {precision:<6} {rate:8.0f} target tokens/s  (reports: {', '.join(f'{r:.0f}' for r in reports)})")
     if args.onmt_venv:
         onmt_rate, onmt_reports, per_batch = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every)
         print(f"OpenNMT-py onmt_train {onmt_rate:7.0f} target tokens/s  ({per_batch:.0f} target tokens per batch; "
               f"reports: {', '.join(f'{r:.0f}' for r in onmt_reports)})")
-        print(f"ratio                {ours_rate / onmt_rate:8.2f}x")
+        for precision, rate in trainer_rates.items():
+            print(f"ratio xformer {precision} / OpenNMT-py: {rate / onmt_rate:.2f}x")
 
 
 if __name__ == "__main__":

@@ -118,10 +118,10 @@ def average(
     typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
 
 
-def _translator(checkpoints: List[Path], device: str):
+def _translator(checkpoints: List[Path], device: str, precision: str = "auto"):
     from xformer_cli.decode.translator import Translator
 
-    return Translator.from_checkpoint(checkpoints, device=device)
+    return Translator.from_checkpoint(checkpoints, device=device, precision=precision)
 
 
 _beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from the checkpoint's decode config.")
@@ -131,6 +131,7 @@ _len_b = typer.Option(None, "--max-len-b", help="Max output length = a * source 
 _min_len = typer.Option(None, "--min-len", help="Output pieces before eos at least (default 1: no empty translations).")
 _batch = typer.Option(None, "--batch-size", help="Sentences per decoding batch.")
 _device = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
+_precision = typer.Option("auto", "--precision", help="auto (bf16 where the hardware computes it natively, else fp32), fp32, bf16, or int8 (CTranslate2 int8 weights; needs the ctranslate2 extra).")
 
 
 @app.command()
@@ -156,6 +157,7 @@ def translate(
     compute_type: str = typer.Option("default", "--compute-type", help="With --engine ctranslate2: default (the exported float32), int8, int8_float32, float16, bfloat16, ... (CTranslate2's quantization)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every decoder position at each step (slow; for comparison)."),
     device: str = _device,
+    precision: str = _precision,
     attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
     attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
@@ -167,7 +169,7 @@ def translate(
     """
     from tqdm import tqdm
 
-    from xformer_cli.decode.translator import translate_lines
+    from xformer_cli.decode.translator import Translator, translate_lines
     from xformer_cli.textio import count_lines, iter_lines, open_output
 
     if chunk_lines < 1:
@@ -179,18 +181,22 @@ def translate(
             raise XformerError("--engine ctranslate2 takes one exported model and no --nbest, --sampling-topk, --attention or --no-cache")
         translator = CTranslate2Translator.from_directory(checkpoints[0], device="cuda" if device.startswith("cuda") else "cpu",
                                                           compute_type=compute_type)
-        options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens)
     elif engine == "xformer":
         if compute_type != "default":
             raise XformerError("--compute-type is for --engine ctranslate2")
-        translator = _translator(checkpoints, device)
+        if precision == "int8" and (len(checkpoints) > 1 or nbest != 1 or sampling_topk or attention is not None or no_cache):
+            raise XformerError("--precision int8 (CTranslate2) takes one checkpoint and no --nbest, --sampling-topk, --attention or --no-cache")
+        translator = _translator(checkpoints, device, precision)
+    else:
+        raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
+    if not isinstance(translator, Translator):  # CTranslate2: an export, or --precision int8
+        options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
+                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens)
+    else:
         options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                      max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens, nbest=nbest,
                                      sampling_topk=sampling_topk, temperature=temperature, seed=seed,
                                      use_cache=not no_cache)
-    else:
-        raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
     from_file = input is not None and str(input) != "-"
     show = progress if progress is not None else (from_file and sys.stderr.isatty())
     total = count_lines(input) if show and from_file else None
@@ -253,6 +259,7 @@ def eval_bleu(
     length_penalty: Optional[float] = _alpha,
     batch_size: Optional[int] = _batch,
     device: str = _device,
+    precision: str = _precision,
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R."""
     from xformer_cli.data.sources import read_lines
@@ -269,7 +276,7 @@ def eval_bleu(
             raise XformerError("--checkpoint needs --src (the source side to translate)")
         from xformer_cli.textio import iter_lines, write_lines
 
-        translated = _translator([checkpoint], device).translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
+        translated = _translator([checkpoint], device, precision).translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
         if output is not None:
             write_lines(translated, output)
         systems = [(f"translation of {src}", translated)]

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import yaml
 
+from xformer_cli.device import PRECISIONS
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import ModelConfig
 
@@ -106,13 +107,14 @@ class TrainConfig:
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on CUDA
-    precision: str = "bf16"  # on CUDA: bf16 | fp16 (with a gradient scaler) | fp32; the CPU trains in fp32
+    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | bf16 | fp16 | fp32
     compile: bool = False  # torch.compile the model for training
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no gradient clipping
     valid_every: int = 1000  # steps between validations (loss and BLEU); last.pt is saved then too
     save_every: int = 0  # steps between extra last.pt saves; 0 = only at validations
     keep_checkpoints: int = 0  # also keep the last N step checkpoints (checkpoint_STEP.pt) for averaging
+    average_last: int = 0  # at the end, average the newest N kept step checkpoints; best.pt if its valid BLEU is higher
     patience: int = 0  # stop after this many validations without a better BLEU; 0 = never
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
     valid_beam_size: int = 1  # beam for validation BLEU (1 = greedy, cheapest)
@@ -304,10 +306,12 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
     _require(t.valid_every > 0, "train.valid_every", "must be positive")
     _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
-    for name in ("save_every", "keep_checkpoints", "patience"):
+    for name in ("save_every", "keep_checkpoints", "patience", "average_last"):
         _require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
+    _require(t.average_last <= t.keep_checkpoints, "train.average_last",
+             f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     _require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")
-    _require(t.precision in ("bf16", "fp16", "fp32"), "train.precision", "must be bf16, fp16 or fp32")
+    _require(t.precision in PRECISIONS, "train.precision", f"must be one of {', '.join(PRECISIONS)}, not {t.precision!r}")
     _require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(t.threads >= 0, "train.threads", "must be >= 0")

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import copy
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
@@ -17,7 +19,7 @@ from xformer_cli.config import Config, DecodeConfig, config_from_dict
 from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.ensemble import Ensemble
 from xformer_cli.decode.search import Hypothesis, beam_search, greedy_search
-from xformer_cli.device import autocast, pick_device
+from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
@@ -111,22 +113,42 @@ def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-class Translator:
-    """Translates with one model or, given several checkpoints, their ensemble."""
+def for_inference(model: "Transformer | Ensemble", dtype: torch.dtype) -> "Transformer | Ensemble":
+    """``model`` with its weights in ``dtype``: itself when they already are, else a copy, so a
+    model still being trained keeps its fp32 weights."""
+    if next(model.parameters()).dtype == dtype:
+        return model
+    return copy.deepcopy(model).to(dtype)
 
-    def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device):
-        self.model = model.to(device).eval()
+
+class Translator:
+    """Translates with one model or, given several checkpoints, their ensemble.
+
+    ``precision``: fp32, or bf16 (weights and activations in bf16, the search's log-softmax
+    in fp32), or auto (bf16 on hardware that computes it natively). int8 runs on the
+    CTranslate2 engine: ``Translator.from_checkpoint(..., precision="int8")``."""
+
+    def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
+                 precision: str = "fp32"):
+        self.precision, self.precision_reason = resolve_decode_precision(precision, device)
+        if self.precision == "int8":
+            raise XformerError("int8 translation runs on CTranslate2: use Translator.from_checkpoint(path, precision='int8')")
+        model = model.to(device).eval()
+        self.model = for_inference(model, torch.bfloat16 if self.precision == "bf16" else torch.float32)
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
 
     @classmethod
-    def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto") -> "Translator":
+    def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto", precision: str = "fp32"):
         """One checkpoint, or a list of them decoded as an ensemble (same tokenizer required);
-        decode defaults come from the first."""
+        decode defaults come from the first. With ``precision`` int8 it returns the CTranslate2
+        engine on an int8 export of the checkpoint (same ``translate``)."""
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise XformerError("no checkpoint given")
+        if resolve_decode_precision(precision, pick_device(device))[0] == "int8":
+            return int8_translator(paths, device)
         loaded = [load_model(p) for p in paths]
         model, tokenizer, config = loaded[0]
         for other_path, (_, other_tokenizer, _) in zip(paths[1:], loaded[1:]):
@@ -134,7 +156,7 @@ class Translator:
                 raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if len(loaded) > 1:
             model = Ensemble([m for m, _, _ in loaded])
-        return cls(model, tokenizer, config.decode, pick_device(device))
+        return cls(model, tokenizer, config.decode, pick_device(device), precision)
 
     def options(self, **given) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the checkpoint's decode config."""
@@ -168,14 +190,14 @@ class Translator:
             generator = torch.Generator(device=self.device).manual_seed(opts.seed)
         for chunk in batches:
             src = encode_source_batch([encoded[i] for i in chunk]).to(self.device)
-            with autocast(self.device):
-                if opts.beam_size == 1:
-                    found = [[h] for h in greedy_search(self.model, src, BOS_ID, EOS_ID, opts.max_len_a, opts.max_len_b,
-                                                         opts.use_cache, opts.sampling_topk, opts.temperature, generator,
-                                                         opts.min_len)]
-                else:
-                    found = beam_search(self.model, src, BOS_ID, EOS_ID, opts.beam_size, opts.length_penalty,
-                                        opts.max_len_a, opts.max_len_b, opts.nbest, opts.use_cache, opts.min_len)
+            # The weights' dtype is the precision: no autocast, so no per-step weight casts.
+            if opts.beam_size == 1:
+                found = [[h] for h in greedy_search(self.model, src, BOS_ID, EOS_ID, opts.max_len_a, opts.max_len_b,
+                                                     opts.use_cache, opts.sampling_topk, opts.temperature, generator,
+                                                     opts.min_len)]
+            else:
+                found = beam_search(self.model, src, BOS_ID, EOS_ID, opts.beam_size, opts.length_penalty,
+                                    opts.max_len_a, opts.max_len_b, opts.nbest, opts.use_cache, opts.min_len)
             for i, hyps in zip(chunk, found):
                 results[i] = hyps
         return results
@@ -203,6 +225,19 @@ class Translator:
                 weights=weights,
             ))
         return maps
+
+
+def int8_translator(paths: Sequence["str | Path"], device: str = "auto"):
+    """The CTranslate2 engine on an int8 export of one checkpoint, made in a temporary
+    directory (the engine reads its files when it starts, so they are removed at once)."""
+    if len(paths) != 1:
+        raise XformerError("int8 translation takes one checkpoint, not an ensemble")
+    from xformer_cli.export import CTranslate2Translator, export_ctranslate2
+
+    ct2_device = "cuda" if pick_device(device).type == "cuda" else "cpu"
+    with tempfile.TemporaryDirectory(prefix="xformer-int8-") as tmp:
+        exported = export_ctranslate2(paths[0], Path(tmp) / "ct2", quantization="int8")
+        return CTranslate2Translator.from_directory(exported, device=ct2_device, compute_type="int8")
 
 
 def load_model(path: "str | Path", state: Optional[dict] = None) -> tuple[Transformer, Tokenizer, Config]:

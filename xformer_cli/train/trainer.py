@@ -22,22 +22,23 @@ import numpy as np
 import torch
 import yaml
 from torch import Tensor
-from tqdm import tqdm
 
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch, collate, make_batches, shard
 from xformer_cli.data.prepare import prepare_data
 from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.translator import Translator
-from xformer_cli.device import autocast, configure_threads, pick_device
+from xformer_cli.device import autocast, configure_threads, pick_device, resolve_decode_precision, resolve_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.evaluate import bleu
 from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
+from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
+from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.schedule import NoamSchedule
 
 
@@ -72,7 +73,7 @@ class TrainResult:
 def prepare_run_dir(config: Config, overwrite: bool) -> Path:
     run_dir = Path(config.run_dir)
     if overwrite:
-        for old in ["last.pt", "best.pt", "metrics.jsonl", *(p.name for p in run_dir.glob("checkpoint_*.pt"))]:
+        for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in run_dir.glob("checkpoint_*.pt"))]:
             (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
@@ -91,7 +92,8 @@ def encode_corpus(corpus: ParallelCorpus, tokenizer: Tokenizer, max_len: Optiona
     return EncodedCorpus([src[i] for i in keep], [tgt[i] for i in keep], [corpus.tgt[i] for i in keep])
 
 
-def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, device: torch.device, eps: float) -> tuple[float, float]:
+def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, device: torch.device, eps: float,
+                    precision: str = "fp32") -> tuple[float, float]:
     """(label-smoothed loss, plain NLL) per target token over the whole set."""
     model.eval()
     total = nll_total = 0.0
@@ -99,7 +101,7 @@ def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     with torch.no_grad():
         for idx in make_batches(data.src_lens, data.tgt_lens, max_tokens, shuffle=False):
             batch = data.batch(idx).to(device)
-            with autocast(device):
+            with autocast(device, precision):
                 logits = model(batch.src, batch.tgt_in)
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, eps, PAD_ID)
             total += float(loss)
@@ -250,6 +252,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        self.precision, why = resolve_precision(tc.precision, self.device)
+        log(f"precision: {self.precision} ({why})" if tc.precision != "auto" else f"precision: auto -> {self.precision} ({why})")
         self.run_dir = Path(config.run_dir)
         resume_from = self.run_dir / "last.pt"
         self.resume_state = None
@@ -287,11 +291,12 @@ class Trainer:
             weight_decay=tc.weight_decay, fused=True,
         )
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a pass-through).
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.device.type == "cuda" and tc.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         if tc.compile:
             self.forward_model = torch.compile(self.forward_model, dynamic=True)
         self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
-        self.translator = Translator(self.model, self.tokenizer, config.decode, self.device)
+        # Validation decodes the way `xformer translate --precision auto` does on this device.
+        self.decode_precision = resolve_decode_precision("auto", self.device)[0]
         self.step = self.epoch = self.batches_done = 0
         self.best_bleu: Optional[float] = None
         self.bad_validations = 0  # validations in a row without a better BLEU (early stopping)
@@ -323,7 +328,7 @@ class Trainer:
             "schedule": self.schedule.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
             "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
             "best_bleu": self.best_bleu, "bad_validations": self.bad_validations,
-            "nonfinite_total": self.nonfinite_total,
+            "nonfinite_total": self.nonfinite_total, "precision": self.precision,
         }
 
     def _restore(self, state: dict) -> None:
@@ -385,15 +390,10 @@ class Trainer:
         if not self.dist.is_main:
             self.save()  # only hands this rank's random state to rank 0
             return self.dist.any(False, self.device)
-        entry: dict = {"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3)}
+        entry: dict = {"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision}
         improved = self.valid_data is None  # without a valid set, best.pt is simply the latest
         if self.valid_data is not None:
-            loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing)
-            self.model.eval()
-            hyps = self.translator.translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
-            self.model.train()
-            score = bleu(hyps, self.valid_corpus.tgt).score
-            ppl = math.exp(min(nll, 50))
+            loss, ppl, score = self.score_valid()
             entry.update(valid_loss=round(loss, 4), valid_ppl=round(ppl, 3), valid_bleu=round(score, 2))
             self.log(f"step {self.step}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}")
             improved = self.best_bleu is None or score > self.best_bleu
@@ -407,6 +407,43 @@ class Trainer:
         self.save(best=improved)
         self.record(entry)
         return self.dist.any(bool(tc.patience) and self.bad_validations >= tc.patience, self.device)
+
+    def score_valid(self) -> tuple[float, float, float]:
+        """(label-smoothed loss, perplexity, BLEU) of the current weights on the valid set;
+        BLEU decodes the way `xformer translate --precision auto` does on this device."""
+        tc = self.config.train
+        loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing,
+                                    self.precision)
+        self.model.eval()
+        translator = Translator(self.model, self.tokenizer, self.config.decode, self.device, precision=self.decode_precision)
+        hyps = translator.translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
+        self.model.train()
+        return loss, math.exp(min(nll, 50)), bleu(hyps, self.valid_corpus.tgt).score
+
+    def average_last(self) -> None:
+        """train.average_last: average the newest step checkpoints (the paper's checkpoint
+        averaging), validate the mean, and make it best.pt when its BLEU is higher. last.pt
+        keeps the trained weights, so resuming is unaffected."""
+        n = self.config.train.average_last
+        kept = sorted(self.run_dir.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[1]))[-n:]
+        if len(kept) < 2 or self.valid_data is None:
+            self.log(f"average_last: {len(kept)} step checkpoint(s) kept, nothing to average")
+            return
+        averaged = average_checkpoints(kept, self.run_dir / "average.pt")
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(averaged["model"])
+        loss, ppl, score = self.score_valid()
+        steps = [int(p.stem.split("_")[1]) for p in kept]
+        self.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
+                 f" ({'better than' if self.best_bleu is None or score > self.best_bleu else 'not above'} best {self.best_bleu or 0:.2f})")
+        self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision,
+                     "averaged_steps": steps, "valid_loss": round(loss, 4), "valid_ppl": round(ppl, 3),
+                     "valid_bleu": round(score, 2)})
+        if self.best_bleu is None or score > self.best_bleu:
+            self.best_bleu = score
+            best = self.state()
+            save_checkpoint({**best, "averaged_steps": steps}, self.run_dir / "best.pt")
+        self.model.load_state_dict(trained)
 
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
@@ -430,7 +467,7 @@ class Trainer:
             for i, batch in enumerate(group):
                 defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
                 with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
-                    with autocast(self.device, tc.precision):
+                    with autocast(self.device, self.precision):
                         logits = self.forward_model(batch.src, batch.tgt_in)
                     loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
                     self.scaler.scale(loss / per_rank_tokens).backward()
@@ -500,8 +537,7 @@ class Trainer:
         window_loss_sum = window_good_tokens = window_tokens = 0.0
         window_start = time.time()
         last_validated = self.step if self.resume_state is not None else -1
-        bar = tqdm(total=tc.max_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
+        bar = RunProgress(tc.max_steps, tc.max_minutes, self.step, self.progress, self.started)
         reason = ""
         with _StopSignals() as signals:
             batches = None
@@ -525,7 +561,7 @@ class Trainer:
                     window_tokens += self.train_step(group)
                     if self.step == step_before:  # out of memory: the batch was dropped
                         continue
-                    bar.update(1)
+                    bar.update(self.step)
                     due_to_save = self.step % tc.valid_every == 0 or (tc.save_every and self.step % tc.save_every == 0)
                     if self.step % tc.log_every == 0 or due_to_save or self.step >= tc.max_steps:
                         # The one read of device figures, before anything is logged or saved.
@@ -536,9 +572,8 @@ class Trainer:
                         tokens = self.dist.sum([window_tokens], self.device)[0]
                         rate = tokens / max(time.time() - window_start, 1e-9)
                         avg = window_loss_sum / max(window_good_tokens, 1)
-                        extra = {"left": f"{(deadline - time.time()) / 60:.1f}min"} if deadline != math.inf else {}
-                        bar.set_postfix(loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
-                                        tok_s=f"{rate:.0f}", epoch=self.epoch, **extra)
+                        bar.update(self.step, loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
+                                   tok_s=f"{rate:.0f}", epoch=self.epoch)
                         self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
                                      "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
                         window_loss_sum = window_good_tokens = window_tokens = 0.0
@@ -574,6 +609,8 @@ class Trainer:
                 self.validate()
         self.forward_model = self.model  # the DDP wrapper holds the process group: let it go first
         self.dist.stop()
+        if self.config.train.average_last and self.dist.is_main and reason != "interrupted":
+            self.average_last()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if reason == "patience":

@@ -1,0 +1,172 @@
+"""Precision: detection from the CPU's flags, bf16 training that resumes exactly, bf16 and int8
+translation, the fast dropout and the blocked loss, and the progress bar's true limit."""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xformer_cli.decode.translator import Translator
+from xformer_cli.device import cpu_flags, resolve_decode_precision, resolve_precision
+from xformer_cli.errors import XformerError
+from xformer_cli.model.dropout import dropout, keep_mask
+from xformer_cli.train.checkpoint import load_checkpoint
+from xformer_cli.train.loss import label_smoothed_nll
+from xformer_cli.train.progress import RunProgress
+from xformer_cli.train.trainer import train
+
+from conftest import assert_one_line_error, tiny_overrides, xformer
+from test_training import losses, quiet, tiny_config
+
+CPU = torch.device("cpu")
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
+ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
+ZEN3 = {"avx2", "fma", "sse4_2"}  # no AVX-512 at all
+ARM_WITH_BF16 = {"fp", "asimd", "bf16", "i8mm", "asimddp"}
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (SAPPHIRE_RAPIDS, "bf16"), (ZEN4, "bf16"), (ARM_WITH_BF16, "bf16"), (ZEN3, "fp32"), (set(), "fp32"),
+])
+def test_auto_follows_the_cpu_flags(flags, expected):
+    precision, why = resolve_precision("auto", CPU, flags)
+    assert precision == expected
+    assert ("natively" in why) == (expected == "bf16")
+    assert resolve_decode_precision("auto", CPU, flags)[0] == expected
+
+
+def test_explicit_choices_are_kept_and_warned_about_when_emulated():
+    assert resolve_precision("fp32", CPU, SAPPHIRE_RAPIDS) == ("fp32", "asked for")
+    precision, why = resolve_precision("bf16", CPU, ZEN3)
+    assert precision == "bf16" and "slower" in why
+    assert resolve_precision("bf16", CPU, ZEN4) == ("bf16", "asked for")
+    assert "slow" in resolve_precision("fp16", CPU, ZEN4)[1]  # no avx512_fp16 / amx_fp16
+    assert "slow" in resolve_decode_precision("int8", CPU, ZEN3)[1]  # no VNNI
+    assert resolve_decode_precision("int8", CPU, ZEN4)[0] == "int8"
+    # CUDA needs no flags: bf16 tensor cores are the fast path (the device object needs no GPU).
+    assert resolve_precision("auto", torch.device("cuda"), set())[0] == "bf16"
+    with pytest.raises(XformerError, match="fp64"):
+        resolve_precision("fp64", CPU)
+    with pytest.raises(XformerError, match="--precision"):
+        resolve_decode_precision("fp16", CPU)
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    flags = cpu_flags()
+    with open("/proc/cpuinfo", encoding="utf-8") as handle:
+        text = handle.read()
+    for flag in ("avx512_bf16", "amx_bf16", "avx2"):
+        assert (flag in flags) == (f" {flag}" in text)
+
+
+@pytest.mark.parametrize("value", ["fp64", "bf61", "BF16"])
+def test_a_bad_precision_is_one_line_naming_the_key(tmp_path, value):
+    proc = xformer("train", "-c", "configs/multi30k.yaml", "--set", f"train.precision={value}",
+                   "--set", f"run_dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "train.precision", value)
+    assert not (tmp_path / "run").exists()
+    bad = xformer("translate", "-m", tmp_path / "none.pt", "--precision", value, stdin=b"a\n")
+    assert_one_line_error(bad, "--precision")
+
+
+def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, tmp_path):
+    bf16 = {"train.precision": "bf16"}
+    whole = train(tiny_config(small_corpus, tmp_path / "a", **bf16, **{"train.max_steps": 12}), log=quiet, progress=False)
+    first = train(tiny_config(small_corpus, tmp_path / "b", **bf16, **{"train.max_steps": 6}), log=quiet, progress=False)
+    resumed = train(tiny_config(small_corpus, tmp_path / "b", **bf16, **{"train.max_steps": 12}), log=quiet, progress=False)
+    assert (whole.steps, first.steps, resumed.steps) == (12, 6, 12)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    for step in range(7, 13):
+        assert b[step] == a[step], step  # bit-identical: same kernels, same random draws
+    wa = load_checkpoint(tmp_path / "a" / "last.pt")
+    wb = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert wa["precision"] == wb["precision"] == "bf16"
+    assert all(p.dtype == torch.float32 for p in wa["model"].values())  # fp32 master weights
+    for key in wa["model"]:
+        assert torch.equal(wa["model"][key], wb["model"][key]), key
+    # and it differs from an fp32 run: autocast really was on
+    fp32 = train(tiny_config(small_corpus, tmp_path / "c", **{"train.precision": "fp32", "train.max_steps": 12}),
+                 log=quiet, progress=False)
+    assert fp32.steps == 12 and losses(tmp_path / "c")[12] != a[12]
+
+
+def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
+    lines = []
+    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=lines.append, progress=False)
+    chosen = [line for line in lines if line.startswith("precision:")]
+    expected = resolve_precision("auto", CPU)[0]
+    assert chosen == [f"precision: auto -> {expected} ({resolve_precision('auto', CPU)[1]})"]
+
+
+# -- translation -------------------------------------------------------------------------------------
+
+HOSTILE = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe utf8", b" ".join([b"dog"] * 600), b"\r",
+           b"Two men."]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
+    stdin = b"\n".join(HOSTILE * 2) + b"\n"
+    proc = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", "--precision", precision,
+                   "--max-len-a", "0", "--max-len-b", "8", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode().split("\n")
+    assert len(out) == len(HOSTILE) * 2 + 1 and out[-1] == ""
+    assert [o == "" for o in out[:-1]] == [line.strip() == b"" for line in HOSTILE * 2]
+
+
+def test_bf16_translation_keeps_bf16_weights_and_leaves_a_training_model_alone(trained_run):
+    fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
+    bf16 = Translator(fp32.model, fp32.tokenizer, fp32.decode, CPU, precision="bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert next(fp32.model.parameters()).dtype == torch.float32  # a copy was made, the original kept
+
+
+# -- the pieces that make bf16 fast ------------------------------------------------------------------
+
+def test_fast_dropout_keeps_the_right_fraction_scales_and_is_seeded():
+    torch.manual_seed(5)
+    keep = keep_mask(torch.Size([400, 500]), 0.1, CPU)
+    assert keep.dtype == torch.bool and keep.shape == (400, 500)
+    assert abs(keep.float().mean().item() - 0.9) < 0.005
+    torch.manual_seed(5)
+    assert torch.equal(keep, keep_mask(torch.Size([400, 500]), 0.1, CPU))
+    x = torch.ones(300, 300, requires_grad=True)
+    y = dropout(x, 0.3, training=True)
+    kept = y != 0
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / (1 - round(0.3 * 65536) / 65536)))
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, kept)  # the gradient flows through the same mask
+    assert dropout(x, 0.3, training=False) is x
+
+
+def test_blocked_loss_on_bf16_logits_matches_fp32_autograd():
+    torch.manual_seed(1)
+    logits = torch.randn(700, 50, dtype=torch.bfloat16, requires_grad=True)  # 700 rows: three blocks
+    target = torch.randint(1, 50, (700,))
+    target[::7] = 0
+    loss, nll = label_smoothed_nll(logits, target, 0.1, pad_id=0)
+    (loss / 100).backward()
+    ref_logits = logits.detach().float().requires_grad_()
+    ref = F.cross_entropy(ref_logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    (ref / 100).backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.float(), ref_logits.grad, atol=1e-4, rtol=1e-2)
+    with torch.no_grad():  # validation: no gradient is computed or kept
+        assert label_smoothed_nll(logits, target, 0.1, pad_id=0)[0].item() == pytest.approx(loss.item())
+
+
+def test_progress_counts_toward_the_limit_that_ends_the_run():
+    start = time.time() - 60  # one minute in
+    timed = RunProgress(max_steps=100_000, max_minutes=25, step=0, enabled=False, started=start)
+    assert timed.unit == "min" and timed.total == 25
+    timed.update(100)  # 100 steps a minute: 2500 by the deadline, far below 100k
+    assert timed.unit == "min" and timed.position == pytest.approx(1.0, abs=0.05)
+    short = RunProgress(max_steps=150, max_minutes=25, step=0, enabled=False, started=start)
+    short.update(100)  # the step limit comes first: count steps
+    assert short.unit == "steps" and short.total == 150 and short.position == 100
+    untimed = RunProgress(max_steps=300, max_minutes=0, step=20, enabled=False)
+    untimed.update(21)
+    assert untimed.unit == "steps" and untimed.position == 21 and untimed.total == 300

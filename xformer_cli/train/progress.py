@@ -1,0 +1,58 @@
+"""The training progress bar, counting toward the limit that will end the run.
+
+A run ends at ``train.max_steps`` or at ``train.max_minutes``, whichever comes first. A bar
+over steps alone shows 0/100000 and thirty hours for a 25-minute run; this one counts
+minutes while the clock will end the run first (judged from the step rate so far), and
+steps once the step limit will come first, so the remaining time it shows is true.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from tqdm import tqdm
+
+_STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} steps [{elapsed}<{remaining}{postfix}]"
+_MINUTES_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]"
+
+
+class RunProgress:
+    def __init__(self, max_steps: int, max_minutes: float, step: int, enabled: bool = True,
+                 started: Optional[float] = None):
+        self.max_steps, self.max_minutes = max_steps, max_minutes
+        self.first_step = step
+        self.started = time.time() if started is None else started
+        self.unit = "min" if max_minutes else "steps"
+        total, initial = (max_minutes, 0.0) if self.unit == "min" else (max_steps, step)
+        self.total, self.position = total, initial  # what the bar shows (also when it is disabled)
+        self.bar = tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True,
+                        bar_format=_MINUTES_FORMAT if self.unit == "min" else _STEPS_FORMAT)
+
+    def limit(self, step: int) -> str:
+        """``min`` while the clock will end the run first, ``steps`` once the step limit will."""
+        if not self.max_minutes:
+            return "steps"
+        elapsed = time.time() - self.started
+        done = step - self.first_step
+        if done <= 0 or elapsed <= 0:
+            return self.unit
+        steps_at_deadline = step + done / elapsed * max(self.max_minutes * 60 - elapsed, 0.0)
+        return "steps" if steps_at_deadline >= self.max_steps else "min"
+
+    def update(self, step: int, **postfix) -> None:
+        unit = self.limit(step)
+        if unit != self.unit:  # the other limit now ends the run first: count toward it instead
+            self.unit = unit
+            self.bar.bar_format = _MINUTES_FORMAT if unit == "min" else _STEPS_FORMAT
+            self.total = self.max_minutes if unit == "min" else self.max_steps
+            self.bar.reset(total=self.total)
+            self.position = 0
+        position = min((time.time() - self.started) / 60 if unit == "min" else step, self.total)
+        self.bar.update(position - self.position)
+        self.position = position
+        if postfix:
+            self.bar.set_postfix(step=step, **postfix, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
