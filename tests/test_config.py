@@ -34,6 +34,8 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("model.dropout=1.5", "config key 'model.dropout': must be in [0, 1)"),
         ("decode.beam_size=0", "config key 'decode.beam_size': must be at least 1"),
         ("bogus.key=1", "unknown config key 'bogus'"),
+        ("train.precision=fp64", "config key 'train.precision': must be one of auto, bf16, fp16, fp32, not 'fp64'"),
+        ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

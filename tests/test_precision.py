@@ -1,6 +1,7 @@
 """Precision: detection from the CPU's flags, bf16 training that resumes exactly, bf16 and int8
 translation, the fast dropout and the blocked loss, and the progress bar's true limit."""
 
+import json
 import time
 
 import pytest
@@ -97,6 +98,11 @@ def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
     chosen = [line for line in lines if line.startswith("precision:")]
     expected = resolve_precision("auto", CPU)[0]
     assert chosen == [f"precision: auto -> {expected} ({resolve_precision('auto', CPU)[1]})"]
+    config_text = (tmp_path / "run" / "config.yaml").read_text()
+    assert config_text.startswith(f"# train.precision auto ran as {expected} on this machine\n")
+    assert all(row["precision"] == expected for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+               if "valid_bleu" in row)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["precision"] == expected
 
 
 # -- translation -------------------------------------------------------------------------------------
@@ -121,6 +127,10 @@ def test_bf16_translation_keeps_bf16_weights_and_leaves_a_training_model_alone(t
     bf16 = Translator(fp32.model, fp32.tokenizer, fp32.decode, CPU, precision="bf16")
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     assert next(fp32.model.parameters()).dtype == torch.float32  # a copy was made, the original kept
+    lines = ["A dog runs.", "Two men are talking in a park near a big fountain.", ""]
+    for beam in (1, 4, 10):  # 10 beams: more queries than the plain decoding-step attention takes
+        out = bf16.translate(lines, beam_size=beam)
+        assert len(out) == 3 and out[0] and out[1] and out[2] == ""
 
 
 # -- the pieces that make bf16 fast ------------------------------------------------------------------

@@ -251,3 +251,28 @@ def test_tensorboard_events_when_tensorboard_is_installed(small_corpus, tmp_path
           log=quiet, progress=False)
     tags = {tag for tag, _ in scalars}
     assert {"train_loss", "lr", "tokens_per_s", "valid_bleu", "valid_loss"} <= tags and ("closed", -1) in scalars
+
+
+def test_average_last_validates_the_mean_of_the_kept_checkpoints(small_corpus, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_config(small_corpus, run, **{"train.max_steps": 12, "train.save_every": 3, "train.keep_checkpoints": 3,
+                                            "train.average_last": 3})
+    lines: list[str] = []
+    result = train(cfg, log=lines.append, progress=False)
+    kept = [load_checkpoint(run / f"checkpoint_{step}.pt")["model"] for step in (6, 9, 12)]
+    average = load_checkpoint(run / "average.pt")
+    for key, value in average["model"].items():
+        torch.testing.assert_close(value, sum(k[key].double() for k in kept).div(3).float())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    averaged = [r for r in rows if "averaged_steps" in r]
+    assert len(averaged) == 1 and averaged[0]["averaged_steps"] == [6, 9, 12]
+    assert any(line.startswith("average of steps 6, 9, 12: valid loss") for line in lines)
+    best = load_checkpoint(run / "best.pt")
+    others = max(r["valid_bleu"] for r in rows if "valid_bleu" in r and "averaged_steps" not in r)
+    if "averaged_steps" in best:  # the mean won: best.pt holds it
+        assert averaged[0]["valid_bleu"] > others and result.best_bleu == pytest.approx(averaged[0]["valid_bleu"], abs=0.01)
+        assert torch.equal(best["model"]["generator.weight"], average["model"]["generator.weight"])
+    else:
+        assert averaged[0]["valid_bleu"] <= others
+    last = load_checkpoint(run / "last.pt")["model"]  # last.pt keeps the trained weights, for resuming
+    assert all(torch.equal(last[key], kept[-1][key]) for key in last)

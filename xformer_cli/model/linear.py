@@ -57,22 +57,27 @@ class _PaddedLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def _cpu_bf16(x: Tensor) -> bool:
+def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:
+    """A bf16 product on a CPU: bf16 weights (decoding), or bf16 autocast (training)."""
     if x.device.type != "cpu":
         return False
-    if x.dtype == torch.bfloat16:
+    if weight.dtype == torch.bfloat16:
         return True
     return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
-        if not _cpu_bf16(x) or x.numel() % (x.size(-1) * ROW_MULTIPLE) == 0:
+        if not _cpu_bf16(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        if not torch.is_grad_enabled():  # decoding: no graph, just the padded product
+        if not torch.is_grad_enabled():  # decoding (bf16 weights): no graph, just the padded product
             rows = x.numel() // x.size(-1)
+            if rows % ROW_MULTIPLE == 0 and x.dtype == self.weight.dtype:
+                return F.linear(x, self.weight, self.bias)
             w = self.weight.to(torch.bfloat16)
-            xp = _padded_rows(x, rows, torch.bfloat16)
+            xp = _padded_rows(x, rows, torch.bfloat16)  # casts an fp32 input (attention output) too
             out = F.linear(xp, w, None if self.bias is None else self.bias.to(torch.bfloat16))
             return out[:rows].view(*x.shape[:-1], self.out_features)
+        if x.numel() % (x.size(-1) * ROW_MULTIPLE) == 0:
+            return F.linear(x, self.weight, self.bias)
         return _PaddedLinear.apply(x, self.weight, self.bias)

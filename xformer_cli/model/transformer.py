@@ -102,6 +102,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     an incremental decoding step (no gradients), where its tiled CPU kernel costs about
     twice the plain matmul-softmax-matmul written here (measured in BENCHMARKS.md).
     """
+    q = q.to(k.dtype)  # a bf16 model on a CPU keeps its decoding cache in fp32 (see DecoderLayer.cached)
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
         if q.dtype != torch.float32 and q.device.type == "cpu" and torch.is_grad_enabled():
             # bf16 q, k, v under CPU autocast: the CPU flash-attention kernel's bf16 backward is
@@ -238,7 +239,7 @@ class DecoderLayer(nn.Module):
         else:
             y = self.sub_self(y, lambda h: self._cached_self_attn(h, cache))
             if "mem_k" not in cache:
-                cache["mem_k"], cache["mem_v"] = self.cross_attn.project_kv(memory)
+                cache["mem_k"], cache["mem_v"] = map(self.cached, self.cross_attn.project_kv(memory))
             y = self.sub_cross(y, lambda h: self._cached_cross_attn(h, src_mask, cache))
         return self.sub_ffn(y, self.ffn)
 
@@ -249,11 +250,18 @@ class DecoderLayer(nn.Module):
 
     def _cached_self_attn(self, h: Tensor, cache: dict) -> Tensor:
         # One new position attends to every earlier one, so no causal mask is needed.
-        k, v = self.self_attn.project_kv(h)
+        k, v = map(self.cached, self.self_attn.project_kv(h))
         if "k" in cache:
             k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
         cache["k"], cache["v"] = k, v
         return self.self_attn(h, kv=(k, v))
+
+    @staticmethod
+    def cached(t: Tensor) -> Tensor:
+        """Keys/values as the decoding cache holds them: fp32 on a CPU. A step's attention is
+        a few small products whose key length grows every step; in bf16 each new shape would
+        cost a oneDNN kernel compilation, in fp32 (MKL) nothing."""
+        return t.float() if t.device.type == "cpu" else t
 
     def _cached_cross_attn(self, h: Tensor, src_mask: Tensor, cache: dict) -> Tensor:
         sentences = cache["mem_k"].size(0)

@@ -70,13 +70,16 @@ class TrainResult:
     stopped_because: str = "finished"  # finished | max_steps | time | epochs | patience | interrupted | already done
 
 
-def prepare_run_dir(config: Config, overwrite: bool) -> Path:
+def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = None) -> Path:
+    """Create (or, with ``overwrite``, clear) the run directory and write config.yaml, headed by
+    the precision this machine resolved ``train.precision`` to."""
     run_dir = Path(config.run_dir)
     if overwrite:
         for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in run_dir.glob("checkpoint_*.pt"))]:
             (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
+    (run_dir / "config.yaml").write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
     return run_dir
 
 
@@ -267,7 +270,7 @@ class Trainer:
         # Every input is read and checked before the run directory is touched:
         # bad data must not cost the checkpoints of an earlier run.
         if self.dist.is_main:
-            prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite))
+            prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite, self.precision))
             self.dist.barrier()
         else:  # wait for rank 0 to train the tokenizer and build the cache, then reuse both
             self.dist.barrier()
