@@ -180,3 +180,29 @@ def test_progress_counts_toward_the_limit_that_ends_the_run():
     untimed = RunProgress(max_steps=300, max_minutes=0, step=20, enabled=False)
     untimed.update(21)
     assert untimed.unit == "steps" and untimed.position == 21 and untimed.total == 300
+
+
+def test_under_cpu_autocast_only_the_matrix_products_run_in_bf16():
+    """CPU autocast's op lists differ from CUDA's: softmax, log-softmax and layer_norm are not
+    in its fp32 list, so they run in whatever dtype reaches them. The model keeps them fp32:
+    LayerNorm sees the fp32 residual stream, attention scores are computed in fp32, the loss
+    upcasts the logits. Checked here on the dtypes that actually flow."""
+    from xformer_cli.model.transformer import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1))
+    seen: dict[str, set] = {"norm": set(), "linear": set()}
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.register_forward_hook(lambda m, i, o: seen["norm"].update({i[0].dtype, o.dtype}))
+        elif isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda m, i, o: seen["linear"].add(o.dtype))
+    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+    loss, _ = label_smoothed_nll(logits, tgt, 0.1, pad_id=0)
+    loss.backward()
+    assert seen["norm"] == {torch.float32}
+    assert seen["linear"] == {torch.bfloat16}
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)  # fp32 master weights
