@@ -169,3 +169,20 @@ def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_
     again = xformer("export", "-m", trained_run / "best.pt", "-o", exported)
     assert_one_line_error(again, "not empty", "--force")
     assert (exported / "model.bin").is_file()  # the refused export left the first one intact
+
+
+def test_garbage_lines_are_cut_to_max_input_len_with_one_warning(trained_run):
+    junk = [b"a" * 3000, b" ".join([b"word%d" % i for i in range(5000)])]
+    lines = [b"A dog runs.", junk[0], b"Two men.", junk[1], b""]
+    stdin = b"\n".join(lines) + b"\n"
+    proc = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", "--max-input-len", "40", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode().split("\n")
+    assert len(out) == len(lines) + 1 and out[-2] == "" and all(out[:4])
+    # a cut line's output is bounded by max_len_a * 40 + max_len_b pieces
+    warnings = [line for line in proc.stderr.decode().splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: 2 input line(s) longer than 40 source pieces were cut to 40 "
+                        "(--max-input-len / decode.max_input_len)"]
+    normal = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", stdin=b"A dog runs.\nTwo men.\n")
+    assert normal.stdout.decode().splitlines() == [out[0], out[2]]  # short lines are untouched
+    assert "warning" not in normal.stderr.decode()

@@ -203,3 +203,14 @@ def test_invalid_utf8_can_be_skipped_and_counted(tmp_path):
     source = PairSource(CorpusConfig(prefix=str(tmp_path / "u")), "en", "de", skip_invalid=True)
     assert list(source) == [("good one", "gut eins"), ("good two", "gut zwei")]
     assert source.dropped == {"invalid UTF-8": 1}
+
+
+def test_a_vocabulary_larger_than_the_data_allows_is_one_warning_line(corpus_files, tmp_path):
+    sets = ["--set", f"run_dir={tmp_path / 'run'}", "--set", f"data.train={{dataset: {corpus_files / 'saved'}}}",
+            "--set", "data.valid=null", "--set", "data.test=null", "--set", "tokenizer.vocab_size=200000"]
+    proc = xformer("prepare", "-c", "configs/multi30k.yaml", *sets)
+    assert proc.returncode == 0, proc.stderr.decode()
+    warnings = [line for line in proc.stderr.decode().splitlines() if line.startswith("warning: tokenizer.vocab_size")]
+    assert len(warnings) == 1
+    got = int(warnings[0].split("got ")[1].split(":")[0])
+    assert 16 < got < 200000 and "asked for 200000 pieces" in warnings[0]

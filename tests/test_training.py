@@ -276,3 +276,16 @@ def test_average_last_validates_the_mean_of_the_kept_checkpoints(small_corpus, t
         assert averaged[0]["valid_bleu"] <= others
     last = load_checkpoint(run / "last.pt")["model"]  # last.pt keeps the trained weights, for resuming
     assert all(torch.equal(last[key], kept[-1][key]) for key in last)
+
+
+def test_the_loss_logged_after_a_resume_averages_the_same_steps(small_corpus, tmp_path):
+    """A logging window open at the stop (steps 6-7 of 6-10) is carried in the checkpoint."""
+    every = {"train.log_every": 5}
+    train(tiny_config(small_corpus, tmp_path / "a", **every, **{"train.max_steps": 15}), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "b", **every, **{"train.max_steps": 7}), log=quiet, progress=False)
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["log_window"]["good_tokens"] > 0
+    train(tiny_config(small_corpus, tmp_path / "b", **every, **{"train.max_steps": 15}), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == [5, 10, 15]
+    for step in (5, 10, 15):
+        assert b[step] == pytest.approx(a[step], abs=1e-5), step

@@ -46,6 +46,14 @@ def user_errors(fn):
             raise typer.Exit(0)
         except MemoryError:
             _fail("out of memory; lower train.max_tokens or decode.batch_size")
+        except (OSError, RuntimeError) as exc:
+            from xformer_cli.errors import disk_full
+
+            if not disk_full(exc):
+                raise
+            # a write the library did not name itself (config.yaml, the tokenizer, an export)
+            target = getattr(exc, "filename", None) or "a file"
+            _fail(f"could not write {target}: no space left on device; files written before it are intact")
 
     return wrapper
 
@@ -124,6 +132,14 @@ def _translator(checkpoints: List[Path], device: str, precision: str = "auto"):
     return Translator.from_checkpoint(checkpoints, device=device, precision=precision)
 
 
+def _warn_cut_lines(translator, max_input_len: Optional[int] = None) -> None:
+    """One warning line for the input lines cut to the source length limit, if any."""
+    if translator.truncated_lines:
+        limit = max_input_len or translator.decode.max_input_len
+        typer.echo(f"warning: {translator.truncated_lines} input line(s) longer than {limit} source pieces were cut "
+                   f"to {limit} (--max-input-len / decode.max_input_len)", err=True)
+
+
 _beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from the checkpoint's decode config.")
 _alpha = typer.Option(None, "--length-penalty", help="GNMT length penalty alpha (paper: 0.6).")
 _len_a = typer.Option(None, "--max-len-a", help="Max output length = a * source length + b.")
@@ -147,6 +163,7 @@ def translate(
     min_len: Optional[int] = _min_len,
     batch_size: Optional[int] = _batch,
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Padded source tokens x beam per batch at most."),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="Source pieces kept per line; longer lines are cut, with a warning (default: the checkpoint's decode.max_input_len, else its training data.max_len)."),
     nbest: int = typer.Option(1, "--nbest", help="Write the N best per input line: LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION."),
     sampling_topk: int = typer.Option(0, "--sampling-topk", help="Sample instead of search: from the K most likely tokens (-1: all). Needs --beam-size 1."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
@@ -191,10 +208,11 @@ def translate(
         raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
     if not isinstance(translator, Translator):  # CTranslate2: an export, or --precision int8
         options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens)
+                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens, max_input_len=max_input_len)
     else:
         options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                                     max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens, nbest=nbest,
+                                     max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
+                                     max_input_len=max_input_len, nbest=nbest,
                                      sampling_topk=sampling_topk, temperature=temperature, seed=seed,
                                      use_cache=not no_cache)
     from_file = input is not None and str(input) != "-"
@@ -213,6 +231,7 @@ def translate(
         for text in translate_lines(translator, remember(iter_lines(input)), options, chunk_lines):
             out.write(text + "\n")
             bar.update(1 if nbest == 1 else 1 / nbest)
+    _warn_cut_lines(translator, max_input_len)
     if attention is not None:
         from xformer_cli.plots import plot_attention
 
@@ -276,7 +295,9 @@ def eval_bleu(
             raise XformerError("--checkpoint needs --src (the source side to translate)")
         from xformer_cli.textio import iter_lines, write_lines
 
-        translated = _translator([checkpoint], device, precision).translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
+        translator = _translator([checkpoint], device, precision)
+        translated = translator.translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
+        _warn_cut_lines(translator)
         if output is not None:
             write_lines(translated, output)
         systems = [(f"translation of {src}", translated)]

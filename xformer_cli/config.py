@@ -133,6 +133,7 @@ class DecodeConfig:
     min_len: int = 1  # output pieces before eos at least; 1 = never an empty translation
     batch_size: int = 256  # sentences per decoding batch at most (bigger: fewer, fuller steps)
     max_tokens: int = 16000  # padded source tokens times beam size per decoding batch at most
+    max_input_len: int = 0  # source pieces kept per line (longer lines are cut, with a warning); 0 = data.max_len
 
 
 @dataclass
@@ -151,6 +152,11 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def decode_settings(self) -> DecodeConfig:
+        """``decode`` with its defaults resolved: max_input_len 0 = the training data.max_len
+        (positions the model never saw in training are not trusted to it in translation)."""
+        return dataclasses.replace(self.decode, max_input_len=self.decode.max_input_len or self.data.max_len)
 
 
 # -- building dataclasses from plain dicts, with errors that name the key ---------------
@@ -331,6 +337,7 @@ def validate(cfg: Config) -> None:
     _require(dec.min_len >= 0, "decode.min_len", "must be >= 0")
     _require(dec.batch_size >= 1, "decode.batch_size", "must be at least 1")
     _require(dec.max_tokens >= 1, "decode.max_tokens", "must be at least 1")
+    _require(dec.max_input_len >= 0, "decode.max_input_len", "must be >= 0 (0 = data.max_len)")
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 

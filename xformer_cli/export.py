@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig, ModelSection
-from xformer_cli.errors import XformerError
+from xformer_cli.errors import XformerError, disk_full, disk_full_error
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 MISSING_CT2 = "CTranslate2 export needs the ctranslate2 package: pip install 'xformer[ctranslate2]'"
@@ -89,8 +89,11 @@ def export_ctranslate2(
         spec.save(str(staging))
         _write_extras(staging, tokenizer, config, quantization, model.cfg)
         _replace_dir(staging, output)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if disk_full(exc):
+            intact = f"the previous {output.name} is unchanged" if output.exists() else "no partial export was left"
+            raise disk_full_error(output, intact=intact) from None
         raise
     return output
 
@@ -241,7 +244,7 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "joint_vocab": tokenizer.joint,
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
-        "decode": asdict(config.decode),
+        "decode": asdict(config.decode_settings()),
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
@@ -272,6 +275,7 @@ class CTranslate2Translator:
         self.tokenizer = tokenizer
         self.decode = decode
         self.max_positions = max_positions
+        self.truncated_lines = 0  # input lines cut to decode.max_input_len
         self.src_pieces = _vocabulary(tokenizer.src)
         self.tgt_ids = {piece: i for i, piece in enumerate(_vocabulary(tokenizer.tgt))}
         self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(BOS_ID)]]
@@ -321,7 +325,8 @@ class CTranslate2Translator:
 
         opts = resolve_options(self.decode, **options)
         beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
-        encoded, batches = source_batches(self.tokenizer, lines, opts)
+        encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
+        self.truncated_lines += cut
         results: list[Optional[Hypothesis]] = [None] * len(lines)
         for chunk in batches:
             # The same per-sentence limits as xformer's search (float32 arithmetic included).

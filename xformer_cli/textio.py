@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
-from xformer_cli.errors import XformerError
+from xformer_cli.errors import XformerError, disk_full, disk_full_error
 
 
 def _is_std(path: Optional[Path]) -> bool:
@@ -60,9 +60,12 @@ def open_output(path: Optional[Path]) -> Iterator[IO[str]]:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             yield handle
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if disk_full(exc):
+            intact = f"the previous {path.name} is unchanged" if path.exists() else "no partial file was left"
+            raise disk_full_error(path, intact=intact) from None
         raise
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.sources import PairSource, describe
-from xformer_cli.errors import XformerError
+from xformer_cli.errors import XformerError, disk_full, disk_full_error
 from xformer_cli.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -122,8 +122,10 @@ def build_or_load(
             if not (final / "meta.json").is_file():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(exc):
+            raise disk_full_error(final, intact="the partial cache was removed; nothing else was touched") from None
         raise
     return TokenCache(final), False
 

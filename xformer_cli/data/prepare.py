@@ -85,6 +85,11 @@ class TokenizerPlan:
         )
         self.log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece ({tokenizer.src_vocab_size} pieces) "
                  f"on {len(sample)} sampled pairs in {time.time() - started:.1f}s")
+        got = min(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+        if got < tc.vocab_size:
+            # sentencepiece shrinks the vocabulary (hard_vocab_limit off) rather than fail
+            self.log(f"warning: tokenizer.vocab_size asked for {tc.vocab_size} pieces, got {got}: the "
+                     f"{len(sample)} sampled pairs do not hold enough distinct pieces for more")
         return tokenizer
 
     def save(self, tokenizer: Tokenizer) -> None:

@@ -56,6 +56,8 @@ class SearchOptions(DecodeConfig):
             raise XformerError("sampling draws one translation per sentence: use it with --beam-size 1")
         if self.min_len < 0:
             raise XformerError(f"--min-len must be at least 0, got {self.min_len}")
+        if self.max_input_len < 0:
+            raise XformerError(f"--max-input-len must be >= 0 (0: the default), got {self.max_input_len}")
         if self.batch_size < 1 or self.max_tokens < 1:
             raise XformerError("--batch-size and --max-tokens must be at least 1")
         if self.temperature <= 0:
@@ -92,13 +94,25 @@ def normalize_line(line: str) -> str:
     return " ".join(line.split())
 
 
-def source_batches(tokenizer: Tokenizer, lines: Sequence[str], opts: SearchOptions) -> tuple[list[list[int]], list[list[int]]]:
-    """Encoded source lines, and batches of their indices: blank lines left out, sorted by
-    length, capped by ``opts.batch_size`` sentences and ``opts.max_tokens`` slots x beam."""
+DEFAULT_MAX_INPUT_LEN = 1024  # CTranslate2's default, for decode settings that give none
+
+
+def source_batches(tokenizer: Tokenizer, lines: Sequence[str], opts: SearchOptions) -> tuple[list[list[int]], list[list[int]], int]:
+    """Encoded source lines, batches of their indices, and how many lines were cut.
+
+    Lines longer than ``opts.max_input_len`` pieces are cut to it: one garbage line (a
+    5000-word paste, 3000 repeated characters) then costs what a long normal line costs,
+    and its output, at most max_len_a * max_input_len + max_len_b pieces, is bounded too.
+    Blank lines are left out; batches are sorted by length and capped by
+    ``opts.batch_size`` sentences and ``opts.max_tokens`` slots x beam."""
+    limit = opts.max_input_len or DEFAULT_MAX_INPUT_LEN
     encoded = tokenizer.encode_src([normalize_line(line) for line in lines])
+    cut = sum(len(ids) > limit for ids in encoded)
+    if cut:
+        encoded = [ids[:limit] for ids in encoded]
     lengths = [len(ids) for ids in encoded]
     order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
-    return encoded, token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1))
+    return encoded, token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1)), cut
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -138,6 +152,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
+        self.truncated_lines = 0  # input lines cut to decode.max_input_len, over this translator's life
 
     @classmethod
     def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto", precision: str = "fp32"):
@@ -156,7 +171,7 @@ class Translator:
                 raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if len(loaded) > 1:
             model = Ensemble([m for m, _, _ in loaded])
-        return cls(model, tokenizer, config.decode, pick_device(device), precision)
+        return cls(model, tokenizer, config.decode_settings(), pick_device(device), precision)
 
     def options(self, **given) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the checkpoint's decode config."""
@@ -183,7 +198,8 @@ class Translator:
 
     def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
-        encoded, batches = source_batches(self.tokenizer, lines, opts)
+        encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
+        self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
         generator = None
         if opts.seed is not None:
@@ -215,7 +231,7 @@ class Translator:
             if not hyps:
                 continue
             hyp = hyps[0]
-            src_ids = self.tokenizer.encode_src([normalize_line(line)])[0]
+            src_ids = self.tokenizer.encode_src([normalize_line(line)])[0][: self.decode.max_input_len or DEFAULT_MAX_INPUT_LEN]
             src = encode_source_batch([src_ids]).to(self.device)
             tgt_in = pad([hyp.tokens], prefix=(BOS_ID,)).to(self.device)
             weights = torch.stack([w[0] for w in self.model.cross_attention(src, tgt_in)]).float().cpu()

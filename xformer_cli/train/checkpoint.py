@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from xformer_cli.errors import XformerError
+from xformer_cli.errors import XformerError, writing
 
 FORMAT = "xformer-checkpoint"
 VERSION = 1
@@ -24,6 +24,23 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "version": VERSION, **state}
+    intact = f"the previous {path.name} there is unchanged" if path.is_file() else "nothing was written there"
+    with writing(path, _tensor_bytes(payload), intact):
+        _atomic_save(payload, path)
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a (nested) state: about what the checkpoint will take."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _atomic_save(payload: dict, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -29,7 +29,7 @@ from xformer_cli.data.prepare import prepare_data
 from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.translator import Translator
 from xformer_cli.device import autocast, configure_threads, pick_device, resolve_decode_precision, resolve_precision
-from xformer_cli.errors import XformerError
+from xformer_cli.errors import XformerError, writing
 from xformer_cli.evaluate import bleu
 from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
@@ -305,6 +305,9 @@ class Trainer:
         self.bad_validations = 0  # validations in a row without a better BLEU (early stopping)
         self.nonfinite_total = 0
         self.oom_skipped = 0
+        # The open logging window's loss: saved with the checkpoint, so the first train_loss
+        # after a resume averages the same steps an uninterrupted run's would.
+        self.window_loss_sum = self.window_good_tokens = 0.0
         self.stats = StepStats(self.device)
         self.tensorboard = _tensorboard_writer(self.run_dir / "tensorboard") if self.dist.is_main else None
         if self.resume_state is not None:
@@ -332,6 +335,7 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
             "best_bleu": self.best_bleu, "bad_validations": self.bad_validations,
             "nonfinite_total": self.nonfinite_total, "precision": self.precision,
+            "log_window": {"loss_sum": self.window_loss_sum, "good_tokens": self.window_good_tokens},
         }
 
     def _restore(self, state: dict) -> None:
@@ -355,6 +359,8 @@ class Trainer:
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_bleu, self.bad_validations = state["best_bleu"], state["bad_validations"]
         self.nonfinite_total = state.get("nonfinite_total", 0)
+        window = state.get("log_window", {})
+        self.window_loss_sum, self.window_good_tokens = window.get("loss_sum", 0.0), window.get("good_tokens", 0.0)
         self.log(f"resuming {self.run_dir / 'last.pt'}: step {self.step}, epoch {self.epoch}, batch {self.batches_done}")
 
     def save(self, best: bool = False) -> None:
@@ -379,8 +385,10 @@ class Trainer:
         """metrics.jsonl always; TensorBoard events too when tensorboard is installed."""
         if not self.dist.is_main:
             return
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        metrics = self.run_dir / "metrics.jsonl"
+        with writing(metrics, intact=f"the lines written before are intact, and so is {self.run_dir / 'last.pt'}"):
+            with metrics.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
         if self.tensorboard is not None:
             for key, value in entry.items():
                 if key not in ("step", "epoch") and isinstance(value, (int, float)):
@@ -418,7 +426,8 @@ class Trainer:
         loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing,
                                     self.precision)
         self.model.eval()
-        translator = Translator(self.model, self.tokenizer, self.config.decode, self.device, precision=self.decode_precision)
+        translator = Translator(self.model, self.tokenizer, self.config.decode_settings(), self.device,
+                                precision=self.decode_precision)
         hyps = translator.translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
         self.model.train()
         return loss, math.exp(min(nll, 50)), bleu(hyps, self.valid_corpus.tgt).score
@@ -537,7 +546,7 @@ class Trainer:
             return TrainResult(self.step, self.epoch, 0.0, self.best_bleu, self.run_dir, "already done")
         self.model.train()
         self._lr = self.schedule.lr(max(self.step, 1))
-        window_loss_sum = window_good_tokens = window_tokens = 0.0
+        window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
         window_start = time.time()
         last_validated = self.step if self.resume_state is not None else -1
         bar = RunProgress(tc.max_steps, tc.max_minutes, self.step, self.progress, self.started)
@@ -569,17 +578,17 @@ class Trainer:
                     if self.step % tc.log_every == 0 or due_to_save or self.step >= tc.max_steps:
                         # The one read of device figures, before anything is logged or saved.
                         loss_sum, good_tokens = self.drain_stats()
-                        window_loss_sum += loss_sum
-                        window_good_tokens += good_tokens
+                        self.window_loss_sum += loss_sum
+                        self.window_good_tokens += good_tokens
                     if self.step % tc.log_every == 0:
                         tokens = self.dist.sum([window_tokens], self.device)[0]
                         rate = tokens / max(time.time() - window_start, 1e-9)
-                        avg = window_loss_sum / max(window_good_tokens, 1)
+                        avg = self.window_loss_sum / max(self.window_good_tokens, 1)
                         bar.update(self.step, loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
                                    tok_s=f"{rate:.0f}", epoch=self.epoch)
                         self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
                                      "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
-                        window_loss_sum = window_good_tokens = window_tokens = 0.0
+                        self.window_loss_sum = self.window_good_tokens = window_tokens = 0.0
                         window_start = time.time()
                     # Ranks must agree on stopping (a signal or the clock may reach them a step
                     # apart): one collective every few steps, not a host sync on every step.

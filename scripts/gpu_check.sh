@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One command for the day a GPU is lent: everything only a GPU runs, in about 15 minutes on
+# one H100, with one summary file at the end.
+#
+#   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
+#   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
+#
+# Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
+#   1. environment: GPU name, torch, CUDA, bf16 support
+#   2. the test suite on this machine (the CPU paths stay covered), then the CUDA paths of the
+#      trainer: bf16, fp16 with the gradient scaler, torch.compile, pinned prefetch, and a
+#      one-process NCCL run under torchrun, each a few steps of a tiny model
+#   3. bench_train at the paper's base and big sizes: tokens/s, MFU against the bf16 peak
+#   4. a short real training of configs/wmt-news.yaml (newstest2013 valid), then newstest2014 BLEU
+#   5. bench_decode on that checkpoint (fp32 and bf16, CTranslate2 if installed)
+# A failing step is recorded and the next one still runs; the exit code is the number of failures.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT="${1:-runs/gpu_check}"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+QUICK="${GPU_CHECK_QUICK:-0}"
+DATA="${XFORMER_DATA:-../shared/data}"
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+step() {  # step NAME COMMAND...: run, log, and record pass/fail with the wall time
+  local name="$1"; shift
+  local started=$SECONDS
+  echo "== $name" >&2
+  if "$@" > "$OUT/$name.log" 2>&1; then
+    note "PASS $name ($((SECONDS - started)) s)"
+  else
+    note "FAIL $name ($((SECONDS - started)) s): see $OUT/$name.log"
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
+  STEPS=4; MINUTES=0.3; SIZES_BASE=(model.d_model=64 model.d_ff=128 model.n_heads=4 model.encoder_layers=1 model.decoder_layers=1)
+  SIZES_BIG=("${SIZES_BASE[@]}"); BENCH_STEPS=2; TEST_ARGS=(-q -x -m "not slow" tests/test_precision.py)
+  SENTENCES=50
+else
+  STEPS=20; MINUTES=6; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0
+  SIZES_BASE=(model.d_model=512 model.d_ff=2048 model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6 tokenizer.vocab_size=8000 train.max_tokens=8000)
+  SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=8000)
+fi
+
+note "gpu_check $(date -u +%Y-%m-%dT%H:%MZ) device=$DEVICE quick=$QUICK commit=$(git rev-parse --short HEAD 2>/dev/null)"
+python - <<EOF | tee -a "$SUMMARY"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported(),
+          f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+EOF
+
+# 2. tests, then the trainer's GPU-only paths on a tiny model
+step tests python -m pytest "${TEST_ARGS[@]}"
+TINY=(--set "data.train.prefix=$DATA/multi30k/train" --set "data.valid.prefix=$DATA/multi30k/valid"
+      --set data.valid_max_sentences=50 --set tokenizer.vocab_size=2000 --set model.d_model=64 --set model.d_ff=128
+      --set model.encoder_layers=1 --set model.decoder_layers=1 --set "train.max_steps=$STEPS" --set train.valid_every=1000
+      --set train.max_minutes=0 --set "train.device=$DEVICE" --set train.log_every=2)
+for variant in bf16 fp16; do
+  step "train_$variant" xformer train -c configs/multi30k.yaml --quiet --overwrite "${TINY[@]}" \
+    --set "run_dir=$OUT/tiny_$variant" --set "train.precision=$variant"
+done
+step train_compile xformer train -c configs/multi30k.yaml --quiet --overwrite "${TINY[@]}" \
+  --set "run_dir=$OUT/tiny_compile" --set train.compile=true
+step train_torchrun_nccl torchrun --standalone --nproc_per_node 1 -m xformer_cli train -c configs/multi30k.yaml --quiet \
+  --overwrite "${TINY[@]}" --set "run_dir=$OUT/tiny_ddp"
+
+# 3. training throughput at the paper's sizes (MFU against the bf16 matmul peak in the same process)
+SETS_BASE=(); for kv in "${SIZES_BASE[@]}"; do SETS_BASE+=("$kv"); done
+SETS_BIG=(); for kv in "${SIZES_BIG[@]}"; do SETS_BIG+=("$kv"); done
+step bench_train_base python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BASE[@]}"
+step bench_train_big python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BIG[@]}"
+grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config)" "$OUT/bench_train_base.log" "$OUT/bench_train_big.log" >> "$SUMMARY" 2>/dev/null
+
+# 4. a short real training on WMT news, scored on newstest2014
+step train_wmt_news xformer train -c configs/wmt-news.yaml --quiet --overwrite --set "run_dir=$OUT/wmt-news" \
+  --set "train.device=$DEVICE" --set "train.max_minutes=$MINUTES" --set train.valid_every=500
+grep -E "valid_bleu" "$OUT/wmt-news/metrics.jsonl" 2>/dev/null | tail -2 >> "$SUMMARY"
+step bleu_newstest2014 xformer eval-bleu -m "$OUT/wmt-news/best.pt" --device "$DEVICE" \
+  --src "$DATA/wmt14/newstest2014.en" --ref "$DATA/wmt14/newstest2014.de" --output "$OUT/newstest2014.hyp.de"
+grep -E "^BLEU|^chrF" "$OUT/bleu_newstest2014.log" >> "$SUMMARY" 2>/dev/null
+
+# 5. decoding speed on that checkpoint
+step bench_decode python scripts/bench_decode.py --checkpoint "$OUT/wmt-news/best.pt" --device "$DEVICE" \
+  --src "$DATA/wmt14/newstest2014.en" --ref "$DATA/wmt14/newstest2014.de" --sentences "$SENTENCES" --no-uncached
+grep -hE "^ *[0-9]+ +\(|^beam|^machine" "$OUT/bench_decode.log" >> "$SUMMARY" 2>/dev/null
+
+note "failures: $FAILED"
+echo "summary: $SUMMARY" >&2
+exit "$FAILED"

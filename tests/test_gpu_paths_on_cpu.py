@@ -1,0 +1,48 @@
+"""The code paths a GPU takes, run on the CPU wherever torch can: torch.compile training and
+fp16 with a gradient scaler (a forced overflow skips its step). The OOM skip is simulated in
+test_training.py; NCCL and pinned memory need CUDA (scripts/gpu_check.sh runs them there)."""
+
+import pytest
+import torch
+
+from xformer_cli.train import trainer as trainer_module
+from xformer_cli.train.checkpoint import load_checkpoint
+from xformer_cli.train.trainer import train
+
+from test_training import losses, quiet, tiny_config
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(small_corpus, tmp_path):
+    """inductor compiles the model for the CPU (with the machine's C++ compiler): the losses
+    of a few steps equal eager mode's up to kernel rounding."""
+    same = {"train.max_steps": 4, "model.dropout": 0.0, "train.precision": "fp32", "train.valid_every": 100}
+    train(tiny_config(small_corpus, tmp_path / "eager", **same), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "compiled", **same, **{"train.compile": "true"}), log=quiet, progress=False)
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert sorted(eager) == sorted(compiled) == [1, 2, 3, 4]
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-3), step
+
+
+def test_fp16_with_a_gradient_scaler_skips_an_overflowing_step(small_corpus, tmp_path, monkeypatch):
+    real = trainer_module.label_smoothed_nll
+    calls = {"n": 0}
+
+    def overflow_once(logits, target, eps, pad):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps, pad)
+        return (loss * float("inf"), nll) if calls["n"] == 3 else (loss, nll)
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll", overflow_once)
+    messages = []
+    result = train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 5, "train.precision": "fp16"}),
+                   log=messages.append, progress=False)
+    assert result.steps == 5
+    assert any(m.startswith("precision: fp16") for m in messages)
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["precision"] == "fp16"
+    assert state["scaler"]["scale"] == 2.0 ** 16 / 2  # the overflow halved the loss scale once
+    assert all(int(s["step"]) == 4 for s in state["optimizer"]["state"].values())  # 4 of 5 updates applied
+    assert state["nonfinite_total"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
