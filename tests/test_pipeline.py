@@ -214,3 +214,33 @@ def test_a_vocabulary_larger_than_the_data_allows_is_one_warning_line(corpus_fil
     assert len(warnings) == 1
     got = int(warnings[0].split("got ")[1].split(":")[0])
     assert 16 < got < 200000 and "asked for 200000 pieces" in warnings[0]
+
+
+def test_missing_local_files_fall_back_to_the_configured_dataset(pairs, tmp_path):
+    """The shipped Multi30k config names bentrevett/multi30k (columns en/de, splits train /
+    validation / test) for machines without the local files; here a save_to_disk copy in that
+    schema stands in for the Hub."""
+    hub_copy = tmp_path / "multi30k-hub"
+    columns = lambda rows: Dataset.from_dict({"en": [s for s, _ in rows], "de": [t for _, t in rows]})  # noqa: E731
+    DatasetDict({"train": columns(pairs), "validation": columns(pairs[:30]), "test": columns(pairs[30:60])}).save_to_disk(str(hub_copy))
+    missing = tmp_path / "nowhere" / "multi30k"
+    cfg = load_config("configs/multi30k.yaml", [
+        f"run_dir={tmp_path / 'run'}", "tokenizer.vocab_size=300",
+        *[f"data.{role}={{prefix: {missing}/{name}, fallback_dataset: {hub_copy}}}"
+          for role, name in (("train", "train"), ("valid", "valid"), ("test", "test2016"))],
+    ])
+    logs: list[str] = []
+    prepared = prepare_data(cfg, logs.append)
+    notices = [line for line in logs if line.startswith("data: ")]
+    assert notices == [f"data: {missing}/{name}.en not found; reading {hub_copy}[{split}] through Hugging Face datasets instead"
+                       for name, split in (("train", "train"), ("valid", "validation"), ("test2016", "test"))]
+    assert prepared.train.meta["pairs"] == N
+    assert prepared.valid.src == [s for s, _ in pairs[:30]] and prepared.test.tgt == [t for _, t in pairs[30:60]]
+
+
+def test_neither_local_files_nor_the_hub_is_one_line_saying_where_to_point(tmp_path):
+    proc = xformer("prepare", "-c", "configs/multi30k.yaml", "--set", f"run_dir={tmp_path / 'run'}",
+                   "--set", f"data.train.prefix={tmp_path}/absent/train",
+                   python_prelude="import os; os.environ['HF_HUB_OFFLINE'] = '1'; os.environ['HF_DATASETS_OFFLINE'] = '1'")
+    assert_one_line_error(proc, f"{tmp_path}/absent/train.en not found", "bentrevett/multi30k", "XFORMER_DATA")
+    assert not (tmp_path / "run").exists()

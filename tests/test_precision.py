@@ -94,7 +94,8 @@ def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, t
 
 def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
     lines = []
-    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=lines.append, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.precision": "auto"}), log=lines.append,
+          progress=False)
     chosen = [line for line in lines if line.startswith("precision:")]
     expected = resolve_precision("auto", CPU)[0]
     assert chosen == [f"precision: auto -> {expected} ({resolve_precision('auto', CPU)[1]})"]

@@ -115,7 +115,7 @@ def test_early_stopping_stops_after_patience_validations(small_corpus, tmp_path)
 
 def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 8, "train.valid_every": 2,
-                                                         "train.keep_checkpoints": 3})
+                                                         "train.keep_checkpoints": 3, "train.average_last": 0})
     train(cfg, log=quiet, progress=False)
     kept = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.pt"))
     assert kept == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_8.pt"]

@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is plain: "pip install 'xformer[ctranslate2]'" keeps its brackets
 )
 
 
@@ -262,7 +263,7 @@ def export(
 @app.command("eval-bleu")
 @user_errors
 def eval_bleu(
-    refs: List[Path] = typer.Option(..., "--ref", "-r", help="Reference file; repeat for several references."),
+    refs: List[Path] = typer.Option([], "--ref", "-r", help="Reference file; repeat for several references. With --checkpoint and neither --src nor --ref: the checkpoint config's data.test."),
     hyps: List[Path] = typer.Option([], "--hyp", help="Hypotheses (detokenized). Several: the first is the baseline of a paired test."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint, then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
@@ -280,7 +281,8 @@ def eval_bleu(
     device: str = _device,
     precision: str = _precision,
 ) -> None:
-    """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R."""
+    """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
+    or --checkpoint C alone (the test set its training config names)."""
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import compare_systems, hypothesis_warnings, make_metrics, score_lines
 
@@ -288,15 +290,25 @@ def eval_bleu(
         raise XformerError("give either --hyp, or --checkpoint with --src")
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
-    ref_lines = [list(read_lines(r)) for r in refs]
-    ref_names = [str(r) for r in refs]
+    source_lines: Optional[list[str]] = None
+    if checkpoint is not None and src is None and not refs:  # the test set of the checkpoint's own config
+        from xformer_cli.data.prepare import checkpoint_test_set
+
+        test = checkpoint_test_set(checkpoint, log=lambda message: typer.echo(message, err=True))
+        source_lines, ref_lines, ref_names, src = test.src, [test.tgt], [test.origin], Path(test.origin)
+    else:
+        if not refs:
+            raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
+        ref_lines = [list(read_lines(r)) for r in refs]
+        ref_names = [str(r) for r in refs]
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
         from xformer_cli.textio import iter_lines, write_lines
 
         translator = _translator([checkpoint], device, precision)
-        translated = translator.translate(list(iter_lines(src)), beam_size, length_penalty, batch_size=batch_size)
+        lines = source_lines if source_lines is not None else list(iter_lines(src))
+        translated = translator.translate(lines, beam_size, length_penalty, batch_size=batch_size)
         _warn_cut_lines(translator)
         if output is not None:
             write_lines(translated, output)

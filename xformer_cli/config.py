@@ -48,6 +48,10 @@ class CorpusConfig:
     data_files: Optional[str] = None
     src_column: Optional[str] = None
     tgt_column: Optional[str] = None
+    # With prefix/src+tgt: a dataset (hub name or save_to_disk directory, same split rules)
+    # to read instead when the files' folder does not exist (a fresh machine with internet);
+    # ignored for a corpus that is itself a dataset or data files.
+    fallback_dataset: Optional[str] = None
 
 
 @dataclass

@@ -116,8 +116,11 @@ def prepare_data(
     (data-parallel ranks after the first)."""
     d = config.data
     sources = open_sources(d.train, d.src_lang, d.tgt_lang, "train", d.skip_invalid_utf8)
-    valid = load_corpus(d.valid, d.src_lang, d.tgt_lang, "valid", d.skip_invalid_utf8)
-    test = load_corpus(d.test, d.src_lang, d.tgt_lang, "test", d.skip_invalid_utf8)
+    for source in sources:
+        if source.notice:
+            log(source.notice)
+    valid = load_corpus(d.valid, d.src_lang, d.tgt_lang, "valid", d.skip_invalid_utf8, log)
+    test = load_corpus(d.test, d.src_lang, d.tgt_lang, "test", d.skip_invalid_utf8, log)
     if valid is not None and d.valid_max_sentences:
         valid.src, valid.tgt = valid.src[: d.valid_max_sentences], valid.tgt[: d.valid_max_sentences]
     plan = TokenizerPlan(config, sources, Path(config.run_dir), log)
@@ -134,3 +137,17 @@ def prepare_data(
             log(corpus.report())
     return PreparedData(tokenizer, train, reused, valid, test)
 
+
+
+def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print) -> ParallelCorpus:
+    """data.test of the config a checkpoint was trained with (its fallback dataset included):
+    what `xformer eval-bleu --checkpoint C` scores when given no --src and --ref."""
+    from xformer_cli.config import config_from_dict
+    from xformer_cli.train.checkpoint import load_checkpoint
+
+    cfg = config_from_dict(load_checkpoint(checkpoint)["config"])
+    d = cfg.data
+    test = load_corpus(d.test, d.src_lang, d.tgt_lang, "test", d.skip_invalid_utf8, log)
+    if test is None:
+        raise XformerError(f"{checkpoint}: its config names no data.test; give --src and --ref")
+    return test

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
@@ -29,6 +29,7 @@ class ParallelCorpus:
     tgt: list[str]
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     name: str = ""
+    origin: str = ""  # where it was read from: a file, or dataset[split]
 
     def __len__(self) -> int:
         return len(self.src)
@@ -180,10 +181,29 @@ class PairSource:
             self._columns = _columns(self._dataset, corpus, src_lang, tgt_lang, self.name)
         else:
             self.paths = corpus_paths(corpus, src_lang, tgt_lang)
-            for path in self.paths:
-                if not path.is_file():
-                    raise XformerError(f"file not found: {path}")
-            self.name = f"{self.paths[0]}"
+            missing = next((path for path in self.paths if not path.is_file()), None)
+            # Only a missing folder (a machine without the local copy) falls back: a missing file
+            # in an existing folder is a typo, which should not quietly read another corpus.
+            if missing is not None and corpus.fallback_dataset and not missing.parent.exists():
+                self._open_fallback(missing)
+            elif missing is not None:
+                raise XformerError(f"file not found: {missing}")
+            else:
+                self.name = f"{self.paths[0]}"
+        self.notice: Optional[str] = getattr(self, "notice", None)
+
+    def _open_fallback(self, missing: Path) -> None:
+        """The local files are not there: read the configured dataset (the Hub, cached by
+        ``datasets``) instead, and say so; when that fails too, say how to point at the files."""
+        fallback = CorpusConfig(dataset=self.corpus.fallback_dataset, split=self.corpus.split)
+        self.name = f"{fallback.dataset}[{self.split}]"
+        try:
+            self._dataset = open_dataset(fallback, self.split)
+        except XformerError as exc:
+            raise XformerError(f"{missing} not found, and {self.name} could not be read instead ({exc}); "
+                               "set XFORMER_DATA (or the corpus prefix) to the folder that holds the corpus") from None
+        self._columns = _columns(self._dataset, fallback, self.src_lang, self.tgt_lang, self.name)
+        self.notice = f"data: {missing} not found; reading {self.name} through Hugging Face datasets instead"
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         self.dropped = Counter()
@@ -215,15 +235,18 @@ def open_sources(corpora: Sequence[CorpusConfig], src_lang: str, tgt_lang: str, 
     return [PairSource(c, src_lang, tgt_lang, role, skip_invalid) for c in corpora]
 
 
-def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, name: str, skip_invalid: bool = False) -> Optional[ParallelCorpus]:
+def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, name: str, skip_invalid: bool = False,
+                log: Optional[Callable[[str], None]] = None) -> Optional[ParallelCorpus]:
     """Read a small corpus (valid, test) whole."""
     if corpus is None:
         return None
     source = PairSource(corpus, src_lang, tgt_lang, name, skip_invalid)
+    if source.notice and log is not None:
+        log(source.notice)
     pairs = list(source)
     if not pairs:
         raise XformerError(f"{name} corpus {source.name} is empty after dropping empty pairs")
-    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name)
+    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name)
 
 
 def read_parallel(src_path: Path, tgt_path: Path, name: str = "", skip_invalid: bool = False) -> ParallelCorpus:
