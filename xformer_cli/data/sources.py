@@ -175,6 +175,7 @@ class PairSource:
         self.split = corpus.split or DEFAULT_SPLITS.get(role, role)
         self.dropped: Counter = Counter()
         self._dataset = None
+        self.notice: Optional[str] = None  # one line for the log, when the source is not the one configured
         if corpus.dataset or corpus.data_files:
             self.name = f"{corpus.dataset or corpus.data_files}[{self.split}]"
             self._dataset = open_dataset(corpus, self.split)
@@ -190,7 +191,6 @@ class PairSource:
                 raise XformerError(f"file not found: {missing}")
             else:
                 self.name = f"{self.paths[0]}"
-        self.notice: Optional[str] = getattr(self, "notice", None)
 
     def _open_fallback(self, missing: Path) -> None:
         """The local files are not there: read the configured dataset (the Hub, cached by

@@ -31,17 +31,23 @@ def _padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
     return out
 
 
+def _padded_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """x W^T + b in bf16 on the padded rows: (output cut back to x's rows, padded x, bf16 W)."""
+    rows = x.numel() // x.size(-1)
+    w = weight.to(torch.bfloat16)
+    xp = _padded_rows(x, rows, torch.bfloat16)  # casts an fp32 input (an attention output) too
+    out = F.linear(xp, w, None if bias is None else bias.to(torch.bfloat16))
+    return out[:rows].view(*x.shape[:-1], weight.size(0)), xp, w
+
+
 class _PaddedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        rows = x.numel() // x.size(-1)
-        w = weight.to(torch.bfloat16)
-        xp = _padded_rows(x, rows, torch.bfloat16)
-        out = torch.addmm(bias.to(torch.bfloat16), xp, w.t()) if bias is not None else xp @ w.t()
+        out, xp, w = _padded_product(x, weight, bias)
         ctx.save_for_backward(xp, w)
-        ctx.rows, ctx.x_shape, ctx.x_dtype = rows, x.shape, x.dtype
+        ctx.rows, ctx.x_shape, ctx.x_dtype = x.numel() // x.size(-1), x.shape, x.dtype
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        return out[:rows].view(*x.shape[:-1], weight.size(0))
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -74,10 +80,7 @@ class Linear(nn.Linear):
             rows = x.numel() // x.size(-1)
             if rows % ROW_MULTIPLE == 0 and x.dtype == self.weight.dtype:
                 return F.linear(x, self.weight, self.bias)
-            w = self.weight.to(torch.bfloat16)
-            xp = _padded_rows(x, rows, torch.bfloat16)  # casts an fp32 input (attention output) too
-            out = F.linear(xp, w, None if self.bias is None else self.bias.to(torch.bfloat16))
-            return out[:rows].view(*x.shape[:-1], self.out_features)
+            return _padded_product(x, self.weight, self.bias)[0]
         if x.numel() % (x.size(-1) * ROW_MULTIPLE) == 0:
             return F.linear(x, self.weight, self.bias)
         return _PaddedLinear.apply(x, self.weight, self.bias)

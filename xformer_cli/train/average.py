@@ -11,9 +11,14 @@ from xformer_cli.errors import XformerError
 from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
 
 
+def kept_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The step checkpoints a run kept (train.keep_checkpoints), oldest first."""
+    return sorted(Path(run_dir).glob("checkpoint_*.pt"), key=load_step)
+
+
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The newest ``n`` step checkpoints a run kept (train.keep_checkpoints)."""
-    kept = sorted(Path(run_dir).glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    kept = kept_checkpoints(run_dir)
     if len(kept) < n:
         raise XformerError(f"{run_dir} holds {len(kept)} step checkpoints, fewer than {n} "
                            "(train with train.keep_checkpoints set to keep them)")

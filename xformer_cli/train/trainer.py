@@ -34,7 +34,7 @@ from xformer_cli.evaluate import bleu
 from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.average import average_checkpoints
+from xformer_cli.train.average import average_checkpoints, kept_checkpoints, load_step
 from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
@@ -375,7 +375,7 @@ class Trainer:
         keep = self.config.train.keep_checkpoints
         if keep:
             save_checkpoint(state, self.run_dir / f"checkpoint_{self.step}.pt")
-            kept = sorted(self.run_dir.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+            kept = kept_checkpoints(self.run_dir)
             for old in kept[:-keep]:
                 old.unlink(missing_ok=True)
 
@@ -437,7 +437,7 @@ class Trainer:
         averaging), validate the mean, and make it best.pt when its BLEU is higher. last.pt
         keeps the trained weights, so resuming is unaffected."""
         n = self.config.train.average_last
-        kept = sorted(self.run_dir.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[1]))[-n:]
+        kept = kept_checkpoints(self.run_dir)[-n:]
         if len(kept) < 2 or self.valid_data is None:
             self.log(f"average_last: {len(kept)} step checkpoint(s) kept, nothing to average")
             return
@@ -445,7 +445,7 @@ class Trainer:
         trained = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(averaged["model"])
         loss, ppl, score = self.score_valid()
-        steps = [int(p.stem.split("_")[1]) for p in kept]
+        steps = [load_step(p) for p in kept]
         self.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
                  f" ({'better than' if self.best_bleu is None or score > self.best_bleu else 'not above'} best {self.best_bleu or 0:.2f})")
         self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision,
