@@ -79,7 +79,7 @@ def measure(args: argparse.Namespace) -> None:
     beam = args.beams[0]
     options = {"beam_size": beam, "batch_size": args.batch_size, "max_tokens": args.max_tokens}
     if args.worker.startswith("ct2"):
-        from xformer_cli.export import CTranslate2Translator
+        from xformer_cli.decode.ct2_engine import CTranslate2Translator
 
         engine = CTranslate2Translator.from_directory(args.ct2_dir, device="cuda" if args.device.startswith("cuda") else "cpu",
                                                       threads=args.threads, compute_type="int8" if args.worker == "ct2-int8" else "default")

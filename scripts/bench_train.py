@@ -41,10 +41,10 @@ from xformer_cli.config import load_config
 from xformer_cli.data.batching import make_batches
 from xformer_cli.data.sources import load_corpus
 from xformer_cli.device import autocast, cpu_flags, pick_device, resolve_precision
-from xformer_cli.model.build import build_model
+from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.loss import label_smoothed_nll
-from xformer_cli.train.trainer import encode_corpus
+from xformer_cli.data.encoded import encode_corpus
 
 
 class TorchBaseline(torch.nn.Module):

@@ -43,8 +43,12 @@ if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
   STEPS=4; MINUTES=0.3; SIZES_BASE=(model.d_model=64 model.d_ff=128 model.n_heads=4 model.encoder_layers=1 model.decoder_layers=1)
   SIZES_BIG=("${SIZES_BASE[@]}"); BENCH_STEPS=2; TEST_ARGS=(-q -x -m "not slow" tests/test_precision.py)
   SENTENCES=50
+  # The WMT steps at tiny sizes too: a small model, 50 validation lines, 50 test lines.
+  WMT_SETS=(--set model.d_model=64 --set model.d_ff=128 --set model.n_heads=4 --set model.encoder_layers=1
+            --set model.decoder_layers=1 --set tokenizer.vocab_size=2000 --set data.valid_max_sentences=50)
+  TEST_LINES=50
 else
-  STEPS=20; MINUTES=6; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0
+  STEPS=20; MINUTES=6; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0; WMT_SETS=(); TEST_LINES=0
   SIZES_BASE=(model.d_model=512 model.d_ff=2048 model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6 tokenizer.vocab_size=8000 train.max_tokens=8000)
   SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=8000)
 fi
@@ -82,10 +86,15 @@ grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config)" "$OUT/bench_train_base
 
 # 4. a short real training on WMT news, scored on newstest2014
 step train_wmt_news xformer train -c configs/wmt-news.yaml --quiet --overwrite --set "run_dir=$OUT/wmt-news" \
-  --set "train.device=$DEVICE" --set "train.max_minutes=$MINUTES" --set train.valid_every=500
+  --set "train.device=$DEVICE" --set "train.max_minutes=$MINUTES" --set train.valid_every=500 "${WMT_SETS[@]}"
 grep -E "valid_bleu" "$OUT/wmt-news/metrics.jsonl" 2>/dev/null | tail -2 >> "$SUMMARY"
+TEST_SRC="$DATA/wmt14/newstest2014.en"; TEST_REF="$DATA/wmt14/newstest2014.de"
+if [[ "$TEST_LINES" != 0 ]]; then  # quick: the first lines only
+  head -n "$TEST_LINES" "$TEST_SRC" > "$OUT/test.en"; head -n "$TEST_LINES" "$TEST_REF" > "$OUT/test.de"
+  TEST_SRC="$OUT/test.en"; TEST_REF="$OUT/test.de"
+fi
 step bleu_newstest2014 xformer eval-bleu -m "$OUT/wmt-news/best.pt" --device "$DEVICE" \
-  --src "$DATA/wmt14/newstest2014.en" --ref "$DATA/wmt14/newstest2014.de" --output "$OUT/newstest2014.hyp.de"
+  --src "$TEST_SRC" --ref "$TEST_REF" --output "$OUT/newstest2014.hyp.de"
 grep -E "^BLEU|^chrF" "$OUT/bleu_newstest2014.log" >> "$SUMMARY" 2>/dev/null
 
 # 5. decoding speed on that checkpoint

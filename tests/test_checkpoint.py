@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from xformer_cli.errors import XformerError
-from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
 
 
 def test_round_trip_with_plain_data(tmp_path):

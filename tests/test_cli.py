@@ -183,7 +183,7 @@ def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_
     assert_one_line_error(xformer("translate", "-m", exported, "--engine", "ctranslate2", "--compute-type", "int9",
                                   stdin=stdin), "cannot load the CTranslate2 model", "int9")
     assert_one_line_error(xformer("translate", "-m", trained_run / "best.pt", "--min-len", "-1", stdin=stdin),
-                          "--min-len must be at least 0")
+                          "--min-len: must be >= 0")
     again = xformer("export", "-m", trained_run / "best.pt", "-o", exported)
     assert_one_line_error(again, "not empty", "--force")
     assert (exported / "model.bin").is_file()  # the refused export left the first one intact

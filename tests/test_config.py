@@ -51,3 +51,17 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(XformerError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_decode_options_are_checked_in_one_place_for_configs_and_translation():
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.decode.options import resolve_options
+
+    with pytest.raises(XformerError, match="config key 'decode.max_len_b': max_len_a and max_len_b cannot both be 0"):
+        load_config("configs/multi30k.yaml", overrides=["decode.max_len_a=0", "decode.max_len_b=0"])
+    with pytest.raises(XformerError, match="--max-len-b: max_len_a and max_len_b cannot both be 0"):
+        resolve_options(DecodeConfig(), max_len_a=0.0, max_len_b=0)
+    with pytest.raises(XformerError, match="--nbest: must be between 1 and the beam size"):
+        resolve_options(DecodeConfig(beam_size=2), nbest=3)
+    with pytest.raises(XformerError, match="unknown decoding option"):
+        resolve_options(DecodeConfig(), beam=3)

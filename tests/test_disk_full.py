@@ -9,7 +9,7 @@ import pytest
 
 from xformer_cli.data import cache as cache_module
 from xformer_cli.errors import XformerError, disk_full
-from xformer_cli.train.checkpoint import load_checkpoint
+from xformer_cli.checkpoint import load_checkpoint
 
 from conftest import assert_one_line_error, tiny_overrides, write_lines, xformer
 

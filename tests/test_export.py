@@ -6,18 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, ModelSection, TokenizerConfig
+from xformer_cli.checkpoint import build_model, save_checkpoint
+from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
 from xformer_cli.data.batching import collate
 from xformer_cli.decode.translator import Translator
 from xformer_cli.errors import XformerError
-from xformer_cli.model.build import build_model
+from xformer_cli.model.transformer import ModelConfig
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.checkpoint import save_checkpoint
 
 from conftest import head
 
 pytest.importorskip("ctranslate2")
-from xformer_cli.export import MISSING_CT2, CTranslate2Translator, export_ctranslate2  # noqa: E402
+from xformer_cli.decode.ct2_engine import CTranslate2Translator  # noqa: E402
+from xformer_cli.export.ctranslate2 import MISSING_CT2, export_ctranslate2  # noqa: E402
 
 N_TRAIN = 30  # memorised pairs: confident, real German outputs
 N_UNSEEN = 12  # unseen test sentences: the model's guesses, decoded identically all the same
@@ -32,7 +33,7 @@ def _train_checkpoint(multi30k, path, pre_norm: bool, joint: bool):
     config = Config(
         data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
         tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
-        model=ModelSection(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0,
+        model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0,
                            pre_norm=pre_norm),
         decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
     )
@@ -88,7 +89,7 @@ def test_greedy_outputs_and_scores_equal_xformer(exported):
     # log-softmax. The memorised sentences all end before the length limit (where CTranslate2
     # would score the uncut hypothesis).
     ours = reference.search(sentences, reference.options(beam_size=1))
-    theirs = ct2.translate_ids(sentences, beam_size=1)
+    theirs = [hyps[0] for hyps in ct2.search(sentences, ct2.options(beam_size=1))]
     assert [h.tokens for h in theirs] == [h.tokens for (h,) in ours]
     for mine, (hyp,) in zip(theirs[:N_TRAIN], ours[:N_TRAIN]):
         assert mine.logprob == pytest.approx(hyp.logprob, abs=5e-3)
@@ -166,3 +167,19 @@ def test_missing_ctranslate2_is_a_clear_error(exported, tmp_path, monkeypatch):
     assert str(info.value) == MISSING_CT2
     with pytest.raises(XformerError, match="pip install"):
         CTranslate2Translator.from_directory(out)
+
+
+def test_both_engines_answer_one_interface(exported):
+    from xformer_cli.decode.engine import load_engine
+
+    checkpoint, out, sentences = exported
+    engines = [load_engine(checkpoint, device="cpu", precision="fp32"), load_engine(out, engine="ctranslate2")]
+    for engine in engines:
+        found = engine.search(sentences[:4] + [""], engine.options(beam_size=3, nbest=3))
+        assert [len(hyps) for hyps in found] == [3, 3, 3, 3, 0], engine.name
+        assert all(h[0].score >= h[1].score >= h[2].score for h in found[:4])
+        assert engine.translate(sentences[:4], beam_size=3) == [engine.detokenize(h[0]) for h in found[:4]]
+    greedy = [engine.translate(sentences, beam_size=1) for engine in engines]
+    assert greedy[0] == greedy[1]
+    with pytest.raises(XformerError, match="ctranslate2 engine does not support --sampling-topk"):
+        engines[1].options(beam_size=1, sampling_topk=5)

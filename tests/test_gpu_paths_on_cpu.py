@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xformer_cli.train import trainer as trainer_module
-from xformer_cli.train.checkpoint import load_checkpoint
+from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import train
 
 from test_training import losses, quiet, tiny_config

@@ -8,10 +8,10 @@ from xformer_cli.config import load_config
 from xformer_cli.model.transformer import ModelConfig, MultiHeadAttention, Transformer, sinusoidal_positions
 
 
-def tiny(**kw) -> Transformer:
-    cfg = dict(vocab_size=50, d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
+def tiny(tgt_vocab: int = 0, **kw) -> Transformer:
+    cfg = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
     cfg.update(kw)
-    return Transformer(ModelConfig(**cfg)).eval()
+    return Transformer(ModelConfig(**cfg), src_vocab=50, tgt_vocab=tgt_vocab).eval()
 
 
 def test_attention_equals_naive_softmax_formula():
@@ -101,7 +101,7 @@ def test_embeddings_are_tied_three_ways_with_a_joint_vocabulary():
     model = tiny()
     w = model.src_embed.tokens.weight
     assert model.tgt_embed.tokens.weight is w and model.generator.weight is w
-    separate = tiny(tgt_vocab_size=60)
+    separate = tiny(tgt_vocab=60)
     assert separate.tgt_embed.tokens.weight is not separate.src_embed.tokens.weight
     assert separate.generator.weight is separate.tgt_embed.tokens.weight
     assert separate.generator.out_features == 60
@@ -110,7 +110,7 @@ def test_embeddings_are_tied_three_ways_with_a_joint_vocabulary():
 def _paper_model_parameters(config_name: str) -> int:
     cfg = load_config(f"configs/{config_name}")
     with torch.device("meta"):  # count without allocating hundreds of MB
-        model = Transformer(cfg.model_config(vocab_size=37000, tgt_vocab_size=0, pad_id=0))
+        model = Transformer(cfg.model, src_vocab=37000)
     return model.count_parameters()
 
 

@@ -12,7 +12,7 @@ from xformer_cli.decode.translator import Translator
 from xformer_cli.device import cpu_flags, resolve_decode_precision, resolve_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
-from xformer_cli.train.checkpoint import load_checkpoint
+from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
@@ -191,7 +191,7 @@ def test_under_cpu_autocast_only_the_matrix_products_run_in_bf16():
     from xformer_cli.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=50, d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1))
+    model = Transformer(ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1), src_vocab=50)
     seen: dict[str, set] = {"norm": set(), "linear": set()}
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):

@@ -11,8 +11,8 @@ BOS, EOS = 2, 3
 
 def random_model(vocab=12, seed=0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
-    model = Transformer(cfg).eval()
+    cfg = ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    model = Transformer(cfg, src_vocab=vocab).eval()
     with torch.no_grad():  # sharpen the output distribution so outputs are not all the same token
         model.generator.weight.mul_(4.0)
     return model
@@ -21,7 +21,7 @@ def random_model(vocab=12, seed=0) -> Transformer:
 def test_beam_size_one_equals_greedy():
     model = random_model()
     src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0], [4, 3, 0, 0, 0]])
-    greedy = greedy_search(model, src, BOS, EOS, 1.0, 5)
+    greedy = greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=5)
     beam = beam_search(model, src, BOS, EOS, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     for g, b in zip(greedy, beam):
@@ -67,7 +67,7 @@ def test_outputs_respect_the_maximum_length_and_nbest_is_sorted():
     assert all(len(h.tokens) <= 3 for h in hyps)
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     assert all(h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens) + 1, 0.6)) for h in hyps)
-    assert len(greedy_search(model, src, BOS, EOS, 0.5, 1)[0].tokens) <= 3
+    assert len(greedy_search(model, src, BOS, EOS, max_len_a=0.5, max_len_b=1)[0].tokens) <= 3
 
 
 def eos_eager(model: Transformer, boost: float = 50.0) -> Transformer:
@@ -86,11 +86,11 @@ def eos_eager(model: Transformer, boost: float = 50.0) -> Transformer:
 def test_min_len_keeps_eos_back_and_the_default_never_gives_an_empty_output():
     model = eos_eager(random_model(vocab=20, seed=3))
     src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0]])
-    assert [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6, min_len=0)] == [[], []]
-    assert all(len(h.tokens) == 1 for h in greedy_search(model, src, BOS, EOS, 1.0, 6))  # default min_len=1
-    assert all(len(h.tokens) == 3 for h in greedy_search(model, src, BOS, EOS, 1.0, 6, min_len=3))
-    assert [h[0].tokens for h in beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 6, min_len=0)] == [[], []]
-    for hyps in beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 6, nbest=3, min_len=2):
+    assert [h.tokens for h in greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6, min_len=0)] == [[], []]
+    assert all(len(h.tokens) == 1 for h in greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6))  # default min_len=1
+    assert all(len(h.tokens) == 3 for h in greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6, min_len=3))
+    assert [h[0].tokens for h in beam_search(model, src, BOS, EOS, beam_size=3, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=0)] == [[], []]
+    for hyps in beam_search(model, src, BOS, EOS, beam_size=3, alpha=0.6, max_len_a=1.0, max_len_b=6, nbest=3, min_len=2):
         assert all(len(h.tokens) >= 2 for h in hyps) and len(hyps) == 3
 
 
@@ -101,8 +101,8 @@ def test_early_stopping_keeps_the_search_exact_for_the_nbest_asked_for():
         model = random_model(vocab=24, seed=seed)
         src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3], [12, 13, 3, 0, 0, 0, 0, 0], [14, 15, 16, 17, 3, 0, 0, 0]])
         for alpha in (0.0, 0.6, 1.0):
-            one = beam_search(model, src, BOS, EOS, 4, alpha, 1.5, 4, nbest=1)
-            settled = beam_search(model, src, BOS, EOS, 4, alpha, 1.5, 4, nbest=4)
+            one = beam_search(model, src, BOS, EOS, beam_size=4, alpha=alpha, max_len_a=1.5, max_len_b=4, nbest=1)
+            settled = beam_search(model, src, BOS, EOS, beam_size=4, alpha=alpha, max_len_a=1.5, max_len_b=4, nbest=4)
             assert [h[0].tokens for h in one] == [h[0].tokens for h in settled]
             assert [h[0].score for h in one] == pytest.approx([h[0].score for h in settled], abs=1e-6)
 
@@ -111,9 +111,9 @@ def test_cached_and_uncached_decoding_give_identical_outputs_and_scores():
     model = random_model(vocab=20, seed=7)
     src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0], [13, 14, 15, 3, 0, 0]])
     for cached, uncached in (
-        (greedy_search(model, src, BOS, EOS, 1.0, 6), greedy_search(model, src, BOS, EOS, 1.0, 6, use_cache=False)),
-        ([h[0] for h in beam_search(model, src, BOS, EOS, 4, 0.6, 1.0, 6)],
-         [h[0] for h in beam_search(model, src, BOS, EOS, 4, 0.6, 1.0, 6, use_cache=False)]),
+        (greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6), greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6, use_cache=False)),
+        ([h[0] for h in beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6)],
+         [h[0] for h in beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, use_cache=False)]),
     ):
         assert [h.tokens for h in cached] == [h.tokens for h in uncached]
         assert [h.score for h in cached] == pytest.approx([h.score for h in uncached], abs=1e-4)
@@ -126,13 +126,13 @@ def test_sampling_is_seeded_and_draws_only_from_the_top_k():
 
     def draw(seed, topk, temperature=1.0):
         gen = torch.Generator().manual_seed(seed)
-        return [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6, sampling_topk=topk,
+        return [h.tokens for h in greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6, sampling_topk=topk,
                                                 temperature=temperature, generator=gen)]
 
     assert draw(1, -1) == draw(1, -1)  # reproducible
     assert len({tuple(t) for t in draw(1, -1, temperature=2.0)}) > 1  # and actually random
     # top-1 sampling is greedy search
-    assert draw(5, 1) == [h.tokens for h in greedy_search(model, src, BOS, EOS, 1.0, 6)]
+    assert draw(5, 1) == [h.tokens for h in greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=6)]
 
 
 def test_an_ensemble_of_one_model_twice_decodes_like_the_model():
@@ -140,8 +140,8 @@ def test_an_ensemble_of_one_model_twice_decodes_like_the_model():
 
     model = random_model(vocab=20, seed=9)
     src = torch.tensor([[5, 6, 7, 8, 9, 3], [11, 12, 3, 0, 0, 0]])
-    alone = beam_search(model, src, BOS, EOS, 3, 0.6, 1.0, 5)
-    twice = beam_search(Ensemble([model, model]), src, BOS, EOS, 3, 0.6, 1.0, 5)
+    alone = beam_search(model, src, BOS, EOS, beam_size=3, alpha=0.6, max_len_a=1.0, max_len_b=5)
+    twice = beam_search(Ensemble([model, model]), src, BOS, EOS, beam_size=3, alpha=0.6, max_len_a=1.0, max_len_b=5)
     assert [h[0].tokens for h in alone] == [h[0].tokens for h in twice]
     assert [h[0].score for h in alone] == pytest.approx([h[0].score for h in twice], abs=1e-4)
     # Two different models: each step is the renormalised mean of their log-probabilities.
@@ -159,7 +159,7 @@ def test_an_ensemble_of_one_model_twice_decodes_like_the_model():
 
 
 def test_token_batches_respect_both_caps_and_cover_every_sentence():
-    from xformer_cli.decode.translator import token_batches
+    from xformer_cli.data.batching import token_batches
 
     lengths = [3, 50, 7, 7, 0, 12, 400, 5]
     order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])

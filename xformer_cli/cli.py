@@ -128,9 +128,9 @@ def average(
 
 
 def _translator(checkpoints: List[Path], device: str, precision: str = "auto"):
-    from xformer_cli.decode.translator import Translator
+    from xformer_cli.decode.engine import load_engine
 
-    return Translator.from_checkpoint(checkpoints, device=device, precision=precision)
+    return load_engine(checkpoints, device=device, precision=precision)
 
 
 def _warn_cut_lines(translator, max_input_len: Optional[int] = None) -> None:
@@ -187,35 +187,18 @@ def translate(
     """
     from tqdm import tqdm
 
-    from xformer_cli.decode.translator import Translator, translate_lines
+    from xformer_cli.decode.engine import load_engine, translate_lines
     from xformer_cli.textio import count_lines, iter_lines, open_output
 
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
-    if engine == "ctranslate2":
-        from xformer_cli.export import CTranslate2Translator
-
-        if len(checkpoints) > 1 or nbest != 1 or sampling_topk or attention is not None or no_cache:
-            raise XformerError("--engine ctranslate2 takes one exported model and no --nbest, --sampling-topk, --attention or --no-cache")
-        translator = CTranslate2Translator.from_directory(checkpoints[0], device="cuda" if device.startswith("cuda") else "cpu",
-                                                          compute_type=compute_type)
-    elif engine == "xformer":
-        if compute_type != "default":
-            raise XformerError("--compute-type is for --engine ctranslate2")
-        if precision == "int8" and (len(checkpoints) > 1 or nbest != 1 or sampling_topk or attention is not None or no_cache):
-            raise XformerError("--precision int8 (CTranslate2) takes one checkpoint and no --nbest, --sampling-topk, --attention or --no-cache")
-        translator = _translator(checkpoints, device, precision)
-    else:
-        raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
-    if not isinstance(translator, Translator):  # CTranslate2: an export, or --precision int8
-        options = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-                       min_len=min_len, batch_size=batch_size, max_tokens=max_tokens, max_input_len=max_input_len)
-    else:
-        options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                                     max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
-                                     max_input_len=max_input_len, nbest=nbest,
-                                     sampling_topk=sampling_topk, temperature=temperature, seed=seed,
-                                     use_cache=not no_cache)
+    translator = load_engine(checkpoints, engine, device, precision, compute_type)
+    if attention is not None and not hasattr(translator, "attention"):
+        raise XformerError(f"--attention needs the xformer engine in fp32 or bf16, not {translator.name}")
+    options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                                 max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
+                                 max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,
+                                 temperature=temperature, seed=seed, use_cache=not no_cache)
     from_file = input is not None and str(input) != "-"
     show = progress if progress is not None else (from_file and sys.stderr.isatty())
     total = count_lines(input) if show and from_file else None
@@ -252,7 +235,7 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
 ) -> None:
     """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it."""
-    from xformer_cli.export import export_ctranslate2
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
 
     if format != "ctranslate2":
         raise XformerError(f"--format must be ctranslate2, not {format!r}")

@@ -81,23 +81,6 @@ class TokenizerConfig:
 
 
 @dataclass
-class ModelSection:
-    """``ModelConfig`` without the fields that come from the tokenizer."""
-
-    d_model: int = 512
-    d_ff: int = 2048
-    n_heads: int = 8
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    pre_norm: bool = False
-    tie_embeddings: bool = True
-    max_positions: int = 1024
-
-
-@dataclass
 class TrainConfig:
     max_tokens: int = 4096  # token slots (padding included) per batch, per side
     update_freq: int = 1  # batches accumulated per optimizer step
@@ -139,20 +122,35 @@ class DecodeConfig:
     max_tokens: int = 16000  # padded source tokens times beam size per decoding batch at most
     max_input_len: int = 0  # source pieces kept per line (longer lines are cut, with a warning); 0 = data.max_len
 
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, why) for each impossible setting: the one check behind both config
+        validation (``decode.FIELD``) and translation options (``--field``)."""
+        found = []
+        if self.beam_size < 1:
+            found.append(("beam_size", "must be at least 1"))
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            found.append(("max_len_b", "max_len_a and max_len_b must be >= 0"))
+        elif self.max_len_a == 0 and self.max_len_b == 0:
+            found.append(("max_len_b", "max_len_a and max_len_b cannot both be 0"))
+        if self.min_len < 0:
+            found.append(("min_len", "must be >= 0"))
+        if self.batch_size < 1:
+            found.append(("batch_size", "must be at least 1"))
+        if self.max_tokens < 1:
+            found.append(("max_tokens", "must be at least 1"))
+        if self.max_input_len < 0:
+            found.append(("max_input_len", "must be >= 0 (0 = data.max_len)"))
+        return found
+
 
 @dataclass
 class Config:
     run_dir: str = "runs/default"
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelSection = field(default_factory=ModelSection)
+    model: ModelConfig = field(default_factory=ModelConfig)  # owned by the model: model/transformer.py
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-
-    def model_config(self, vocab_size: int, tgt_vocab_size: int, pad_id: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size, pad_id=pad_id, **dataclasses.asdict(self.model)
-        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -335,13 +333,8 @@ def validate(cfg: Config) -> None:
         if getattr(d, name) is not None:
             _check_corpus(getattr(d, name), f"data.{name}")
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
-    _require(dec.beam_size >= 1, "decode.beam_size", "must be at least 1")
-    _require(dec.max_len_a >= 0 and dec.max_len_b >= 0, "decode.max_len_b", "max_len_a and max_len_b must be >= 0")
-    _require(dec.max_len_a > 0 or dec.max_len_b > 0, "decode.max_len_b", "max_len_a and max_len_b cannot both be 0")
-    _require(dec.min_len >= 0, "decode.min_len", "must be >= 0")
-    _require(dec.batch_size >= 1, "decode.batch_size", "must be at least 1")
-    _require(dec.max_tokens >= 1, "decode.max_tokens", "must be at least 1")
-    _require(dec.max_input_len >= 0, "decode.max_input_len", "must be >= 0 (0 = data.max_len)")
+    for name, why in dec.problems():
+        _require(False, f"decode.{name}", why)
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,22 +45,40 @@ def make_batches(
     rng = np.random.default_rng([seed, epoch])
     tie = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     order = np.lexsort((tie, tgt_lens, src_lens))
-    slots = np.maximum(src_lens, tgt_lens)[order] + 1
-    bounds = [0]
-    start, longest = 0, 0
-    for offset in range(0, len(slots), 1 << 16):  # tolist in pieces: flat memory on huge corpora
-        for i, width in enumerate(slots[offset : offset + (1 << 16)].tolist(), start=offset):
-            longest_if_added = max(longest, width)
-            if i > start and longest_if_added * (i - start + 1) > max_tokens:
-                bounds.append(i)
-                start, longest_if_added = i, width
-            longest = longest_if_added
-    if len(order):
-        bounds.append(len(order))
+    bounds = batch_bounds(np.maximum(src_lens, tgt_lens)[order] + 1, max_tokens)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+def batch_bounds(widths: "np.ndarray | Sequence[int]", max_slots: int, max_sentences: Optional[int] = None) -> list[int]:
+    """Cut points of consecutive batches over ``widths`` (token slots per sentence, in batch
+    order) such that batch size * widest <= ``max_slots`` and size <= ``max_sentences``; a
+    sentence wider than ``max_slots`` goes alone. The one batching rule that training
+    (``make_batches``) and translation (``token_batches``) share."""
+    widths = np.asarray(widths, dtype=np.int64)
+    cap = max_sentences or len(widths) or 1
+    bounds = [0]
+    start, longest = 0, 0
+    for offset in range(0, len(widths), 1 << 16):  # tolist in pieces: flat memory on huge corpora
+        for i, width in enumerate(widths[offset : offset + (1 << 16)].tolist(), start=offset):
+            longest_if_added = max(longest, width)
+            if i > start and (i - start >= cap or longest_if_added * (i - start + 1) > max_slots):
+                bounds.append(i)
+                start, longest_if_added = i, width
+            longest = longest_if_added
+    if len(widths):
+        bounds.append(len(widths))
+    return bounds
+
+
+def token_batches(lengths: Sequence[int], order: Sequence[int], max_sentences: int, max_slots: int) -> list[list[int]]:
+    """Cut ``order`` (indices sorted by length) into batches of at most ``max_sentences``
+    sentences and ``max_slots`` padded source tokens (+ eos); a longer sentence goes alone."""
+    order = list(order)
+    bounds = batch_bounds([lengths[i] + 1 for i in order], max_slots, max_sentences)
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def shard(batches: Sequence[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:

@@ -1,8 +1,9 @@
 """Everything between a config and batches: sources, tokenizer, tokenized cache, eval sets.
 
-``xformer prepare`` runs this alone; ``xformer train`` runs it first. Order matters for
-safety: all inputs are opened and checked, and the tokenizer sample is streamed (which
-reads every training line once), before anything is written to the run directory.
+``xformer prepare`` runs this alone; ``xformer train`` runs it first. Two phases, for
+safety: ``check_inputs`` opens and checks every input and streams the tokenizer sample
+(reading every training line once) without writing anything; only then does the trainer
+ready its run directory and ``build_data`` write the tokenizer and the cache.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from xformer_cli.config import Config
 from xformer_cli.data.cache import Filters, TokenCache, build_or_load
+from xformer_cli.data.encoded import EncodedCorpus, encode_corpus
 from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
@@ -27,7 +29,20 @@ class PreparedData:
     train: TokenCache
     cache_reused: bool
     valid: Optional[ParallelCorpus]
+    valid_encoded: Optional[EncodedCorpus]  # the valid set as piece ids (loss; BLEU reads ``valid``)
     test: Optional[ParallelCorpus]
+
+
+@dataclass
+class CheckedInputs:
+    """Every input opened and checked and the tokenizer resolved; nothing written yet."""
+
+    config: Config
+    sources: list[PairSource]
+    valid: Optional[ParallelCorpus]
+    test: Optional[ParallelCorpus]
+    plan: "TokenizerPlan"
+    tokenizer: Tokenizer
 
 
 def sample_pairs(sources: Sequence[PairSource], size: int, seed: int) -> list[tuple[str, str]]:
@@ -104,16 +119,9 @@ def cache_dir_for(config: Config) -> Path:
     return Path(config.data.cache_dir) if config.data.cache_dir else Path(config.run_dir) / "cache"
 
 
-def prepare_data(
-    config: Config,
-    log: Callable[[str], None] = print,
-    before_write: Callable[[], None] = lambda: None,
-    write: bool = True,
-) -> PreparedData:
-    """Open and check everything, then tokenizer and cache. ``before_write`` runs once all
-    inputs are known good, just before the first file is written (the trainer readies
-    its run directory there). ``write=False`` only reads what another process prepared
-    (data-parallel ranks after the first)."""
+def check_inputs(config: Config, log: Callable[[str], None] = print) -> CheckedInputs:
+    """Open and check every corpus and resolve the tokenizer (training it if needed, in
+    memory): any bad input fails here, before a file is written."""
     d = config.data
     sources = open_sources(d.train, d.src_lang, d.tgt_lang, "train", d.skip_invalid_utf8)
     for source in sources:
@@ -124,26 +132,38 @@ def prepare_data(
     if valid is not None and d.valid_max_sentences:
         valid.src, valid.tgt = valid.src[: d.valid_max_sentences], valid.tgt[: d.valid_max_sentences]
     plan = TokenizerPlan(config, sources, Path(config.run_dir), log)
-    tokenizer = plan.resolve()
-    before_write()
+    return CheckedInputs(config, sources, valid, test, plan, plan.resolve())
+
+
+def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write: bool = True) -> PreparedData:
+    """Save the tokenizer, build (or reuse) the token cache and encode the valid set.
+    ``write=False`` only reads what another process prepared (data-parallel ranks after
+    the first)."""
+    config, tokenizer, valid, test = inputs.config, inputs.tokenizer, inputs.valid, inputs.test
+    d = config.data
     if write:
-        plan.save(tokenizer)
+        inputs.plan.save(tokenizer)
     filters = Filters(d.max_len, d.max_len_ratio, d.dedup)
-    train, reused = build_or_load(sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads)
+    train, reused = build_or_load(inputs.sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads)
     if reused:
         log(f"cache: reusing {train.directory} ({train.meta['pairs']} pairs)")
+    valid_encoded = encode_corpus(valid, tokenizer) if valid is not None else None
     for corpus in (valid, test):
         if corpus is not None:
             log(corpus.report())
-    return PreparedData(tokenizer, train, reused, valid, test)
+    return PreparedData(tokenizer, train, reused, valid, valid_encoded, test)
 
+
+def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True) -> PreparedData:
+    """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs."""
+    return build_data(check_inputs(config, log), log, write)
 
 
 def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print) -> ParallelCorpus:
     """data.test of the config a checkpoint was trained with (its fallback dataset included):
     what `xformer eval-bleu --checkpoint C` scores when given no --src and --ref."""
     from xformer_cli.config import config_from_dict
-    from xformer_cli.train.checkpoint import load_checkpoint
+    from xformer_cli.checkpoint import load_checkpoint
 
     cfg = config_from_dict(load_checkpoint(checkpoint)["config"])
     d = cfg.data

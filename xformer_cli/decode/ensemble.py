@@ -1,6 +1,6 @@
 """Several checkpoints decoding as one model: their log-probabilities are averaged each step.
 
-``Ensemble`` offers what search uses of a ``Transformer`` (``cfg``, ``padding_mask``,
+``Ensemble`` offers what search uses of a ``Transformer`` (``cfg``, ``pad_id``, ``padding_mask``,
 ``encode``, ``decode_step``, ``new_cache``), so greedy and beam search run unchanged.
 The members' encoder outputs are concatenated along the feature axis, so the search can
 repeat, select and reorder them as one tensor; each member reads back its own slice.
@@ -22,6 +22,7 @@ class Ensemble(nn.Module):
         super().__init__()
         self.models = nn.ModuleList(models)
         self.cfg = models[0].cfg
+        self.pad_id = models[0].pad_id
         self._widths = [m.cfg.d_model for m in models]
 
     def padding_mask(self, src: Tensor) -> Tensor:

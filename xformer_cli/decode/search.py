@@ -10,13 +10,17 @@ cache is tested and benchmarked against. Greedy search can also sample (top-k, t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from xformer_cli.model.transformer import Transformer, reorder_cache
+from xformer_cli.tokenizer import BOS_ID, EOS_ID
+
+if TYPE_CHECKING:
+    from xformer_cli.decode.options import SearchOptions
 
 
 @dataclass
@@ -72,6 +76,7 @@ def greedy_search(
     src: Tensor,
     bos: int,
     eos: int,
+    *,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     use_cache: bool = True,
@@ -82,7 +87,7 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """Best (or sampled) next token until eos, which may come after ``min_len`` tokens at
     the earliest; scores are the model's log-probabilities."""
-    pad = model.cfg.pad_id
+    pad = model.pad_id
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
     limits = max_lengths(src, pad, max_len_a, max_len_b)  # of the rows still decoding
@@ -121,6 +126,7 @@ def beam_search(
     src: Tensor,
     bos: int,
     eos: int,
+    *,
     beam_size: int = 4,
     alpha: float = 0.6,
     max_len_a: float = 1.0,
@@ -145,7 +151,7 @@ def beam_search(
     empty translation, which an exact search otherwise often finds, is never one). The
     encoder output stays one row per sentence: the K beams are K queries against it.
     """
-    pad = model.cfg.pad_id
+    pad = model.pad_id
     k = beam_size
     n = src.size(0)
     device = src.device
@@ -213,3 +219,17 @@ def beam_search(
             reorder_cache(cache, rows, sentences=keep)
         step += 1
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]
+
+
+def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions",
+                 generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+    """The ``opts.nbest`` best hypotheses per sentence of ``src``: greedy search (or
+    sampling) for beam size 1, beam search otherwise."""
+    if opts.beam_size == 1:
+        found = greedy_search(model, src, BOS_ID, EOS_ID, max_len_a=opts.max_len_a, max_len_b=opts.max_len_b,
+                              use_cache=opts.use_cache, sampling_topk=opts.sampling_topk, temperature=opts.temperature,
+                              generator=generator, min_len=opts.min_len)
+        return [[hyp] for hyp in found]
+    return beam_search(model, src, BOS_ID, EOS_ID, beam_size=opts.beam_size, alpha=opts.length_penalty,
+                       max_len_a=opts.max_len_a, max_len_b=opts.max_len_b, nbest=opts.nbest,
+                       use_cache=opts.use_cache, min_len=opts.min_len)

@@ -25,10 +25,9 @@ from xformer_cli.model.linear import Linear
 
 @dataclass
 class ModelConfig:
-    """Architecture hyper-parameters; the defaults are the paper's base model."""
+    """Architecture hyper-parameters; the defaults are the paper's base model. The config's
+    ``model`` section is this class; vocabulary sizes come from the tokenizer."""
 
-    vocab_size: int = 37000  # source vocabulary (the joint one when shared)
-    tgt_vocab_size: int = 0  # 0 = same vocabulary as the source (joint)
     d_model: int = 512
     d_ff: int = 2048
     n_heads: int = 8
@@ -40,15 +39,6 @@ class ModelConfig:
     pre_norm: bool = False  # False = post-norm as in the paper
     tie_embeddings: bool = True  # share src/tgt embeddings and the pre-softmax matrix (3.4)
     max_positions: int = 1024
-    pad_id: int = 0
-
-    @property
-    def joint_vocab(self) -> bool:
-        return self.tgt_vocab_size in (0, self.vocab_size)
-
-    @property
-    def target_vocab(self) -> int:
-        return self.tgt_vocab_size or self.vocab_size
 
 
 # -- 3.5 Positional encoding ---------------------------------------------------------
@@ -274,15 +264,21 @@ class DecoderLayer(nn.Module):
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer. ``forward`` gives logits for teacher forcing;
-    ``encode`` / ``decode_step`` are what search uses."""
+    ``encode`` / ``decode_step`` are what search uses.
 
-    def __init__(self, cfg: ModelConfig):
+    ``src_vocab``: the source vocabulary (the joint one when shared); ``tgt_vocab`` 0 (or
+    equal to it): one vocabulary for both sides."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int = 0, pad_id: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.pad_id = pad_id
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab or src_vocab
+        self.joint_vocab = self.tgt_vocab == src_vocab
         d = cfg.d_model
-        src_tokens = nn.Embedding(cfg.vocab_size, d, padding_idx=cfg.pad_id)
-        share = cfg.tie_embeddings and cfg.joint_vocab
-        tgt_tokens = src_tokens if share else nn.Embedding(cfg.target_vocab, d, padding_idx=cfg.pad_id)
+        src_tokens = nn.Embedding(src_vocab, d, padding_idx=pad_id)
+        share = cfg.tie_embeddings and self.joint_vocab
+        tgt_tokens = src_tokens if share else nn.Embedding(self.tgt_vocab, d, padding_idx=pad_id)
         self.src_embed = Embedding(src_tokens, d, cfg.max_positions, cfg.dropout)
         self.tgt_embed = Embedding(tgt_tokens, d, cfg.max_positions, cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
@@ -290,7 +286,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
-        self.generator = Linear(d, cfg.target_vocab, bias=False)
+        self.generator = Linear(d, self.tgt_vocab, bias=False)
         self._reset_parameters()
         if cfg.tie_embeddings:  # the pre-softmax matrix is the target embedding (3.4)
             self.generator.weight = tgt_tokens.weight
@@ -305,11 +301,11 @@ class Transformer(nn.Module):
         for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
             with torch.no_grad():
-                emb.weight[self.cfg.pad_id].zero_()
+                emb.weight[self.pad_id].zero_()
 
     def padding_mask(self, src: Tensor) -> Tensor:
         """(B, S) ids -> (B, 1, 1, S) mask, True on real tokens."""
-        return (src != self.cfg.pad_id)[:, None, None, :]
+        return (src != self.pad_id)[:, None, None, :]
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         src_mask = self.padding_mask(src) if src_mask is None else src_mask

@@ -8,12 +8,7 @@ from typing import Sequence
 import torch
 
 from xformer_cli.errors import XformerError
-from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
-
-
-def kept_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The step checkpoints a run kept (train.keep_checkpoints), oldest first."""
-    return sorted(Path(run_dir).glob("checkpoint_*.pt"), key=load_step)
+from xformer_cli.checkpoint import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
@@ -41,12 +36,8 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> dict
     averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
     result = {
         "config": first["config"], "tokenizer": first["tokenizer"], "model": averaged,
-        "step": max(load_step(p) for p in paths), "averaged_from": [str(p) for p in paths],
+        "step": max(checkpoint_step(p) for p in paths), "averaged_from": [str(p) for p in paths],
     }
     save_checkpoint(result, output)
     return result
 
-
-def load_step(path: str | Path) -> int:
-    stem = Path(path).stem
-    return int(stem.split("_")[1]) if stem.startswith("checkpoint_") and stem.split("_")[1].isdigit() else 0

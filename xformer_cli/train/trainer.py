@@ -23,41 +23,23 @@ import torch
 import yaml
 from torch import Tensor
 
+from xformer_cli.checkpoint import (build_model, checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint,
+                                    step_checkpoint)
 from xformer_cli.config import Config
-from xformer_cli.data.batching import Batch, collate, make_batches, shard
-from xformer_cli.data.prepare import prepare_data
-from xformer_cli.data.sources import ParallelCorpus
+from xformer_cli.data.batching import Batch, make_batches, shard
+from xformer_cli.data.encoded import EncodedCorpus
+from xformer_cli.data.prepare import build_data, check_inputs
 from xformer_cli.decode.translator import Translator
 from xformer_cli.device import autocast, configure_threads, pick_device, resolve_decode_precision, resolve_precision
 from xformer_cli.errors import XformerError, writing
 from xformer_cli.evaluate import bleu
-from xformer_cli.model.build import build_model
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.average import average_checkpoints, kept_checkpoints, load_step
-from xformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.schedule import NoamSchedule
-
-
-@dataclass
-class EncodedCorpus:
-    src: list[list[int]]
-    tgt: list[list[int]]
-    raw_tgt: list[str]  # detokenized references, for BLEU
-
-    @property
-    def src_lens(self) -> np.ndarray:
-        return np.fromiter((len(s) for s in self.src), dtype=np.int64, count=len(self.src))
-
-    @property
-    def tgt_lens(self) -> np.ndarray:
-        return np.fromiter((len(t) for t in self.tgt), dtype=np.int64, count=len(self.tgt))
-
-    def batch(self, indices) -> Batch:
-        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices])
 
 
 @dataclass
@@ -75,24 +57,12 @@ def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = 
     the precision this machine resolved ``train.precision`` to."""
     run_dir = Path(config.run_dir)
     if overwrite:
-        for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in run_dir.glob("checkpoint_*.pt"))]:
+        for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in kept_checkpoints(run_dir))]:
             (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
     (run_dir / "config.yaml").write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
     return run_dir
-
-
-def encode_corpus(corpus: ParallelCorpus, tokenizer: Tokenizer, max_len: Optional[int] = None) -> EncodedCorpus:
-    src, tgt = tokenizer.encode_src(corpus.src), tokenizer.encode_tgt(corpus.tgt)
-    keep = [i for i in range(len(src)) if src[i] and tgt[i]]
-    if max_len is not None:
-        over = [i for i in keep if len(src[i]) > max_len or len(tgt[i]) > max_len]
-        if over:
-            corpus.dropped[f"longer than {max_len} pieces"] += len(over)
-            drop = set(over)
-            keep = [i for i in keep if i not in drop]
-    return EncodedCorpus([src[i] for i in keep], [tgt[i] for i in keep], [corpus.tgt[i] for i in keep])
 
 
 def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, device: torch.device, eps: float,
@@ -270,13 +240,15 @@ class Trainer:
         # Every input is read and checked before the run directory is touched:
         # bad data must not cost the checkpoints of an earlier run.
         if self.dist.is_main:
-            prepared = prepare_data(config, log, before_write=lambda: prepare_run_dir(config, overwrite, self.precision))
+            inputs = check_inputs(config, log)
+            prepare_run_dir(config, overwrite, self.precision)
+            prepared = build_data(inputs, log)
             self.dist.barrier()
         else:  # wait for rank 0 to train the tokenizer and build the cache, then reuse both
             self.dist.barrier()
-            prepared = prepare_data(config, log, write=False)
-        self.tokenizer, self.train_data, self.valid_corpus = prepared.tokenizer, prepared.train, prepared.valid
-        self.valid_data = encode_corpus(self.valid_corpus, self.tokenizer) if self.valid_corpus is not None else None
+            prepared = build_data(check_inputs(config, log), log, write=False)
+        self.tokenizer, self.train_data = prepared.tokenizer, prepared.train
+        self.valid_corpus, self.valid_data = prepared.valid, prepared.valid_encoded
 
         self.model = build_model(config, self.tokenizer).to(self.device)
         self.forward_model = self.model
@@ -301,6 +273,7 @@ class Trainer:
         # Validation decodes the way `xformer translate --precision auto` does on this device.
         self.decode_precision = resolve_decode_precision("auto", self.device)[0]
         self.step = self.epoch = self.batches_done = 0
+        self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
         self.best_bleu: Optional[float] = None
         self.bad_validations = 0  # validations in a row without a better BLEU (early stopping)
         self.nonfinite_total = 0
@@ -374,7 +347,7 @@ class Trainer:
             save_checkpoint(state, self.run_dir / "best.pt")
         keep = self.config.train.keep_checkpoints
         if keep:
-            save_checkpoint(state, self.run_dir / f"checkpoint_{self.step}.pt")
+            save_checkpoint(state, step_checkpoint(self.run_dir, self.step))
             kept = kept_checkpoints(self.run_dir)
             for old in kept[:-keep]:
                 old.unlink(missing_ok=True)
@@ -445,7 +418,7 @@ class Trainer:
         trained = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(averaged["model"])
         loss, ppl, score = self.score_valid()
-        steps = [load_step(p) for p in kept]
+        steps = [checkpoint_step(p) for p in kept]
         self.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
                  f" ({'better than' if self.best_bleu is None or score > self.best_bleu else 'not above'} best {self.best_bleu or 0:.2f})")
         self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision,
@@ -539,76 +512,43 @@ class Trainer:
     def run(self) -> TrainResult:
         tc = self.config.train
         self.started = time.time()
-        deadline = self.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
+        self.deadline = self.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         if self.step >= tc.max_steps:
             self.log(f"{self.run_dir} is already at step {self.step} (train.max_steps={tc.max_steps}); "
                      "raise train.max_steps to train on")
             return TrainResult(self.step, self.epoch, 0.0, self.best_bleu, self.run_dir, "already done")
         self.model.train()
         self._lr = self.schedule.lr(max(self.step, 1))
-        window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
-        window_start = time.time()
+        self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
+        self.window_start = time.time()
         last_validated = self.step if self.resume_state is not None else -1
         bar = RunProgress(tc.max_steps, tc.max_minutes, self.step, self.progress, self.started)
         reason = ""
         with _StopSignals() as signals:
-            batches = None
             while not reason:
-                if self.epoch == 0 or (batches is not None and self.batches_done >= len(batches)):
-                    if tc.max_epochs and self.epoch >= tc.max_epochs:
-                        reason = "epochs"
-                        break
-                    self.epoch += 1  # the next epoch: its order is fixed by (seed, epoch)
-                    self.batches_done = 0
-                    batches = None
+                batches = self.epoch_batches()
                 if batches is None:
-                    batches = make_batches(self.train_data.src_lens, self.train_data.tgt_lens, tc.max_tokens, tc.seed, self.epoch)
-                    if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
-                        usable = len(batches) // self.dist.world_size * self.dist.world_size
-                        batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
+                    reason = "epochs"
+                    break
                 starts = range(self.batches_done, len(batches), tc.update_freq)
                 for start, group in prefetch(starts, lambda start: self._load_group(batches, start)):
                     self.batches_done = min(start + tc.update_freq, len(batches))
                     step_before = self.step
-                    window_tokens += self.train_step(group)
+                    self.window_tokens += self.train_step(group)
                     if self.step == step_before:  # out of memory: the batch was dropped
                         continue
                     bar.update(self.step)
-                    due_to_save = self.step % tc.valid_every == 0 or (tc.save_every and self.step % tc.save_every == 0)
+                    due_to_save = self.step % tc.valid_every == 0 or bool(tc.save_every and self.step % tc.save_every == 0)
                     if self.step % tc.log_every == 0 or due_to_save or self.step >= tc.max_steps:
-                        # The one read of device figures, before anything is logged or saved.
-                        loss_sum, good_tokens = self.drain_stats()
-                        self.window_loss_sum += loss_sum
-                        self.window_good_tokens += good_tokens
+                        self.read_stats()  # the one read of device figures, before anything is logged or saved
                     if self.step % tc.log_every == 0:
-                        tokens = self.dist.sum([window_tokens], self.device)[0]
-                        rate = tokens / max(time.time() - window_start, 1e-9)
-                        avg = self.window_loss_sum / max(self.window_good_tokens, 1)
-                        bar.update(self.step, loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
-                                   tok_s=f"{rate:.0f}", epoch=self.epoch)
-                        self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
-                                     "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
-                        self.window_loss_sum = self.window_good_tokens = window_tokens = 0.0
-                        window_start = time.time()
-                    # Ranks must agree on stopping (a signal or the clock may reach them a step
-                    # apart): one collective every few steps, not a host sync on every step.
-                    interrupted, out_of_time = signals.received is not None, time.time() >= deadline
-                    if self.dist.enabled:
-                        if self.step % _AGREE_EVERY and not due_to_save and self.step < tc.max_steps:
-                            interrupted = out_of_time = False
-                        else:
-                            interrupted, out_of_time = (v > 0 for v in self.dist.sum([float(interrupted), float(out_of_time)], self.device))
-                    if interrupted:
-                        reason = "interrupted"
-                    elif self.step >= tc.max_steps:
-                        reason = "max_steps"
-                    elif out_of_time:
-                        reason = "time"
-                    elif self.step % tc.valid_every == 0:
+                        self.log_window(bar)
+                    reason = self.stop_reason(signals, due_to_save)
+                    if not reason and self.step % tc.valid_every == 0:
                         last_validated = self.step
                         if self.validate():
                             reason = "patience"
-                    elif tc.save_every and self.step % tc.save_every == 0:
+                    elif not reason and due_to_save:
                         self.save()
                     if reason:
                         break
@@ -619,9 +559,75 @@ class Trainer:
                 self.log(f"interrupted at step {self.step}: saved {self.run_dir / 'last.pt'}; run the same command to resume")
             elif last_validated != self.step:
                 self.validate()
+        return self.finish(reason)
+
+    def epoch_batches(self) -> Optional[list]:
+        """This epoch's batches (this rank's share), moving to the next epoch when the current
+        one is done; None once train.max_epochs are done. (seed, epoch) fix the order, so
+        ``batches_done`` is a resumable position."""
+        tc = self.config.train
+        batches = None
+        if self.epoch > 0:
+            batches = self._batches_of(self.epoch)
+        if batches is None or self.batches_done >= len(batches):
+            if tc.max_epochs and self.epoch >= tc.max_epochs:
+                return None
+            self.epoch += 1
+            self.batches_done = 0
+            batches = self._batches_of(self.epoch)
+        return batches
+
+    def _batches_of(self, epoch: int) -> list:
+        tc = self.config.train
+        if self._cached_epoch != epoch:
+            batches = make_batches(self.train_data.src_lens, self.train_data.tgt_lens, tc.max_tokens, tc.seed, epoch)
+            if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
+                usable = len(batches) // self.dist.world_size * self.dist.world_size
+                batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
+            self._cached_epoch, self._cached_batches = epoch, batches
+        return self._cached_batches
+
+    def read_stats(self) -> None:
+        """Add the device-side loss figures since the last read to the open logging window."""
+        loss_sum, good_tokens = self.drain_stats()
+        self.window_loss_sum += loss_sum
+        self.window_good_tokens += good_tokens
+
+    def log_window(self, bar: RunProgress) -> None:
+        """One train_loss / tokens-per-second line (progress bar and metrics.jsonl); closes the window."""
+        tokens = self.dist.sum([self.window_tokens], self.device)[0]
+        rate = tokens / max(time.time() - self.window_start, 1e-9)
+        avg = self.window_loss_sum / max(self.window_good_tokens, 1)
+        bar.update(self.step, loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
+                   tok_s=f"{rate:.0f}", epoch=self.epoch)
+        self.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
+                     "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
+        self.window_loss_sum = self.window_good_tokens = self.window_tokens = 0.0
+        self.window_start = time.time()
+
+    def stop_reason(self, signals: _StopSignals, due_to_save: bool) -> str:
+        """Why the run stops after this step ("" to go on): interrupted, max_steps or time."""
+        tc = self.config.train
+        # Ranks must agree on stopping (a signal or the clock may reach them a step apart):
+        # one collective every few steps, not a host sync on every step.
+        interrupted, out_of_time = signals.received is not None, time.time() >= self.deadline
+        if self.dist.enabled:
+            if self.step % _AGREE_EVERY and not due_to_save and self.step < tc.max_steps:
+                interrupted = out_of_time = False
+            else:
+                interrupted, out_of_time = (v > 0 for v in self.dist.sum([float(interrupted), float(out_of_time)], self.device))
+        if interrupted:
+            return "interrupted"
+        if self.step >= tc.max_steps:
+            return "max_steps"
+        return "time" if out_of_time else ""
+
+    def finish(self, reason: str) -> TrainResult:
+        """After the loop: release the process group, average checkpoints, say how it ended."""
+        tc = self.config.train
         self.forward_model = self.model  # the DDP wrapper holds the process group: let it go first
         self.dist.stop()
-        if self.config.train.average_last and self.dist.is_main and reason != "interrupted":
+        if tc.average_last and self.dist.is_main and reason != "interrupted":
             self.average_last()
         if self.tensorboard is not None:
             self.tensorboard.close()

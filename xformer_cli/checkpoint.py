@@ -1,5 +1,9 @@
 """Self-contained checkpoints: config, tokenizer, weights and training state.
 
+One module that training, translation and export all read checkpoints through (as
+fairseq's ``checkpoint_utils``): writing and reading them, the ``checkpoint_STEP.pt``
+names a run keeps, and building the model a checkpoint describes.
+
 Only tensors and plain Python data go in, so ``torch.load(weights_only=True)`` reads
 them and a checkpoint from a stranger cannot run code. Writes are atomic: a temporary
 file in the same directory is fsynced and then renamed over the old one.
@@ -10,11 +14,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError, writing
+from xformer_cli.model.transformer import Transformer
+from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
 FORMAT = "xformer-checkpoint"
 VERSION = 1
@@ -67,3 +74,47 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if state.get("version") != VERSION:
         raise XformerError(f"{path}: checkpoint version {state.get('version')} is not supported (expected {VERSION})")
     return state
+
+
+# -- the step checkpoints a run keeps (train.keep_checkpoints) -------------------------------
+
+STEP_PREFIX = "checkpoint_"
+
+
+def step_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """Where a run keeps its weights of ``step``: ``RUN_DIR/checkpoint_STEP.pt``."""
+    return Path(run_dir) / f"{STEP_PREFIX}{step}.pt"
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The step in a ``checkpoint_STEP.pt`` name; 0 for any other name."""
+    stem = Path(path).stem
+    number = stem[len(STEP_PREFIX):]
+    return int(number) if stem.startswith(STEP_PREFIX) and number.isdigit() else 0
+
+
+def kept_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The step checkpoints a run kept, oldest first."""
+    return sorted(Path(run_dir).glob(f"{STEP_PREFIX}*.pt"), key=checkpoint_step)
+
+
+# -- the model a checkpoint describes ---------------------------------------------------------
+
+def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
+    """The Transformer of ``config.model``, its vocabularies sized by ``tokenizer``."""
+    tgt_vocab = 0 if tokenizer.joint else tokenizer.tgt_vocab_size
+    return Transformer(config.model, tokenizer.src_vocab_size, tgt_vocab, PAD_ID)
+
+
+def load_model(path: str | Path, state: Optional[dict] = None) -> tuple[Transformer, Tokenizer, Config]:
+    """The model (eval mode), tokenizer and config of a checkpoint; one-line errors."""
+    state = load_checkpoint(path) if state is None else state
+    try:
+        config = config_from_dict(state["config"])
+        tok = state["tokenizer"]
+        tokenizer = Tokenizer(tok["src"], tok.get("tgt"))
+        model = build_model(config, tokenizer)
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {str(exc)[:120]})") from None
+    return model.eval(), tokenizer, config

@@ -1,8 +1,7 @@
-"""Export a checkpoint to a CTranslate2 model directory, and translate with it.
+"""Export a checkpoint to a CTranslate2 model directory (``decode/ct2_engine.py`` translates with it).
 
-    from xformer_cli.export import export_ctranslate2, CTranslate2Translator
+    from xformer_cli.export import export_ctranslate2
     export_ctranslate2("runs/multi30k/best.pt", "runs/multi30k/ct2", quantization="int8")
-    CTranslate2Translator.from_directory("runs/multi30k/ct2").translate(["A man rides a bike."])
 
 The exported directory holds what CTranslate2 reads (``model.bin``, ``config.json``,
 ``shared_vocabulary.json`` or ``source_vocabulary.json`` + ``target_vocabulary.json``),
@@ -14,7 +13,7 @@ plus fused k/v for encoder-decoder attention, post- or pre-norm sublayers (pre-n
 stacks keep their final LayerNorm), embeddings times sqrt(d_model), and xformer's own
 interleaved sinusoidal table as the position encodings. Greedy outputs therefore equal
 ``Translator.translate(..., beam_size=1)``; beam search differs in its stopping rule
-(see the note on beam search below).
+(see the note on beam search in ``decode/ct2_engine.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +26,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from xformer_cli.config import DecodeConfig, ModelSection
+from xformer_cli.checkpoint import load_checkpoint, load_model
+from xformer_cli.config import DecodeConfig
+from xformer_cli.model.transformer import ModelConfig
 from xformer_cli.errors import XformerError, disk_full, disk_full_error
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -37,22 +38,7 @@ JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm
 MIN_POSITIONS = 1024  # rows of the exported position table at least (CTranslate2 cannot grow it)
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; CTranslate2's own default is not the same
 # Model options the exporter knows how to map; a checkpoint with any other is refused.
-_KNOWN_MODEL_KEYS = {f.name for f in fields(ModelSection)}
-
-# The note on beam search. xformer ranks finished hypotheses by GNMT's length penalty,
-#   logprob / ((5 + |Y|) / 6) ** alpha      (|Y| counts eos),
-# and stops a sentence once no live beam can beat its finished ones. CTranslate2 4.x has
-# no GNMT form: its length_penalty divides by |Y| ** length_penalty (|Y| without eos),
-# and with a non-zero one it stops as soon as beam_size hypotheses have finished, short
-# ones included, which loses long good ones (a memorised sentence came out with a piece
-# missing). So we run CTranslate2 with length_penalty 0: scores are plain log-probabilities
-# and a sentence ends once its best beam has finished (no longer hypothesis can beat it on
-# log-probability). We take all beam_size finished hypotheses and pick the best by GNMT's
-# formula. On a tiny test model this matched xformer's beam output on 227 of 230 Multi30k
-# sentences (203 when alpha is passed as CTranslate2's own exponent), all memorised ones
-# included; equality is not guaranteed, as the stopping rules differ. Greedy search is
-# unaffected: it gives exactly xformer's tokens and log-probabilities.
-
+_KNOWN_MODEL_KEYS = {f.name for f in fields(ModelConfig)}
 
 def _import_ct2() -> Any:
     try:
@@ -107,9 +93,6 @@ def _check_output(output: Path, force: bool) -> None:
 
 def _load(checkpoint: str | Path):
     """The model, tokenizer and config of a checkpoint, read the way ``Translator`` does."""
-    from xformer_cli.decode.translator import load_model
-    from xformer_cli.train.checkpoint import load_checkpoint
-
     state = load_checkpoint(checkpoint)
     unknown = sorted(set(state.get("config", {}).get("model", {})) - _KNOWN_MODEL_KEYS)
     if unknown:
@@ -263,108 +246,3 @@ def _replace_dir(staging: Path, output: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-# -- translation -----------------------------------------------------------------------------
-
-class CTranslate2Translator:
-    """Translate with an exported directory; same input/output conventions as ``Translator``."""
-
-    def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int):
-        self.translator = translator
-        self.tokenizer = tokenizer
-        self.decode = decode
-        self.max_positions = max_positions
-        self.truncated_lines = 0  # input lines cut to decode.max_input_len
-        self.src_pieces = _vocabulary(tokenizer.src)
-        self.tgt_ids = {piece: i for i, piece in enumerate(_vocabulary(tokenizer.tgt))}
-        self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(BOS_ID)]]
-
-    @classmethod
-    def from_directory(
-        cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0
-    ) -> "CTranslate2Translator":
-        """Load a directory written by ``export_ctranslate2``; ``threads`` 0 = CTranslate2's default."""
-        ctranslate2 = _import_ct2()
-        path = Path(path)
-        info_path = path / EXPORT_INFO
-        if not path.is_dir():
-            raise XformerError(f"CTranslate2 model directory not found: {path}")
-        if not info_path.is_file() or not (path / "model.bin").is_file():
-            raise XformerError(f"{path} is not an xformer CTranslate2 export (no {EXPORT_INFO} or model.bin)")
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            decode = DecodeConfig(**info["decode"])
-            if info["joint_vocab"]:
-                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes())
-            else:
-                tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes())
-            translator = ctranslate2.Translator(str(path), device=device, compute_type=compute_type, intra_threads=threads)
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
-        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)))
-
-    def translate(self, lines: Sequence[str], **options) -> list[str]:
-        """One output line per input line, in input order; blank input gives blank output.
-        ``options``: beam_size, length_penalty, max_len_a, max_len_b, batch_size, max_tokens."""
-        hyps = self.translate_ids(lines, **options)
-        return [self.tokenizer.decode_tgt([h.tokens])[0] if h is not None else "" for h in hyps]
-
-    def translate_ids(self, lines: Sequence[str], **options):
-        """The best ``Hypothesis`` per line, in input order (None for a blank line), like
-        xformer's ``Translator.search`` with one hypothesis per line.
-
-        ``logprob`` is the sum of token log-probabilities, eos included (pad and bos are
-        left out of CTranslate2's softmax, so it is a hair higher than xformer's); ``score``
-        is it over GNMT's length penalty (itself for greedy search). A hypothesis cut at
-        the length limit keeps the log-probability of the uncut one.
-        """
-        from xformer_cli.data.batching import encode_source_batch
-        from xformer_cli.decode.search import Hypothesis, max_lengths
-        from xformer_cli.decode.translator import resolve_options, source_batches
-
-        opts = resolve_options(self.decode, **options)
-        beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
-        encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
-        self.truncated_lines += cut
-        results: list[Optional[Hypothesis]] = [None] * len(lines)
-        for chunk in batches:
-            # The same per-sentence limits as xformer's search (float32 arithmetic included).
-            limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
-            for i, hyp in zip(chunk, self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha, opts.min_len)):
-                results[i] = hyp
-        return results
-
-    def _translate_chunk(self, sources: list[list[int]], limits: list[int], beam: int, alpha: float, min_len: int):
-        # CTranslate2 takes one max_decoding_length per call, so the batch gets the longest
-        # source's limit (a * source length + b, eos counted) and each output is then cut
-        # to its own: exact for greedy search, whose first tokens do not depend on the limit
-        # (beam search, where xformer forces eos at the limit, may differ there). +1 because
-        # CTranslate2 counts the eos step in the limit; xformer allows `limit` tokens, then eos.
-        # The position table bounds both lengths (xformer grows its table; CTranslate2 cannot).
-        max_length = min(max(limits) + 1, self.max_positions)
-        alpha = 0.0 if beam == 1 else alpha  # see the note on beam search at the top
-        out = self.translator.translate_batch(
-            [[self.src_pieces[t] for t in ids] for ids in sources],
-            beam_size=beam,
-            num_hypotheses=beam,
-            length_penalty=0.0,  # scores are plain log-probabilities, eos included
-            max_decoding_length=max_length,
-            min_decoding_length=min_len,  # pieces before eos, as xformer counts them
-            max_input_length=self.max_positions - 1,  # one position left for the added eos
-            suppress_sequences=self.suppress,  # xformer never emits pad or bos either
-            return_scores=True,
-        )
-        return [self._best(result, limit, alpha) for result, limit in zip(out, limits)]
-
-    def _best(self, result: Any, limit: int, alpha: float):
-        """The hypothesis GNMT's length penalty prefers, cut to ``limit`` tokens."""
-        from xformer_cli.decode.search import Hypothesis, length_penalty
-
-        best = None
-        for pieces, logprob in zip(result.hypotheses, result.scores):
-            tokens = [self.tgt_ids[piece] for piece in pieces][:limit]
-            hyp = Hypothesis(tokens, logprob / length_penalty(len(tokens) + 1, alpha), logprob)  # + 1: eos
-            if best is None or hyp.score > best.score:
-                best = hyp
-        return best

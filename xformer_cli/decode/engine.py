@@ -1,0 +1,123 @@
+"""The interface every translation engine offers, and what is built on it alone.
+
+Two engines: ``Translator`` (this package's PyTorch model, ``decode/translator.py``) and
+``CTranslate2Translator`` (a model written by ``xformer export``, ``decode/ct2_engine.py``).
+Both take the same ``SearchOptions`` and give the same ``Hypothesis`` lists, so the CLI,
+evaluation and serving never ask which one they hold:
+
+    engine = load_engine(["runs/multi30k/best.pt"])
+    opts = engine.options(beam_size=5)          # the checkpoint's defaults, checked
+    engine.search(lines, opts)                  # n-best hypotheses per line
+    engine.translate(lines, beam_size=5)        # one string per line
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence
+
+from xformer_cli.config import DecodeConfig
+from xformer_cli.decode.inputs import chunked
+from xformer_cli.decode.options import SearchOptions, resolve_options
+from xformer_cli.decode.search import Hypothesis
+from xformer_cli.errors import XformerError
+from xformer_cli.tokenizer import Tokenizer
+
+ENGINES = ("xformer", "ctranslate2")
+
+
+class Engine:
+    """Subclasses set ``tokenizer``, ``decode`` and ``truncated_lines`` (input lines cut to
+    ``max_input_len`` over the engine's life) and implement ``search``; ``unsupported``
+    lists the ``SearchOptions`` fields they cannot honour when not at their defaults."""
+
+    name = "engine"
+    tokenizer: Tokenizer
+    decode: DecodeConfig
+    truncated_lines: int = 0
+    unsupported: tuple[str, ...] = ()
+
+    def options(self, **given) -> SearchOptions:
+        """Search options: the given ones (None = unset), the rest from the model's decode
+        defaults; checked, and refused when this engine cannot honour them."""
+        opts = resolve_options(self.decode, **given)
+        default = SearchOptions()
+        for name in self.unsupported:
+            if getattr(opts, name) != getattr(default, name):
+                raise XformerError(f"the {self.name} engine does not support --{name.replace('_', '-')}")
+        return opts
+
+    def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
+        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
+        raise NotImplementedError
+
+    def detokenize(self, hyp: Hypothesis) -> str:
+        return self.tokenizer.decode_tgt([hyp.tokens])[0]
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        beam_size: Optional[int] = None,
+        length_penalty: Optional[float] = None,
+        max_len_a: Optional[float] = None,
+        max_len_b: Optional[int] = None,
+        batch_size: Optional[int] = None,
+        **more,
+    ) -> list[str]:
+        """One output line per input line, in input order; blank input gives blank output.
+        ``more``: any other ``SearchOptions`` field (sampling_topk, temperature, seed, ...)."""
+        opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                            max_len_b=max_len_b, batch_size=batch_size, **more)
+        return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]
+
+    def search_stream(self, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[list[Hypothesis]]:
+        """``search`` over any number of lines in bounded memory: ``chunk_lines`` at a time,
+        each chunk sorted by length for batching, results yielded in input order."""
+        for chunk in chunked(lines, chunk_lines):
+            yield from self.search(chunk, opts)
+
+
+def nbest_lines(line_no: int, hyps: list[Hypothesis], k: int, detokenize) -> list[str]:
+    """``--nbest`` output: exactly k lines ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` per input
+    line (1-based), best first; SCORE is the length-normalised log-probability the search
+    ranks by. A blank input line gives k lines with an empty translation and score 0."""
+    rows = []
+    for rank in range(1, k + 1):
+        if not hyps:
+            rows.append(f"{line_no}\t{rank}\t0.0000\t")
+        elif rank <= len(hyps):
+            rows.append(f"{line_no}\t{rank}\t{hyps[rank - 1].score:.4f}\t{detokenize(hyps[rank - 1])}")
+        else:  # fewer finished hypotheses than asked for (tiny vocabularies only)
+            rows.append(f"{line_no}\t{rank}\t-inf\t")
+    return rows
+
+
+def translate_lines(engine: Engine, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[str]:
+    """Output lines for streamed input lines, in order: one per input line, or ``nbest`` per line."""
+    for index, hyps in enumerate(engine.search_stream(lines, opts, chunk_lines), start=1):
+        if opts.nbest > 1:
+            yield from nbest_lines(index, hyps, opts.nbest, engine.detokenize)
+        else:
+            yield engine.detokenize(hyps[0]) if hyps else ""
+
+
+def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "xformer", device: str = "auto",
+                precision: str = "auto", compute_type: str = "default") -> Engine:
+    """An engine on checkpoint(s) (``xformer``; several: an ensemble; ``precision`` int8: the
+    CTranslate2 engine on an int8 export made on the fly) or on an export directory
+    (``ctranslate2``, with CTranslate2's ``compute_type``)."""
+    paths = [models] if isinstance(models, (str, Path)) else list(models)
+    if engine == "ctranslate2":
+        from xformer_cli.decode.ct2_engine import CTranslate2Translator
+
+        if len(paths) != 1:
+            raise XformerError("--engine ctranslate2 takes one exported model, not an ensemble")
+        return CTranslate2Translator.from_directory(paths[0], device="cuda" if device.startswith("cuda") else "cpu",
+                                                    compute_type=compute_type)
+    if engine != "xformer":
+        raise XformerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if compute_type != "default":
+        raise XformerError("--compute-type is for --engine ctranslate2")
+    from xformer_cli.decode.translator import Translator
+
+    return Translator.from_checkpoint(paths, device=device, precision=precision)

@@ -1,0 +1,53 @@
+"""Source lines to batches of piece ids: what every engine does before it searches."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Sequence
+
+from xformer_cli.data.batching import token_batches
+from xformer_cli.decode.options import SearchOptions
+from xformer_cli.tokenizer import Tokenizer
+
+DEFAULT_MAX_INPUT_LEN = 1024  # CTranslate2's default, for decode settings that give none
+
+
+def normalize_line(line: str) -> str:
+    """Whitespace (line breaks of every kind included) collapsed to single spaces, so one
+    input line stays one output line."""
+    return " ".join(line.split())
+
+
+def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_input_len: int) -> tuple[list[list[int]], int]:
+    """Source piece ids per line, cut to ``max_input_len`` (0: the default); and how many were cut."""
+    limit = max_input_len or DEFAULT_MAX_INPUT_LEN
+    encoded = tokenizer.encode_src([normalize_line(line) for line in lines])
+    cut = sum(len(ids) > limit for ids in encoded)
+    if cut:
+        encoded = [ids[:limit] for ids in encoded]
+    return encoded, cut
+
+
+def source_batches(tokenizer: Tokenizer, lines: Sequence[str], opts: SearchOptions) -> tuple[list[list[int]], list[list[int]], int]:
+    """Encoded source lines, batches of their indices, and how many lines were cut.
+
+    Lines longer than ``opts.max_input_len`` pieces are cut to it: one garbage line (a
+    5000-word paste, 3000 repeated characters) then costs what a long normal line costs,
+    and its output, at most max_len_a * max_input_len + max_len_b pieces, is bounded too.
+    Blank lines are left out; batches are sorted by length and capped by
+    ``opts.batch_size`` sentences and ``opts.max_tokens`` slots x beam."""
+    encoded, cut = encode_lines(tokenizer, lines, opts.max_input_len)
+    lengths = [len(ids) for ids in encoded]
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
+    return encoded, token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1)), cut
+
+
+def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Consecutive lists of at most ``size`` lines: what streaming translation holds at once."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -1,0 +1,45 @@
+"""How to decode: a model's decode defaults plus what one translation run chooses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from xformer_cli.config import DecodeConfig
+from xformer_cli.errors import XformerError
+
+
+@dataclass
+class SearchOptions(DecodeConfig):
+    """The checkpoint's decode config (an engine's ``options`` fills what is not given from
+    it) plus what only a translation run chooses."""
+
+    nbest: int = 1
+    sampling_topk: int = 0  # 0: search; k > 0 sample from the k best; -1 from all (beam must be 1)
+    temperature: float = 1.0
+    seed: Optional[int] = None
+    use_cache: bool = True
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = super().problems()
+        if not 1 <= self.nbest <= max(self.beam_size, 1):
+            found.append(("nbest", f"must be between 1 and the beam size ({self.beam_size}), got {self.nbest}"))
+        if self.sampling_topk and self.beam_size != 1:
+            found.append(("sampling_topk", "sampling draws one translation per sentence: use it with --beam-size 1"))
+        if self.temperature <= 0:
+            found.append(("temperature", f"must be positive, got {self.temperature}"))
+        return found
+
+    def check(self) -> "SearchOptions":
+        """Itself, or a one-line error naming the first bad option as its flag."""
+        for name, why in self.problems():
+            raise XformerError(f"--{name.replace('_', '-')}: {why}")
+        return self
+
+
+def resolve_options(decode: DecodeConfig, **given) -> SearchOptions:
+    """``given`` options (None = unset) over a model's decode defaults, checked."""
+    unknown = sorted(set(given) - set(SearchOptions.__dataclass_fields__))
+    if unknown:
+        raise XformerError(f"unknown decoding option(s): {', '.join(unknown)}")
+    return SearchOptions(**{**asdict(decode), **{k: v for k, v in given.items() if v is not None}}).check()
