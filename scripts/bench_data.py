@@ -19,7 +19,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 
 from xformer_cli.config import load_config
 from xformer_cli.data.batching import make_batches, padding_efficiency

@@ -142,7 +142,7 @@ def main() -> None:
     systems = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            from xformer_cli.export import export_ctranslate2
+            from xformer_cli.export.ctranslate2 import export_ctranslate2
 
             args.ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
         except ImportError as exc:

@@ -90,3 +90,49 @@ def trained_run(small_corpus, tmp_path_factory):
     return run_dir
 
 
+
+
+def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 100, joint: bool = True, tie: bool = True,
+                    pre_norm: bool = False, layers: int = 2, decode=None) -> Path:
+    """A tiny model saved as the trainer saves its checkpoints: trained on the first ``pairs``
+    real Multi30k pairs for ``steps`` full-batch Adam steps (it memorises them), or, with
+    steps=0, its random weights shaken so that no LayerNorm is the identity."""
+    import torch.nn.functional as F
+
+    from xformer_cli.checkpoint import build_model, save_checkpoint
+    from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
+    from xformer_cli.data.batching import collate
+    from xformer_cli.model.transformer import ModelConfig
+    from xformer_cli.tokenizer import PAD_ID, Tokenizer
+
+    torch.manual_seed(0)
+    src, tgt = head(multi30k / "train.en", pairs), [t.strip() for t in head(multi30k / "train.de", pairs)]
+    tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
+    config = Config(
+        data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
+        tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
+        model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=layers, decoder_layers=layers, dropout=0.0,
+                          pre_norm=pre_norm, tie_embeddings=tie),
+        decode=decode or DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
+    )
+    model = build_model(config, tokenizer).train()
+    if steps:
+        batch = collate(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+        for _ in range(steps):
+            logits = model(batch.src, batch.tgt_in)
+            loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+    save_checkpoint({
+        "config": config.to_dict(),
+        "tokenizer": {"src": tokenizer.src_model_bytes, "tgt": tokenizer.tgt_model_bytes},
+        "model": model.state_dict(),
+        "step": steps,
+    }, path)
+    return path

@@ -4,17 +4,11 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from xformer_cli.checkpoint import build_model, save_checkpoint
-from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
-from xformer_cli.data.batching import collate
 from xformer_cli.decode.translator import Translator
 from xformer_cli.errors import XformerError
-from xformer_cli.model.transformer import ModelConfig
-from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
-from conftest import head
+from conftest import head, tiny_checkpoint
 
 pytest.importorskip("ctranslate2")
 from xformer_cli.decode.ct2_engine import CTranslate2Translator  # noqa: E402
@@ -26,33 +20,9 @@ STEPS = 100
 
 
 def _train_checkpoint(multi30k, path, pre_norm: bool, joint: bool):
-    """A tiny model trained on real pairs, saved as the trainer saves its checkpoints."""
-    torch.manual_seed(0)
-    src, tgt = head(multi30k / "train.en", N_TRAIN), [t.strip() for t in head(multi30k / "train.de", N_TRAIN)]
-    tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
-    config = Config(
-        data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
-        tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
-        model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0,
-                           pre_norm=pre_norm),
-        decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
-    )
-    model = build_model(config, tokenizer).train()
-    batch = collate(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
-    for _ in range(STEPS):
-        logits = model(batch.src, batch.tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    save_checkpoint({
-        "config": config.to_dict(),
-        "tokenizer": {"src": tokenizer.src_model_bytes, "tgt": tokenizer.tgt_model_bytes},
-        "model": model.state_dict(),
-        "step": STEPS,
-    }, path)
-    return path, src + head(multi30k / "test2016.en", N_UNSEEN)
+    """A tiny model that memorised N_TRAIN real pairs; its sentences (seen, then unseen)."""
+    tiny_checkpoint(multi30k, path, pairs=N_TRAIN, steps=STEPS, joint=joint, pre_norm=pre_norm)
+    return path, head(multi30k / "train.en", N_TRAIN) + head(multi30k / "test2016.en", N_UNSEEN)
 
 
 @pytest.fixture(scope="module", autouse=True)

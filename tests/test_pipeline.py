@@ -1,8 +1,6 @@
 """Sources, the tokenized cache and batching at scale: same pairs from every kind of source,
 a cache that is reused, rebuilt and never trusted half-written, batches that keep their promises."""
 
-import json
-import os
 
 import numpy as np
 import pytest

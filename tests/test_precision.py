@@ -17,7 +17,7 @@ from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
 
-from conftest import assert_one_line_error, tiny_overrides, xformer
+from conftest import assert_one_line_error, xformer
 from test_training import losses, quiet, tiny_config
 
 CPU = torch.device("cpu")

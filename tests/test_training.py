@@ -13,7 +13,7 @@ from xformer_cli.config import load_config
 from xformer_cli.errors import XformerError
 from xformer_cli.train import trainer as trainer_module
 from xformer_cli.train.average import average_checkpoints
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
 from conftest import ROOT, assert_one_line_error, tiny_overrides, xformer

@@ -230,16 +230,23 @@ def translate(
 def export(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the exported model to."),
-    format: str = typer.Option("ctranslate2", "--format", help="Only ctranslate2 for now."),
+    format: str = typer.Option("ctranslate2", "--format", help="ctranslate2 (xformer translate --engine ctranslate2 reads it) or huggingface (a MarianMT model and tokenizer for transformers)."),
     quantization: Optional[str] = typer.Option(None, "--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, bfloat16 ..."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
 ) -> None:
-    """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it."""
-    from xformer_cli.export.ctranslate2 import export_ctranslate2
+    """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it; or, with --format huggingface, for Hugging Face transformers (pip install 'xformer[hf]'): MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained load it."""
+    if format == "ctranslate2":
+        from xformer_cli.export.ctranslate2 import export_ctranslate2
 
-    if format != "ctranslate2":
-        raise XformerError(f"--format must be ctranslate2, not {format!r}")
-    written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+        written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+    elif format == "huggingface":
+        if quantization is not None:
+            raise XformerError("--quantization is for --format ctranslate2")
+        from xformer_cli.export.huggingface import export_huggingface
+
+        written = export_huggingface(checkpoint, output, force=force)
+    else:
+        raise XformerError(f"--format must be ctranslate2 or huggingface, not {format!r}")
     typer.echo(f"exported {checkpoint} -> {written}", err=True)
 
 

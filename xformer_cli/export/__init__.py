@@ -1,5 +1,4 @@
-"""Where a trained checkpoint goes next: CTranslate2 (``ctranslate2.py``)."""
+"""Where a trained checkpoint goes next: CTranslate2 (``ctranslate2.py``) and Hugging Face
+transformers' MarianMT (``huggingface.py``); ``common.py`` holds what both exporters share."""
 
-from xformer_cli.export.ctranslate2 import export_ctranslate2
-
-__all__ = ["export_ctranslate2"]
+FORMATS = ("ctranslate2", "huggingface")

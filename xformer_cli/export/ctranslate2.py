@@ -1,6 +1,6 @@
 """Export a checkpoint to a CTranslate2 model directory (``decode/ct2_engine.py`` translates with it).
 
-    from xformer_cli.export import export_ctranslate2
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
     export_ctranslate2("runs/multi30k/best.pt", "runs/multi30k/ct2", quantization="int8")
 
 The exported directory holds what CTranslate2 reads (``model.bin``, ``config.json``,
@@ -19,17 +19,12 @@ interleaved sinusoidal table as the position encodings. Greedy outputs therefore
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from xformer_cli.checkpoint import load_checkpoint, load_model
-from xformer_cli.config import DecodeConfig
-from xformer_cli.model.transformer import ModelConfig
-from xformer_cli.errors import XformerError, disk_full, disk_full_error
+from xformer_cli.errors import XformerError
+from xformer_cli.export.common import load_for_export, output_directory, write_directory
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 MISSING_CT2 = "CTranslate2 export needs the ctranslate2 package: pip install 'xformer[ctranslate2]'"
@@ -37,8 +32,7 @@ EXPORT_INFO = "xformer_export.json"
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm.model"
 MIN_POSITIONS = 1024  # rows of the exported position table at least (CTranslate2 cannot grow it)
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; CTranslate2's own default is not the same
-# Model options the exporter knows how to map; a checkpoint with any other is refused.
-_KNOWN_MODEL_KEYS = {f.name for f in fields(ModelConfig)}
+
 
 def _import_ct2() -> Any:
     try:
@@ -60,44 +54,20 @@ def export_ctranslate2(
     leaves a half-written model where a good one was.
     """
     _import_ct2()
-    output = Path(os.path.abspath(output_dir))  # "." and "a/.." have a name to rename
-    _check_output(output, force)
-    model, tokenizer, config = _load(checkpoint)
+    output = output_directory(output_dir, force)
+    model, tokenizer, config = load_for_export(checkpoint, "CTranslate2")
     spec = _build_spec(model, tokenizer)
     try:
         spec.validate()
         spec.optimize(quantization=quantization)
     except ValueError as exc:  # a bad quantization name, or a spec the weights do not fill
         raise XformerError(f"CTranslate2 export failed: {str(exc).strip().splitlines()[0]}") from None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
-    try:
+
+    def write(staging: Path) -> None:
         spec.save(str(staging))
         _write_extras(staging, tokenizer, config, quantization, model.cfg)
-        _replace_dir(staging, output)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if disk_full(exc):
-            intact = f"the previous {output.name} is unchanged" if output.exists() else "no partial export was left"
-            raise disk_full_error(output, intact=intact) from None
-        raise
-    return output
 
-
-def _check_output(output: Path, force: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise XformerError(f"{output} exists and is not a directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise XformerError(f"{output} exists and is not empty (use --force to replace it)")
-
-
-def _load(checkpoint: str | Path):
-    """The model, tokenizer and config of a checkpoint, read the way ``Translator`` does."""
-    state = load_checkpoint(checkpoint)
-    unknown = sorted(set(state.get("config", {}).get("model", {})) - _KNOWN_MODEL_KEYS)
-    if unknown:
-        raise XformerError(f"{checkpoint}: cannot export to CTranslate2: unsupported model option(s) {', '.join(unknown)}")
-    return load_model(checkpoint, state)
+    return write_directory(output, write)
 
 
 def _special_pieces(tokenizer: Tokenizer) -> dict[str, str]:
@@ -230,19 +200,3 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "decode": asdict(config.decode_settings()),
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-
-
-def _replace_dir(staging: Path, output: Path) -> None:
-    """Move ``staging`` to ``output``; an old ``output`` is set aside first and removed last."""
-    old = None
-    if output.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
-        os.replace(output, old / output.name)
-    try:
-        os.replace(staging, output)
-    except BaseException:
-        if old is not None:  # put the previous model back
-            os.replace(old / output.name, output)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
+from xformer_cli.checkpoint import (
+    checkpoint_step,
+    kept_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from xformer_cli.errors import XformerError
-from xformer_cli.checkpoint import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
-import numpy as np
 import torch
 import yaml
 from torch import Tensor
@@ -34,7 +33,7 @@ from xformer_cli.device import autocast, configure_threads, pick_device, resolve
 from xformer_cli.errors import XformerError, writing
 from xformer_cli.evaluate import bleu
 from xformer_cli.model.transformer import Transformer
-from xformer_cli.tokenizer import PAD_ID, Tokenizer
+from xformer_cli.tokenizer import PAD_ID
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll

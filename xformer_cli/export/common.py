@@ -1,0 +1,74 @@
+"""What every exporter shares: reading the checkpoint, and writing a directory whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+from typing import Callable
+
+from xformer_cli.checkpoint import load_checkpoint, load_model
+from xformer_cli.config import Config
+from xformer_cli.errors import XformerError, disk_full, disk_full_error
+from xformer_cli.model.transformer import ModelConfig, Transformer
+from xformer_cli.tokenizer import Tokenizer
+
+# Model options the exporters know how to map; a checkpoint with any other is refused.
+KNOWN_MODEL_KEYS = {f.name for f in fields(ModelConfig)}
+
+
+def load_for_export(checkpoint: str | Path, target: str) -> tuple[Transformer, Tokenizer, Config]:
+    """The model, tokenizer and config of a checkpoint, read the way ``Translator`` does;
+    refused (naming ``target``) when it holds model options no exporter knows."""
+    state = load_checkpoint(checkpoint)
+    unknown = sorted(set(state.get("config", {}).get("model", {})) - KNOWN_MODEL_KEYS)
+    if unknown:
+        raise XformerError(f"{checkpoint}: cannot export to {target}: unsupported model option(s) {', '.join(unknown)}")
+    return load_model(checkpoint, state)
+
+
+def output_directory(output_dir: str | Path, force: bool) -> Path:
+    """``output_dir`` as an absolute path ("." and "a/.." have a name to rename), refused
+    when it is a file, or a non-empty directory without ``force``."""
+    output = Path(os.path.abspath(output_dir))
+    if output.exists() and not output.is_dir():
+        raise XformerError(f"{output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise XformerError(f"{output} exists and is not empty (use --force to replace it)")
+    return output
+
+
+def write_directory(output: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write`` on a temporary sibling of ``output``, then rename it into place, so an
+    interrupted or failed export (a full disk: one line) never leaves a half-written model
+    where a good one was."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        write(staging)
+        _replace_dir(staging, output)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if disk_full(exc):
+            intact = f"the previous {output.name} is unchanged" if output.exists() else "no partial export was left"
+            raise disk_full_error(output, intact=intact) from None
+        raise
+    return output
+
+
+def _replace_dir(staging: Path, output: Path) -> None:
+    """Move ``staging`` to ``output``; an old ``output`` is set aside first and removed last."""
+    old = None
+    if output.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+        os.replace(output, old / output.name)
+    try:
+        os.replace(staging, output)
+    except BaseException:
+        if old is not None:  # put the previous model back
+            os.replace(old / output.name, output)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,339 @@
+"""Export a checkpoint as a Hugging Face ``transformers`` MarianMT model directory.
+
+    from xformer_cli.export.huggingface import export_huggingface
+    export_huggingface("runs/multi30k/best.pt", "runs/multi30k/hf")
+
+    from transformers import MarianMTModel, MarianTokenizer
+    model = MarianMTModel.from_pretrained("runs/multi30k/hf")
+    tokenizer = MarianTokenizer.from_pretrained("runs/multi30k/hf")
+    batch = tokenizer(["A man rides a bike."], return_tensors="pt", padding=True)
+    tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+
+The directory holds ``config.json`` and ``model.safetensors`` (the model),
+``generation_config.json`` (xformer's decode settings in Hugging Face's terms),
+``source.spm``, ``target.spm``, ``vocab.json`` (and ``target_vocab.json`` for separate
+vocabularies), ``tokenizer_config.json`` (what ``MarianTokenizer`` reads; every piece keeps
+xformer's id) and ``xformer_export.json`` (xformer's decode settings and version).
+
+How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
+
+- The sinusoidal table. Marian builds its own when it loads a model (the weights file has
+  none) and puts every sine first and every cosine second, where xformer (like the paper)
+  interleaves them: xformer's column 2i is Marian's column i and xformer's 2i+1 is Marian's
+  d/2 + i. So the export permutes the hidden dimension the same way everywhere it appears:
+  the columns of the embeddings (and of the tied output matrix), the rows and biases of
+  every projection that writes to the residual stream (attention output, second FFN
+  layer), the columns of every projection that reads from it (q, k, v, first FFN layer),
+  and the LayerNorm weights and biases (a LayerNorm over permuted features is the permuted
+  LayerNorm). The permuted model computes exactly what xformer's does; only its residual
+  stream lists the same features in another order.
+- xformer's fused ``kv_proj`` holds k then v: it is split into ``k_proj`` and ``v_proj``.
+- Embeddings are scaled by sqrt(d_model) (``scale_embedding``); LayerNorm eps is 1e-5 on
+  both sides (torch's default); the activation is ReLU; the generator has no bias, so
+  ``final_logits_bias`` is zeros.
+- Vocabularies: one joint vocabulary with tied embeddings is Marian's shared embedding
+  (``share_encoder_decoder_embeddings``); separate vocabularies (or untied embeddings) give
+  separate encoder and decoder embeddings, and ``tie_word_embeddings`` says whether the
+  output matrix is the decoder embedding, as in xformer.
+- Ids: pad 0, unk 1, bos 2, eos 3. The decoder starts with bos (``decoder_start_token_id``
+  2); ``MarianTokenizer`` appends eos to the source as xformer does.
+
+Refused, with one line saying why: pre-norm stacks (Marian's layers are post-norm and it
+has no final LayerNorm), special pieces that differ between the source and target
+tokenizers (``MarianTokenizer`` has one name per role), and model options this exporter
+does not know.
+
+Decoding. Greedy search (``num_beams=1``) gives xformer's tokens (1000 of 1000 Multi30k
+test lines; BENCHMARKS.md), and ``batch_decode(..., skip_special_tokens=True)`` its text,
+except that MarianTokenizer strips the spaces around a line (sentencepiece, and so xformer,
+keeps the space of a final lone "▁" piece). Beam search differs in
+two ways that no generation setting removes: Hugging Face divides a finished hypothesis's
+log-probability by |Y| ** length_penalty where xformer uses GNMT's ((5 + |Y|) / 6) ** alpha
+(|Y| counts eos in both), and at the length limit Hugging Face forces eos with
+log-probability 0 where xformer keeps eos's own. ``generation_config.json`` sets
+``early_stopping="never"`` (stop once no live beam can beat the finished ones, bounded at the
+maximum length: xformer's rule) and ``length_penalty`` = ``HF_LENGTH_PENALTY_SCALE`` x alpha
+(see below). xformer's length limit, max_len_a * source length + max_len_b pieces before
+eos (the source length counts its eos), depends on each sentence; Hugging Face has one
+limit per ``generate`` call, so ``max_new_tokens`` holds the limit of the longest source
+xformer accepts (decode.max_input_len pieces), + 1 for eos. Pass
+``max_new_tokens=xformer_max_new_tokens(source_length, ...)`` per call (or per batch of equal
+source lengths, as ``scripts/compare_huggingface.py`` does) for xformer's exact limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from xformer_cli.errors import XformerError
+from xformer_cli.export.common import load_for_export, output_directory, write_directory
+from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+MISSING_HF = "Hugging Face export needs transformers and safetensors: pip install 'xformer[hf]'"
+EXPORT_INFO = "xformer_export.json"
+MIN_POSITIONS = 1024  # rows of Marian's position table at least (it cannot grow it, xformer can)
+# Hugging Face's length_penalty for xformer's GNMT alpha. No setting makes |Y| ** lp equal
+# ((5 + |Y|) / 6) ** alpha; ranking hypotheses of nearby lengths alike needs equal slopes in
+# log-length, alpha / (5 + |Y|) = lp / |Y|, i.e. lp = alpha * |Y| / (5 + |Y|): 0.75 alpha at
+# |Y| = 15 pieces (eos included), about a Multi30k translation (14.2 on test2016). Measured
+# on test2016 with alpha 0.6 (BENCHMARKS.md, "Hugging Face export"): lp 0.45 gave BLEU
+# within 0.05 of xformer's beam and 991/1000 identical lines; lp 0.6 (alpha itself) +0.22
+# BLEU with 965 identical, its outputs longer. Corpora of longer sentences want a larger scale.
+HF_LENGTH_PENALTY_SCALE = 0.75
+
+
+def _import_hf() -> tuple[Any, Any]:
+    try:
+        import safetensors.torch
+        import transformers
+    except ImportError:
+        raise XformerError(MISSING_HF) from None
+    return transformers, safetensors.torch
+
+
+def xformer_max_new_tokens(source_length: int, max_len_a: float, max_len_b: int) -> int:
+    """``max_new_tokens`` for a source of ``source_length`` ids (eos included): xformer's
+    limit (a * length + b pieces, computed in float32 as its search does, at least 1) + eos."""
+    import torch
+
+    limit = int((max_len_a * torch.tensor(float(source_length)) + max_len_b).long().clamp(min=1))
+    return limit + 1
+
+
+# -- export ------------------------------------------------------------------------------
+
+def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bool = False) -> Path:
+    """Write ``checkpoint`` as a Hugging Face MarianMT directory at ``output_dir``; returns it.
+
+    An existing non-empty ``output_dir`` is refused unless ``force``. The files are written
+    to a temporary sibling directory that is then renamed into place, so an interrupted
+    export never leaves a half-written model where a good one was.
+    """
+    transformers, st = _import_hf()
+    output = output_directory(output_dir, force)
+    model, tokenizer, config = load_for_export(checkpoint, "Hugging Face")
+    _check_expressible(model, checkpoint)
+    specials = _special_pieces(tokenizer, checkpoint)
+    decode = config.decode_settings()
+    marian_config = _marian_config(transformers, model)
+    generation_config = _generation_config(transformers, decode)
+    weights = marian_state_dict(model)
+
+    def write(staging: Path) -> None:
+        marian_config.save_pretrained(staging)
+        generation_config.save_pretrained(staging)
+        _write_weights(staging / "model.safetensors", st.save(weights, metadata={"format": "pt"}))
+        _write_tokenizer(staging, tokenizer, specials, config, decode)
+        _write_info(staging, tokenizer, decode, generation_config)
+
+    return write_directory(output, write)
+
+
+def _check_expressible(model, checkpoint) -> None:
+    cfg = model.cfg
+    where = f"{checkpoint}: cannot export to Hugging Face"
+    if cfg.pre_norm:
+        raise XformerError(f"{where}: pre-norm model (model.pre_norm: true); Marian layers are post-norm only, with no final LayerNorm")
+    if cfg.d_model % 2:
+        raise XformerError(f"{where}: d_model {cfg.d_model} is odd; Marian's sinusoidal table needs an even d_model")
+    if cfg.d_model % cfg.n_heads:
+        raise XformerError(f"{where}: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+
+
+def _special_pieces(tokenizer: Tokenizer, checkpoint) -> dict[str, str]:
+    """unk/bos/eos/pad pieces; MarianTokenizer names each role once for both sides."""
+    names = {}
+    for role, src_id, tgt_id in (("unk", tokenizer.src.unk_id(), tokenizer.tgt.unk_id()), ("bos", BOS_ID, BOS_ID),
+                                 ("eos", EOS_ID, EOS_ID), ("pad", PAD_ID, PAD_ID)):
+        src, tgt = tokenizer.src.id_to_piece(src_id), tokenizer.tgt.id_to_piece(tgt_id)
+        if src != tgt:
+            raise XformerError(f"{checkpoint}: cannot export to Hugging Face: the {role} piece differs between source "
+                               f"({src!r}) and target ({tgt!r}) tokenizers; MarianTokenizer has one {role} token")
+        names[role] = src
+    return names
+
+
+def _marian_config(transformers, model):
+    cfg = model.cfg
+    shared = model.joint_vocab and cfg.tie_embeddings  # xformer shares the embedding only then
+    return transformers.MarianConfig(
+        vocab_size=model.src_vocab,
+        decoder_vocab_size=model.tgt_vocab,
+        share_encoder_decoder_embeddings=shared,
+        tie_word_embeddings=cfg.tie_embeddings,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function="relu",
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        max_position_embeddings=max(cfg.max_positions, MIN_POSITIONS),
+        scale_embedding=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        forced_eos_token_id=EOS_ID,
+        decoder_start_token_id=BOS_ID,
+        architectures=["MarianMTModel"],
+        dtype="float32",
+    )
+
+
+def _generation_config(transformers, decode):
+    max_source = (decode.max_input_len or 1024) + 1  # + eos
+    return transformers.GenerationConfig(
+        decoder_start_token_id=BOS_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        forced_eos_token_id=EOS_ID,  # at the length limit only eos may follow (xformer's rule)
+        suppress_tokens=[PAD_ID, BOS_ID],  # xformer never emits pad or bos
+        min_new_tokens=decode.min_len,  # pieces before eos at least, as xformer counts them
+        max_new_tokens=xformer_max_new_tokens(max_source, decode.max_len_a, decode.max_len_b),
+        num_beams=decode.beam_size,
+        length_penalty=round(HF_LENGTH_PENALTY_SCALE * decode.length_penalty, 4),
+        early_stopping="never",
+        do_sample=False,
+    )
+
+
+def _write_tokenizer(directory: Path, tokenizer: Tokenizer, specials: dict[str, str], config, decode) -> None:
+    """What MarianTokenizer reads: both sentencepiece models (the joint one twice) and
+    vocab.json mapping every piece to xformer's id (target_vocab.json for separate ones)."""
+    (directory / "source.spm").write_bytes(tokenizer.src_model_bytes)
+    (directory / "target.spm").write_bytes(tokenizer.tgt_model_bytes or tokenizer.src_model_bytes)
+    _write_json(directory / "vocab.json", _vocabulary(tokenizer.src))
+    if not tokenizer.joint:
+        _write_json(directory / "target_vocab.json", _vocabulary(tokenizer.tgt))
+    _write_json(directory / "tokenizer_config.json", {
+        "tokenizer_class": "MarianTokenizer",
+        "source_lang": config.data.src_lang,
+        "target_lang": config.data.tgt_lang,
+        "unk_token": specials["unk"],
+        "bos_token": specials["bos"],  # never added to the source; marks it special for decoding
+        "eos_token": specials["eos"],
+        "pad_token": specials["pad"],
+        "separate_vocabs": not tokenizer.joint,
+        # With truncation=True: decode.max_input_len pieces + eos, xformer's own cut.
+        "model_max_length": (decode.max_input_len or 1024) + 1,
+        "clean_up_tokenization_spaces": False,
+        "sp_model_kwargs": {},
+    })
+
+
+def _vocabulary(sp) -> dict[str, int]:
+    return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+
+
+def _write_info(directory: Path, tokenizer: Tokenizer, decode, generation_config) -> None:
+    from xformer_cli import __version__
+
+    _write_json(directory / EXPORT_INFO, {
+        "format": "xformer-huggingface",
+        "xformer_version": __version__,
+        "joint_vocab": tokenizer.joint,
+        "decode": asdict(decode),
+        "length_penalty_note": (
+            f"xformer ranks beams by logprob / ((5 + |Y|) / 6) ** {decode.length_penalty} (GNMT); Hugging Face by "
+            f"logprob / |Y| ** length_penalty, set to {generation_config.length_penalty} "
+            f"({HF_LENGTH_PENALTY_SCALE} x alpha)"),
+        "max_length_note": (
+            f"xformer allows int({decode.max_len_a} * source ids (eos included) + {decode.max_len_b}) pieces, then eos; "
+            "generation_config's max_new_tokens is that limit + 1 for the longest source kept "
+            "(decode.max_input_len pieces); pass max_new_tokens per call for a shorter one"),
+    })
+
+
+def _write_weights(path: Path, data: bytes) -> None:
+    """Python's own write, so a full disk is an OSError (ENOSPC) that ``disk_full`` knows."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# -- weights -------------------------------------------------------------------------------
+
+def hidden_permutation(d_model: int):
+    """Marian's hidden index -> xformer's: sines (xformer's even columns) first, then cosines."""
+    import torch
+
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_state_dict(model) -> dict:
+    """xformer's weights under MarianMTModel's names, the hidden dimension permuted to
+    Marian's order (see the module docstring); tied weights are written once, as
+    ``save_pretrained`` writes them."""
+    import torch
+
+    cfg = model.cfg
+    d = cfg.d_model
+    perm = hidden_permutation(d)
+
+    def t(x):
+        return x.detach().to(torch.float32, copy=True).contiguous()
+
+    def reads(weight):  # a projection that reads the residual stream: permute its input columns
+        return t(weight[:, perm])
+
+    def writes(weight):  # one that writes it: permute its output rows
+        return t(weight[perm])
+
+    def bias(linear, rows: int, permuted: bool = False):
+        if linear.bias is None:
+            return torch.zeros(rows)
+        return t(linear.bias[perm] if permuted else linear.bias)
+
+    out: dict[str, torch.Tensor] = {}
+
+    def layer_norm(prefix: str, norm) -> None:
+        out[f"{prefix}.weight"], out[f"{prefix}.bias"] = t(norm.weight[perm]), t(norm.bias[perm])
+
+    def attention(prefix: str, attn) -> None:
+        out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = reads(attn.q_proj.weight), bias(attn.q_proj, d)
+        kv_bias = bias(attn.kv_proj, 2 * d)
+        out[f"{prefix}.k_proj.weight"], out[f"{prefix}.k_proj.bias"] = reads(attn.kv_proj.weight[:d]), t(kv_bias[:d])
+        out[f"{prefix}.v_proj.weight"], out[f"{prefix}.v_proj.bias"] = reads(attn.kv_proj.weight[d:]), t(kv_bias[d:])
+        out[f"{prefix}.out_proj.weight"] = writes(attn.out_proj.weight)
+        out[f"{prefix}.out_proj.bias"] = bias(attn.out_proj, d, permuted=True)
+
+    def ffn(prefix: str, ffn_module, norm) -> None:
+        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(ffn_module.w1.weight), bias(ffn_module.w1, cfg.d_ff)
+        out[f"{prefix}.fc2.weight"] = writes(ffn_module.w2.weight)
+        out[f"{prefix}.fc2.bias"] = bias(ffn_module.w2, d, permuted=True)
+        layer_norm(f"{prefix}.final_layer_norm", norm)
+
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"model.encoder.layers.{i}"
+        attention(f"{p}.self_attn", layer.self_attn)
+        layer_norm(f"{p}.self_attn_layer_norm", layer.sub_attn.norm)
+        ffn(p, layer.ffn, layer.sub_ffn.norm)
+    for i, layer in enumerate(model.decoder_layers):
+        p = f"model.decoder.layers.{i}"
+        attention(f"{p}.self_attn", layer.self_attn)
+        layer_norm(f"{p}.self_attn_layer_norm", layer.sub_self.norm)
+        attention(f"{p}.encoder_attn", layer.cross_attn)
+        layer_norm(f"{p}.encoder_attn_layer_norm", layer.sub_cross.norm)
+        ffn(p, layer.ffn, layer.sub_ffn.norm)
+
+    src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight
+    if model.joint_vocab and cfg.tie_embeddings:  # one matrix: embeddings and output
+        out["model.shared.weight"] = reads(src_embedding)
+    else:
+        out["model.encoder.embed_tokens.weight"] = reads(src_embedding)
+        out["model.decoder.embed_tokens.weight"] = reads(tgt_embedding)
+        if not cfg.tie_embeddings:
+            out["lm_head.weight"] = reads(model.generator.weight)
+    out["final_logits_bias"] = torch.zeros(1, model.tgt_vocab)  # xformer's generator has no bias
+    return out
