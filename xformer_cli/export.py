@@ -7,7 +7,7 @@
 The exported directory holds what CTranslate2 reads (``model.bin``, ``config.json``,
 ``shared_vocabulary.json`` or ``source_vocabulary.json`` + ``target_vocabulary.json``),
 the sentencepiece model(s) (``spm.model`` when joint, else ``source.spm.model`` and
-``target.spm.model``) and ``xformer_export.json`` (decode defaults, xformer version).
+``target.spm.model``) and ``xformer_export.json`` (decode defaults, language codes, xformer version).
 
 The spec mirrors ``model/transformer.py`` exactly: fused q/k/v for self-attention, query
 plus fused k/v for encoder-decoder attention, post- or pre-norm sublayers (pre-norm
@@ -242,6 +242,8 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "format": "xformer-ctranslate2",
         "xformer_version": __version__,
         "joint_vocab": tokenizer.joint,
+        "src_lang": config.data.src_lang,  # what xformer serve offers in /languages
+        "tgt_lang": config.data.tgt_lang,
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
         "decode": asdict(config.decode_settings()),
