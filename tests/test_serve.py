@@ -79,6 +79,34 @@ def test_batches_respect_caps_and_options_in_arrival_order():
     assert batcher.stop(5) and small.stop(5)
 
 
+def test_a_lone_client_does_not_wait_and_returning_clients_share_a_call():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=1.0, max_sentences=8).start()
+    started = time.monotonic()
+    batcher.submit(["first"]).result(5)  # no history: waits max_wait for company
+    assert time.monotonic() - started >= 0.9
+    for _ in range(3):  # demand is one text now: served at once
+        started = time.monotonic()
+        batcher.submit(["alone"]).result(5)
+        assert time.monotonic() - started < 0.5
+
+    gate = threading.Event()
+    engine.gate = gate
+    engine.calls.clear()
+    engine.entered = threading.Event()
+    running = batcher.submit([f"a{i}" for i in range(8)])  # a full batch goes at once, and blocks
+    assert engine.entered.wait(5)
+    time.sleep(0.05)
+    early = batcher.submit(["b"])  # arrives while the engine is busy
+    gate.set()
+    running.result(5)
+    time.sleep(0.1)  # a client whose answer just came back asks again
+    late = batcher.submit(["c"])
+    assert early.result(5).texts == ["B"] and late.result(5).texts == ["C"]
+    assert [texts for texts, _ in engine.calls] == [[f"a{i}" for i in range(8)], ["b", "c"]]  # one call, not two
+    assert batcher.stop(5)
+
+
 def test_a_full_queue_rejects_and_holds_nothing():
     gate = threading.Event()
     engine = Recorder(gate=gate)
@@ -330,6 +358,9 @@ def test_ctranslate2_engine_from_an_export_and_from_a_checkpoint(trained_run, tm
     assert (from_dir.source, from_dir.target, from_dir.engine, from_dir.name) == ("en", "de-DE", "ctranslate2", "ct2")
     on_the_fly = load_engine(checkpoint, "ctranslate2", device="cpu", precision="fp32")
     assert (on_the_fly.source, on_the_fly.target, on_the_fly.precision) == ("en", "de", "float32")
+    int8 = load_engine(checkpoint, "xformer", device="cpu", precision="int8")  # as xformer translate --precision int8
+    assert (int8.engine, int8.precision, int8.source, int8.target) == ("ctranslate2", "int8", "en", "de")
+    assert len(int8.translate(SENTENCES, beam_size=1)) == len(SENTENCES)
     for engine, target in ((from_dir, "de-DE"), (on_the_fly, "de")):
         with TestClient(create_app(engine)) as client:  # greedy CTranslate2 equals greedy xformer
             res = post(client, q=SENTENCES, source="en", target=target, beam_size=1)

@@ -372,7 +372,7 @@ def serve(
     target: Optional[str] = typer.Option(None, "--target", help="Target language code (default: the checkpoint's data.tgt_lang)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name shown on the page and in /health (default: RUN/FILE)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="XFORMER_API_KEY", help="Require this key (LibreTranslate's api_key field, an X-API-Key header, or Authorization: Bearer); also read from $XFORMER_API_KEY."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long a request may wait for others to share its batch."),
+    max_wait_ms: float = typer.Option(10.0, "--max-wait-ms", help="How long a request may wait for others to share its engine call (a lone client does not wait)."),
     max_batch: int = typer.Option(64, "--max-batch", help="Texts per engine call at most."),
     max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Estimated source tokens (words + 1) per engine call at most."),
     max_queue: int = typer.Option(1024, "--max-queue", help="Texts waiting at most; past it requests get 503 with Retry-After."),

@@ -7,11 +7,17 @@
 
 Callers ``submit`` a list of texts and get a ``concurrent.futures.Future``. One worker
 thread (PyTorch is not made for concurrent calls on one model) takes the oldest waiting
-job, waits until it is ``max_wait`` seconds old for others to join (at once when the
-batch is already full), and makes one engine call for every job that decodes the same
-way (same options) in arrival order, within ``max_sentences`` texts and ``max_tokens``
-estimated tokens. While the engine runs, new jobs queue up and form the next batch, so
-a busy server batches by itself and an idle one adds at most ``max_wait`` of latency.
+job and makes one engine call for every job that decodes the same way (same options), in
+arrival order, within ``max_sentences`` texts and ``max_tokens`` estimated tokens. While
+the engine runs, new jobs queue up and form the next batch.
+
+How long it waits for company before that call: until as many texts are queued as the
+recent demand (the most, over the last few calls, of a call's texts plus those queued
+when it ended), or ``max_wait`` seconds after the later of the oldest job's arrival and
+the end of the previous call. So one client alone never waits (its demand is 1), while
+32 clients whose answers just went out are given ``max_wait`` to send their next
+requests and share one call, instead of splitting into two half-size batches that take
+turns (each of which would then find its own demand met).
 
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
 and nothing is held. ``stop`` refuses new jobs, finishes every queued one, and ends
@@ -70,7 +76,7 @@ class Batcher:
         self,
         translate: TranslateFn,
         *,
-        max_wait: float = 0.005,
+        max_wait: float = 0.01,
         max_sentences: int = 64,
         max_tokens: int = 4096,
         max_queued: int = 1024,
@@ -89,6 +95,8 @@ class Batcher:
         self._queued = 0  # texts in _jobs
         self._cond = threading.Condition()
         self._stopping = False
+        self._demand: deque[int] = deque(maxlen=4)  # texts per call plus texts left queued, recent calls
+        self._last_end = 0.0  # when the previous engine call ended
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         # counters, for /health and the benchmark
         self.batches = 0
@@ -165,6 +173,8 @@ class Batcher:
         took = time.monotonic() - start
         if len(out) != len(texts):
             raise RuntimeError(f"the engine returned {len(out)} translations for {len(texts)} texts")
+        self._last_end = start + took
+        self._demand.append(len(texts) + self._queued)
         self.batches += 1
         self.texts_done += len(texts)
         self.jobs_done += len(jobs)
@@ -182,8 +192,10 @@ class Batcher:
             if not self._jobs:
                 return None
             first = self._jobs[0]
-            deadline = first.enqueued + self.max_wait  # a job that waited through a busy engine waits no more
-            while not self._stopping and not self._full(first.key):
+            # no history yet: wait for a full batch (the first request of a server's life may wait max_wait)
+            target = min(max(self._demand, default=self.max_sentences), self.max_sentences)
+            deadline = max(first.enqueued, self._last_end) + self.max_wait
+            while not self._stopping and not self._ready(first.key, target):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -202,12 +214,13 @@ class Batcher:
             self._queued -= texts
             return batch
 
-    def _full(self, key: tuple) -> bool:
+    def _ready(self, key: tuple, target: int) -> bool:
+        """Whether the queue holds ``target`` texts decoded like ``key``, or a full batch of tokens."""
         texts = tokens = 0
         for job in self._jobs:
             if job.key == key:
                 texts += len(job.texts)
                 tokens += job.tokens
-                if texts >= self.max_sentences or tokens >= self.max_tokens:
+                if texts >= target or tokens >= self.max_tokens:
                     return True
         return False
