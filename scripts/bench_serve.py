@@ -10,6 +10,7 @@ and p50/p95 latency per concurrency, plus the mean batch the server formed. Then
 ``xformer translate`` on the same sentences in one go and reports its sentences/s (its
 run on one line, start-up and model load, is subtracted). Both sides use the
 checkpoint's decode settings (beam, length penalty) and the same --precision and threads.
+With --engine ctranslate2, --checkpoint is an export directory (both sides load it).
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data")) / "multi30k" / "test2016.en"
 
 
+def env(args) -> dict:
+    """The environment of both sides: OMP_NUM_THREADS=--threads when given (torch reads it)."""
+    out = dict(os.environ)
+    if args.threads:
+        out["OMP_NUM_THREADS"] = str(args.threads)
+    return out
+
+
 def start_server(args) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "xformer_cli", "serve", "-m", str(args.checkpoint), "--port", "0",
                "--precision", args.precision, "--engine", args.engine, *args.serve_args]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(args))
     for line in proc.stdout:
         print("  server:", line.rstrip(), file=sys.stderr)
         found = re.search(r"serving on (http://\S+)", line)
@@ -108,7 +117,7 @@ def batch_translate(args, sentences: list[str]) -> dict:
             command = [sys.executable, "-m", "xformer_cli", "translate", "-m", str(args.checkpoint), "-i", str(path),
                        "-o", str(Path(tmp) / f"{name}.de"), "--precision", args.precision, *args.translate_args]
             started = time.perf_counter()
-            subprocess.run(command, cwd=ROOT, check=True)
+            subprocess.run(command, cwd=ROOT, check=True, env=env(args))
             times[name] = time.perf_counter() - started
     net = times["many"] - times["one"]
     return {"sentences": len(sentences), "seconds_total": times["many"], "seconds_start": times["one"],
@@ -124,6 +133,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--engine", default="xformer")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads for both sides (OMP_NUM_THREADS); 0: torch's default (the cores).")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                         help="Passed on to xformer serve (last on the line), e.g. --max-wait-ms 10.")
     parser.add_argument("--no-batch", action="store_true", help="Skip the xformer translate side.")
@@ -134,7 +145,7 @@ def main() -> None:
     lines = [line.strip() for line in args.data.read_text(encoding="utf-8").splitlines() if line.strip()]
     sentences = [lines[i % len(lines)] for i in range(args.requests)]
     results: dict = {"checkpoint": str(args.checkpoint), "data": str(args.data), "engine": args.engine,
-                     "precision": args.precision, "serve_args": args.serve_args, "load": []}
+                     "precision": args.precision, "threads": args.threads, "serve_args": args.serve_args, "load": []}
 
     proc, url = start_server(args)
     try:

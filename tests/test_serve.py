@@ -85,9 +85,9 @@ def test_a_lone_client_does_not_wait_and_returning_clients_share_a_call():
     started = time.monotonic()
     batcher.submit(["first"]).result(5)  # no history: waits max_wait for company
     assert time.monotonic() - started >= 0.9
-    for _ in range(3):  # demand is one text now: served at once
+    for texts in (["alone"], ["three", "at", "once"], ["alone"]):  # demand is one job now: served at once
         started = time.monotonic()
-        batcher.submit(["alone"]).result(5)
+        batcher.submit(texts).result(5)
         assert time.monotonic() - started < 0.5
 
     gate = threading.Event()

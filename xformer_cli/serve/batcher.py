@@ -11,13 +11,14 @@ job and makes one engine call for every job that decodes the same way (same opti
 arrival order, within ``max_sentences`` texts and ``max_tokens`` estimated tokens. While
 the engine runs, new jobs queue up and form the next batch.
 
-How long it waits for company before that call: until as many texts are queued as the
-recent demand (the most, over the last few calls, of a call's texts plus those queued
-when it ended), or ``max_wait`` seconds after the later of the oldest job's arrival and
-the end of the previous call. So one client alone never waits (its demand is 1), while
-32 clients whose answers just went out are given ``max_wait`` to send their next
-requests and share one call, instead of splitting into two half-size batches that take
-turns (each of which would then find its own demand met).
+How long it waits for company before that call: until as many jobs are queued as the
+recent demand (the most, over the last few calls, of a call's jobs plus those queued
+when it ended) or a batch is full, or ``max_wait`` seconds after the later of the oldest
+job's arrival and the end of the previous call. So one client alone never waits (its
+demand is one job, whatever its number of texts), while 32 clients whose answers just
+went out are given ``max_wait`` to send their next requests and share one call, instead
+of splitting into two half-size batches that take turns (each of which would then find
+its own demand met).
 
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
 and nothing is held. ``stop`` refuses new jobs, finishes every queued one, and ends
@@ -95,7 +96,7 @@ class Batcher:
         self._queued = 0  # texts in _jobs
         self._cond = threading.Condition()
         self._stopping = False
-        self._demand: deque[int] = deque(maxlen=4)  # texts per call plus texts left queued, recent calls
+        self._demand: deque[int] = deque(maxlen=4)  # jobs per call plus jobs left queued, recent calls
         self._last_end = 0.0  # when the previous engine call ended
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         # counters, for /health and the benchmark
@@ -174,7 +175,7 @@ class Batcher:
         if len(out) != len(texts):
             raise RuntimeError(f"the engine returned {len(out)} translations for {len(texts)} texts")
         self._last_end = start + took
-        self._demand.append(len(texts) + self._queued)
+        self._demand.append(len(jobs) + len(self._jobs))
         self.batches += 1
         self.texts_done += len(texts)
         self.jobs_done += len(jobs)
@@ -193,7 +194,7 @@ class Batcher:
                 return None
             first = self._jobs[0]
             # no history yet: wait for a full batch (the first request of a server's life may wait max_wait)
-            target = min(max(self._demand, default=self.max_sentences), self.max_sentences)
+            target = max(self._demand, default=self.max_sentences)
             deadline = max(first.enqueued, self._last_end) + self.max_wait
             while not self._stopping and not self._ready(first.key, target):
                 left = deadline - time.monotonic()
@@ -215,12 +216,13 @@ class Batcher:
             return batch
 
     def _ready(self, key: tuple, target: int) -> bool:
-        """Whether the queue holds ``target`` texts decoded like ``key``, or a full batch of tokens."""
-        texts = tokens = 0
+        """Whether the queue holds ``target`` jobs decoded like ``key``, or a full batch."""
+        jobs = texts = tokens = 0
         for job in self._jobs:
             if job.key == key:
+                jobs += 1
                 texts += len(job.texts)
                 tokens += job.tokens
-                if texts >= target or tokens >= self.max_tokens:
+                if jobs >= target or texts >= self.max_sentences or tokens >= self.max_tokens:
                     return True
         return False
