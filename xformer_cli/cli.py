@@ -378,7 +378,7 @@ def serve(
     max_queue: int = typer.Option(1024, "--max-queue", help="Texts waiting at most; past it requests get 503 with Retry-After."),
     max_chars: int = typer.Option(5000, "--max-chars", help="Characters per text at most (400 past it)."),
     max_texts: int = typer.Option(64, "--max-texts", help="Texts per request at most (400 past it)."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads for torch; 0 = torch's default."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for the engine; 0 = $OMP_NUM_THREADS if set, else one fewer than the cores (the one left runs HTTP)."),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
     graceful_timeout: float = typer.Option(30.0, "--graceful-timeout", help="On SIGTERM, seconds to let in-flight requests finish."),
 ) -> None:

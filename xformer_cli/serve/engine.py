@@ -56,9 +56,11 @@ def load_engine(
     source: Optional[str] = None,
     target: Optional[str] = None,
     name: Optional[str] = None,
+    threads: int = 0,
     log: Callable[[str], None] = lambda message: None,
 ) -> Engine:
-    """Load ``model`` for serving; ``source``/``target`` override the recorded language codes."""
+    """Load ``model`` for serving; ``source``/``target`` override the recorded language codes;
+    ``threads``: CTranslate2's (0: its default; PyTorch's are set by the caller)."""
     path = Path(model)
     if engine not in ENGINES:
         raise XformerError(f"--engine must be xformer or ctranslate2, not {engine!r}")
@@ -76,7 +78,7 @@ def load_engine(
     else:
         if precision not in CT2_COMPUTE_TYPES:
             raise XformerError(f"--precision must be one of {', '.join(CT2_COMPUTE_TYPES)}, not {precision!r}")
-        translator = _ct2_translator(path, device, precision, log)
+        translator = _ct2_translator(path, device, precision, threads, log)
         shown_precision = CT2_COMPUTE_TYPES[precision] if precision != "auto" else _export_weights(path)
         recorded = export_languages(path) if path.is_dir() else checkpoint_languages(path)
     if recorded is None and not (source and target):
@@ -94,18 +96,20 @@ def load_engine(
     )
 
 
-def _ct2_translator(path: Path, device: str, precision: str, log: Callable[[str], None]):
-    from xformer_cli.export import CTranslate2Translator, export_ctranslate2
+def _ct2_translator(path: Path, device: str, precision: str, threads: int, log: Callable[[str], None]):
+    from xformer_cli.export import CTranslate2Translator, _import_ct2, export_ctranslate2
 
-    ct2_device = "cuda" if device.startswith("cuda") else "cpu"
+    gpus = _import_ct2().get_cuda_device_count() if device == "auto" else 0
+    ct2_device = "cuda" if device.startswith("cuda") or gpus else "cpu"
     compute_type = CT2_COMPUTE_TYPES[precision]
     if path.is_dir():
-        return CTranslate2Translator.from_directory(path, device=ct2_device, compute_type=compute_type)
+        return CTranslate2Translator.from_directory(path, device=ct2_device, compute_type=compute_type, threads=threads)
     log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
     with tempfile.TemporaryDirectory(prefix="xformer-serve-") as tmp:
         quantization = "int8" if precision == "int8" else None
         exported = export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization)
-        return CTranslate2Translator.from_directory(exported, device=ct2_device, compute_type=compute_type)
+        return CTranslate2Translator.from_directory(exported, device=ct2_device, compute_type=compute_type,
+                                                    threads=threads)
 
 
 def checkpoint_languages(path: Path) -> Optional[tuple[str, str]]:
