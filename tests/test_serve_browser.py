@@ -67,3 +67,20 @@ def test_the_page_translates_as_you_type(trained_run, browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#output').classList.contains('placeholder')")
     finally:
         server.close()
+
+
+def test_the_page_asks_for_the_api_key_and_retries_with_it(trained_run, browser):
+    server = ServerProcess("-m", trained_run / "best.pt", "--precision", "fp32", "--threads", "1", "--api-key", "k3y")
+    try:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        assert page.is_visible("#api-key")
+        page.fill("#source", "Two dogs play.")
+        page.wait_for_function("() => document.querySelector('#timing').textContent.includes('API key')", timeout=30_000)
+        assert page.text_content("#output") == "The translation appears here."
+        page.fill("#api-key", "k3y")  # the same text goes again, with the key
+        page.wait_for_function("() => !document.querySelector('#output').classList.contains('placeholder')",
+                               timeout=30_000)
+        assert "ms round trip" in page.text_content("#timing")
+    finally:
+        server.close()
