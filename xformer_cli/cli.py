@@ -351,6 +351,49 @@ def _significance_table(names: list[str], rows, test: str) -> str:
 
 @app.command()
 @user_errors
+def serve(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train; with --engine ctranslate2 also a directory written by xformer export (a checkpoint is then exported at start)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(5000, "--port", help="Port to listen on (0: any free one; the log line says which)."),
+    engine: str = typer.Option("xformer", "--engine", help="xformer (PyTorch) or ctranslate2."),
+    precision: str = typer.Option("auto", "--precision", help="As in xformer translate: auto (bf16 where the hardware computes it natively, else fp32), fp32, bf16, or int8 (CTranslate2 int8 weights). With --engine ctranslate2: its compute type (auto: the export's own)."),
+    device: str = _device,
+    source: Optional[str] = typer.Option(None, "--source", help="Source language code (default: the checkpoint's data.src_lang)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target language code (default: the checkpoint's data.tgt_lang)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name shown on the page and in /health (default: RUN/FILE)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="XFORMER_API_KEY", help="Require this key (LibreTranslate's api_key field, an X-API-Key header, or Authorization: Bearer); also read from $XFORMER_API_KEY."),
+    max_wait_ms: float = typer.Option(10.0, "--max-wait-ms", help="How long a request may wait for others to share its engine call (a lone client does not wait)."),
+    max_batch: int = typer.Option(64, "--max-batch", help="Texts per engine call at most."),
+    max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Estimated source tokens (words + 1) per engine call at most."),
+    max_queue: int = typer.Option(1024, "--max-queue", help="Texts waiting at most; past it requests get 503 with Retry-After."),
+    max_chars: int = typer.Option(5000, "--max-chars", help="Characters per text at most (400 past it)."),
+    max_texts: int = typer.Option(64, "--max-texts", help="Texts per request at most (400 past it)."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for the engine; 0 = $OMP_NUM_THREADS if set, else one fewer than the cores (the one left runs HTTP)."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+    graceful_timeout: float = typer.Option(30.0, "--graceful-timeout", help="On SIGTERM, seconds to let in-flight requests finish."),
+) -> None:
+    """Serve a model over HTTP: LibreTranslate's POST /translate and GET /languages, GET /health, and a web page at /.
+
+    Requests from all clients are batched together (one engine call at a time). Needs
+    pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits."""
+    from xformer_cli.serve.protocol import Limits
+    from xformer_cli.serve.server import serve as run_server
+
+    if min(max_batch, max_batch_tokens, max_queue, max_chars, max_texts) < 1 or max_wait_ms < 0:
+        raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at least 1; --max-wait-ms at least 0")
+    if max_texts > max_queue:
+        raise XformerError(f"--max-texts ({max_texts}) cannot exceed --max-queue ({max_queue})")
+    log = lambda message: typer.echo(message, err=True)  # noqa: E731
+    run_server(str(checkpoint), engine=engine, device=device, precision=precision, source=source, target=target,
+               name=name, host=host, port=port, api_key=api_key, threads=threads,
+               limits=Limits(max_chars=max_chars, max_texts=max_texts),
+               batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
+                            max_queued=max_queue),
+               access_log=access_log, graceful_timeout=graceful_timeout, log=log)
+
+
+@app.command()
+@user_errors
 def report(
     run_dir: Path = typer.Argument(..., help="A run directory written by xformer train."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG path (default RUN_DIR/report.png)."),

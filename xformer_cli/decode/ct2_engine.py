@@ -18,7 +18,7 @@ from xformer_cli.decode.inputs import source_batches
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
-from xformer_cli.export.ctranslate2 import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, _import_ct2, _vocabulary
+from xformer_cli.export.ctranslate2 import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, import_ctranslate2, _vocabulary
 from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 
 # The note on beam search. xformer ranks finished hypotheses by GNMT's length penalty,
@@ -57,7 +57,7 @@ class CTranslate2Translator(Engine):
         cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0
     ) -> "CTranslate2Translator":
         """Load a directory written by ``export_ctranslate2``; ``threads`` 0 = CTranslate2's default."""
-        ctranslate2 = _import_ct2()
+        ctranslate2 = import_ctranslate2()
         path = Path(path)
         info_path = path / EXPORT_INFO
         if not path.is_dir():

@@ -6,7 +6,7 @@
 The exported directory holds what CTranslate2 reads (``model.bin``, ``config.json``,
 ``shared_vocabulary.json`` or ``source_vocabulary.json`` + ``target_vocabulary.json``),
 the sentencepiece model(s) (``spm.model`` when joint, else ``source.spm.model`` and
-``target.spm.model``) and ``xformer_export.json`` (decode defaults, xformer version).
+``target.spm.model``) and ``xformer_export.json`` (decode defaults, language codes, xformer version).
 
 The spec mirrors ``model/transformer.py`` exactly: fused q/k/v for self-attention, query
 plus fused k/v for encoder-decoder attention, post- or pre-norm sublayers (pre-norm
@@ -34,7 +34,7 @@ MIN_POSITIONS = 1024  # rows of the exported position table at least (CTranslate
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; CTranslate2's own default is not the same
 
 
-def _import_ct2() -> Any:
+def import_ctranslate2() -> Any:
     try:
         import ctranslate2
     except ImportError:
@@ -53,7 +53,7 @@ def export_ctranslate2(
     a temporary sibling directory and renamed into place, so an interrupted export never
     leaves a half-written model where a good one was.
     """
-    _import_ct2()
+    import_ctranslate2()
     output = output_directory(output_dir, force)
     model, tokenizer, config = load_for_export(checkpoint, "CTranslate2")
     spec = _build_spec(model, tokenizer)
@@ -195,6 +195,8 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "format": "xformer-ctranslate2",
         "xformer_version": __version__,
         "joint_vocab": tokenizer.joint,
+        "src_lang": config.data.src_lang,  # what xformer serve offers in /languages
+        "tgt_lang": config.data.tgt_lang,
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
         "decode": asdict(config.decode_settings()),

@@ -1,0 +1,411 @@
+"""xformer serve: the micro-batcher alone, the HTTP API through starlette's TestClient (a
+fake engine, then a tiny trained model on both engines), and a real server process that
+drains on SIGTERM."""
+
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from xformer_cli.serve.batcher import Batcher, QueueFull, Stopped
+
+from serve_helpers import ServerProcess, get, request
+
+
+# -- the batcher, without HTTP -----------------------------------------------------------------
+
+class Recorder:
+    """A fake engine: upper-cases texts and records each call."""
+
+    def __init__(self, delay: float = 0.0, gate: "threading.Event | None" = None):
+        self.calls: list[tuple[list[str], dict]] = []
+        self.delay, self.gate = delay, gate
+        self.entered = threading.Event()
+
+    def __call__(self, texts, options):
+        self.calls.append((list(texts), dict(options)))
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        time.sleep(self.delay)
+        if any(text == "boom" for text in texts):
+            raise ValueError("the engine failed")
+        return [text.upper() for text in texts]
+
+
+def test_concurrent_submissions_share_one_engine_call_and_keep_their_order():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=2.0, max_sentences=8).start()  # full at 8 texts: no need to wait 2 s
+    jobs = [[f"a{i}", f"b{i}"] for i in range(4)]
+    barrier = threading.Barrier(len(jobs))
+
+    def send(texts):
+        barrier.wait()
+        return batcher.submit(texts, beam_size=4).result(5)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(send, jobs))
+    assert time.monotonic() - started < 1.5
+    assert len(engine.calls) == 1 and sorted(engine.calls[0][0]) == sorted(t for job in jobs for t in job)
+    assert engine.calls[0][1] == {"beam_size": 4}
+    for texts, result in zip(jobs, results):
+        assert result.texts == [t.upper() for t in texts]  # each caller gets its own, in order
+        assert result.batch_texts == 8 and result.decode_s >= 0 and result.wait_s >= 0
+    assert batcher.stop(5)
+    assert (batcher.batches, batcher.texts_done, batcher.jobs_done) == (1, 8, 4)
+
+
+def test_batches_respect_caps_and_options_in_arrival_order():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=3, max_tokens=100)
+    futures = [batcher.submit(["one", "two"], beam_size=4), batcher.submit(["three"], beam_size=1),
+               batcher.submit(["four"], beam_size=4), batcher.submit(["five", "six"], beam_size=4),
+               batcher.submit(["seven"], beam_size=1)]
+    batcher.start()  # everything was queued first: batching is decided by the caps alone
+    assert [f.result(5).texts for f in futures] == [["ONE", "TWO"], ["THREE"], ["FOUR"], ["FIVE", "SIX"], ["SEVEN"]]
+    assert engine.calls == [(["one", "two", "four"], {"beam_size": 4}), (["three", "seven"], {"beam_size": 1}),
+                            (["five", "six"], {"beam_size": 4})]
+    # the token cap (words + 1 per text) splits batches too
+    engine.calls.clear()
+    small = Batcher(engine, max_wait=0.0, max_sentences=10, max_tokens=6)
+    futures = [small.submit(["a b"]) for _ in range(4)]  # 3 tokens each
+    small.start()
+    assert all(f.result(5).texts == ["A B"] for f in futures)
+    assert [len(texts) for texts, _ in engine.calls] == [2, 2]
+    assert batcher.stop(5) and small.stop(5)
+
+
+def test_a_lone_client_does_not_wait_and_returning_clients_share_a_call():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=1.0, max_sentences=8).start()
+    started = time.monotonic()
+    batcher.submit(["first"]).result(5)  # no history: waits max_wait for company
+    assert time.monotonic() - started >= 0.9
+    for texts in (["alone"], ["three", "at", "once"], ["alone"]):  # demand is one job now: served at once
+        started = time.monotonic()
+        batcher.submit(texts).result(5)
+        assert time.monotonic() - started < 0.5
+
+    gate = threading.Event()
+    engine.gate = gate
+    engine.calls.clear()
+    engine.entered = threading.Event()
+    running = batcher.submit([f"a{i}" for i in range(8)])  # a full batch goes at once, and blocks
+    assert engine.entered.wait(5)
+    time.sleep(0.05)
+    early = batcher.submit(["b"])  # arrives while the engine is busy
+    gate.set()
+    running.result(5)
+    time.sleep(0.1)  # a client whose answer just came back asks again
+    late = batcher.submit(["c"])
+    assert early.result(5).texts == ["B"] and late.result(5).texts == ["C"]
+    assert [texts for texts, _ in engine.calls] == [[f"a{i}" for i in range(8)], ["b", "c"]]  # one call, not two
+    assert batcher.stop(5)
+
+
+def test_a_full_queue_rejects_and_holds_nothing():
+    gate = threading.Event()
+    engine = Recorder(gate=gate)
+    batcher = Batcher(engine, max_wait=0.0, max_queued=3).start()
+    running = batcher.submit(["first"])
+    assert engine.entered.wait(5)  # the worker holds "first"; the queue is empty again
+    waiting = batcher.submit(["x", "y", "z"])
+    assert batcher.queued == 3
+    with pytest.raises(QueueFull):
+        batcher.submit(["one too many"])
+    assert batcher.queued == 3 and batcher.rejected == 1
+    gate.set()
+    assert running.result(5).texts == ["FIRST"] and waiting.result(5).texts == ["X", "Y", "Z"]
+    assert batcher.submit(["again"]).result(5).texts == ["AGAIN"]  # room again
+    assert batcher.stop(5)
+
+
+def test_stop_drains_the_queue_then_refuses_work():
+    engine = Recorder(delay=0.02)
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=2).start()
+    futures = [batcher.submit([f"s{i}"]) for i in range(7)]
+    assert batcher.stop(10)
+    assert [f.result(0).texts for f in futures] == [[f"S{i}"] for i in range(7)]  # all finished before stop returned
+    with pytest.raises(Stopped):
+        batcher.submit(["late"])
+
+
+def test_a_failing_job_fails_alone_and_the_worker_lives_on():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=0.0)
+    good, bad, other = batcher.submit(["fine"]), batcher.submit(["boom"]), batcher.submit(["also fine"])
+    cancelled = batcher.submit(["never run"])
+    assert cancelled.cancel()
+    batcher.start()
+    assert good.result(5).texts == ["FINE"] and other.result(5).texts == ["ALSO FINE"]
+    with pytest.raises(ValueError, match="the engine failed"):
+        bad.result(5)
+    assert batcher.submit(["after"]).result(5).texts == ["AFTER"]
+    assert all("never run" not in texts for texts, _ in engine.calls)
+    assert batcher.stop(5)
+
+
+# -- the HTTP API with a fake engine -------------------------------------------------------------
+
+pytest.importorskip("fastapi")
+from starlette.testclient import TestClient  # noqa: E402
+
+from xformer_cli.serve.app import create_app  # noqa: E402
+from xformer_cli.serve.protocol import Limits  # noqa: E402
+
+
+class FakeEngine:
+    name, engine, precision, source, target, beam_size, truncated_lines = "fake/model.pt", "xformer", "fp32", "en", "de", 4, 0
+
+    def __init__(self, gate: "threading.Event | None" = None):
+        self.gate, self.entered, self.calls = gate, threading.Event(), []
+
+    def translate(self, texts, beam_size=None):
+        self.calls.append((list(texts), beam_size))
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        if "crash" in texts:
+            raise RuntimeError("out of memory, say")
+        return [f"[{beam_size}] {text[::-1]}" if text.strip() else "" for text in texts]
+
+
+def client_for(engine=None, **kwargs) -> TestClient:
+    kwargs.setdefault("limits", Limits(max_chars=50, max_texts=4, max_body=4096))
+    return TestClient(create_app(engine or FakeEngine(), **kwargs))
+
+
+def post(client, **body):
+    return client.post("/translate", json=body)
+
+
+def test_translate_one_text_and_a_list():
+    with client_for() as client:
+        res = post(client, q="Hello", source="en", target="de", format="text")
+        assert res.status_code == 200 and res.json() == {"translatedText": "[4] olleH"}
+        assert "decode;dur=" in res.headers["server-timing"] and res.headers["x-batch-texts"] == "1"
+
+        res = post(client, q=["one", "", "two"], source="en", target="de", beam_size=2)
+        assert res.json() == {"translatedText": ["[2] eno", "", "[2] owt"]}
+
+        res = post(client, q="Hi", source="auto", target="de", alternatives=3)  # LibreTranslate's extras
+        assert res.json() == {"translatedText": "[4] iH", "alternatives": [],
+                              "detectedLanguage": {"language": "en", "confidence": 100.0}}
+
+        res = client.post("/translate", data={"q": "form", "source": "en", "target": "de"})  # an HTML form
+        assert res.json() == {"translatedText": "[4] mrof"}
+        res = client.post("/translate", content=b'{"q": "curl", "source": "en", "target": "de"}',
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})  # curl -d '{...}'
+        assert res.json() == {"translatedText": "[4] lruc"}
+
+
+def test_languages_health_and_page():
+    with client_for() as client:
+        assert client.get("/languages").json() == [
+            {"code": "en", "name": "English", "targets": ["de"]}, {"code": "de", "name": "German", "targets": []}]
+        post(client, q="warm", source="en", target="de")
+        health = client.get("/health").json()
+        assert health["status"] == "ok" and health["model"] == "fake/model.pt" and health["beam_size"] == 4
+        assert (health["requests"], health["texts"], health["queued"]) == (1, 1, 0)
+        page = client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert '"model": "fake/model.pt"' in page.text and "__XFORMER_CONFIG__" not in page.text
+        # offline: no outside scripts, styles, fonts or images
+        assert "http://" not in page.text and "https://" not in page.text and "<link" not in page.text
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"", 400, "empty body"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    (b'{"source": "en", "target": "de"}', 400, "missing q"),
+    (b'{"q": "x", "target": "de"}', 400, "missing source"),
+    (b'{"q": "x", "source": "en"}', 400, "missing target"),
+    (b'{"q": "", "source": "en", "target": "de"}', 400, "q is empty"),
+    (b'{"q": [], "source": "en", "target": "de"}', 400, "q is empty"),
+    (b'{"q": ["  ", ""], "source": "en", "target": "de"}', 400, "q is empty"),
+    (b'{"q": 5, "source": "en", "target": "de"}', 400, "string or a list"),
+    (b'{"q": ["a", 5], "source": "en", "target": "de"}', 400, "string or a list"),
+    (b'{"q": "x", "source": "fr", "target": "de"}', 400, "this model translates en->de"),
+    (b'{"q": "x", "source": "en", "target": "fr"}', 400, "not supported"),
+    (b'{"q": "x", "source": ["en"], "target": "de"}', 400, "language code"),
+    (b'{"q": "x", "source": "en", "target": "de", "format": "html"}', 400, "only text"),
+    (b'{"q": "x", "source": "en", "target": "de", "beam_size": 0}', 400, "beam_size"),
+    (b'{"q": "x", "source": "en", "target": "de", "beam_size": "wide"}', 400, "beam_size"),
+    (b'{"q": "x", "source": "en", "target": "de", "beam_size": true}', 400, "beam_size"),
+    (b'{"q": "x", "source": "en", "target": "de", "alternatives": -1}', 400, "alternatives"),
+    (json.dumps({"q": "x" * 51, "source": "en", "target": "de"}).encode(), 400, "at most 50 per text"),
+    (json.dumps({"q": ["x"] * 5, "source": "en", "target": "de"}).encode(), 400, "at most 4"),
+    (json.dumps({"q": "x" * 5000, "source": "en", "target": "de"}).encode(), 413, "4096"),
+])
+def test_bad_requests_get_a_4xx_json_error(body, status, fragment):
+    engine = FakeEngine()
+    with client_for(engine) as client:
+        res = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+        assert res.status_code == status, res.text
+        assert res.headers["content-type"] == "application/json" and set(res.json()) == {"error"}
+        assert fragment in res.json()["error"] and "Traceback" not in res.text
+        assert post(client, q="still alive", source="en", target="de").status_code == 200
+    assert [texts for texts, _ in engine.calls] == [["still alive"]]  # nothing bad reached the engine
+
+
+def test_unknown_paths_and_methods_answer_json():
+    with client_for() as client:
+        assert client.get("/nope").status_code == 404 and client.get("/nope").json() == {"error": "Not Found"}
+        res = client.get("/translate")
+        assert res.status_code == 405 and "error" in res.json()
+
+
+def test_api_key():
+    with client_for(api_key="s3cret") as client:
+        body = dict(q="x", source="en", target="de")
+        assert post(client, **body).status_code == 403
+        res = post(client, **body, api_key="wrong")
+        assert res.status_code == 403 and res.json() == {"error": "Invalid API key"}
+        assert post(client, **body, api_key="s3cret").status_code == 200  # LibreTranslate's field
+        assert client.post("/translate", json=body, headers={"X-API-Key": "s3cret"}).status_code == 200
+        assert client.post("/translate", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.post("/translate", json=body, headers={"Authorization": "Bearer nope"}).status_code == 403
+        assert client.get("/languages").status_code == 200 and client.get("/health").json()["api_key_required"]
+
+
+def test_a_full_queue_answers_503_with_retry_after():
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+    with client_for(engine, batcher=dict(max_wait=0.0, max_queued=4)) as client:
+        queue = client.app.state.batcher
+        running = queue.submit(["held"])  # the engine blocks on it
+        assert engine.entered.wait(5)
+        waiting = queue.submit(["a", "b", "c"])
+        res = post(client, q=["one", "two"], source="en", target="de")  # 3 + 2 > 4
+        assert res.status_code == 503 and res.headers["retry-after"] == "1" and "busy" in res.json()["error"]
+        assert client.get("/health").json()["rejected"] == 1
+        gate.set()
+        assert running.result(5).texts and waiting.result(5).texts
+        assert post(client, q=["one", "two"], source="en", target="de").status_code == 200
+
+
+def test_an_engine_failure_is_a_500_json_and_the_server_lives_on():
+    with client_for() as client:
+        res = post(client, q="crash", source="en", target="de")
+        assert res.status_code == 500 and res.json() == {"error": "translation failed (RuntimeError)"}
+        assert post(client, q="fine", source="en", target="de").json() == {"translatedText": "[4] enif"}
+
+
+def test_concurrent_http_requests_are_batched():
+    engine = FakeEngine()
+    with client_for(engine, batcher=dict(max_wait=0.5, max_sentences=6)) as client:
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda i: post(client, q=f"text {i}", source="en", target="de"), range(6)))
+        assert [a.json()["translatedText"] for a in answers] == [f"[4] {i} txet" for i in range(6)]
+        assert len(engine.calls) < 6  # shared engine calls (one, unless the machine is very slow)
+
+
+# -- a tiny trained model, both engines ----------------------------------------------------------
+
+from xformer_cli.serve.engine import load_served_model  # noqa: E402
+
+SENTENCES = ["A dog runs in the grass.", "", "Two men are playing soccer.", "A woman sings."]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # two torch threads on two busy cores spin more than they compute
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_trained_model_over_http_translates_like_the_translator(trained_run, one_thread):
+    from xformer_cli.decode.translator import Translator
+
+    checkpoint = trained_run / "best.pt"
+    expected = Translator.from_checkpoint(checkpoint, device="cpu", precision="fp32").translate(SENTENCES)
+    engine = load_served_model(checkpoint, "xformer", device="cpu", precision="fp32")
+    assert (engine.source, engine.target, engine.precision, engine.name) == ("en", "de", "fp32", f"{trained_run.name}/best.pt")
+    with TestClient(create_app(engine)) as client:
+        assert post(client, q=SENTENCES, source="en", target="de").json() == {"translatedText": expected}
+        assert post(client, q=SENTENCES[0], source="en", target="de").json() == {"translatedText": expected[0]}
+        with ThreadPoolExecutor(4) as pool:  # one at a time or batched with others: the same outputs
+            answers = list(pool.map(lambda s: post(client, q=s, source="en", target="de").json(), SENTENCES * 2))
+        for sentence, answer in zip(SENTENCES * 2, answers):
+            if sentence.strip():
+                assert answer == {"translatedText": expected[SENTENCES.index(sentence)]}
+            else:
+                assert answer == {"error": "Invalid request: q is empty"}
+        languages = client.get("/languages").json()
+        assert languages[0]["code"] == "en" and languages[0]["targets"] == ["de"]
+
+
+@pytest.mark.slow
+def test_ctranslate2_engine_from_an_export_and_from_a_checkpoint(trained_run, tmp_path, one_thread):
+    pytest.importorskip("ctranslate2")
+    from xformer_cli.decode.translator import Translator
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+
+    checkpoint = trained_run / "best.pt"
+    greedy = Translator.from_checkpoint(checkpoint, device="cpu", precision="fp32").translate(SENTENCES, beam_size=1)
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    from_dir = load_served_model(exported, "ctranslate2", device="cpu", target="de-DE")  # an override wins
+    assert (from_dir.source, from_dir.target, from_dir.engine, from_dir.name) == ("en", "de-DE", "ctranslate2", "ct2")
+    on_the_fly = load_served_model(checkpoint, "ctranslate2", device="cpu", precision="fp32")
+    assert (on_the_fly.source, on_the_fly.target, on_the_fly.precision) == ("en", "de", "float32")
+    int8 = load_served_model(checkpoint, "xformer", device="cpu", precision="int8")  # as xformer translate --precision int8
+    assert (int8.engine, int8.precision, int8.source, int8.target) == ("ctranslate2", "int8", "en", "de")
+    assert len(int8.translate(SENTENCES, beam_size=1)) == len(SENTENCES)
+    for engine, target in ((from_dir, "de-DE"), (on_the_fly, "de")):
+        with TestClient(create_app(engine)) as client:  # greedy CTranslate2 equals greedy xformer
+            res = post(client, q=SENTENCES, source="en", target=target, beam_size=1)
+            assert res.json() == {"translatedText": greedy}
+
+
+# -- a real server process -----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_server_process_batches_and_drains_on_sigterm(trained_run):
+    # --max-wait-ms 1500: a lone request waits 1.5 s for company, so it is surely in flight at SIGTERM
+    server = ServerProcess("-m", trained_run / "best.pt", "--precision", "fp32", "--threads", "1",
+                           "--max-wait-ms", "1500", "--max-batch", "8")
+    try:
+        url = server.url
+        assert url.startswith("http://127.0.0.1:")
+        with ThreadPoolExecutor(8) as pool:  # 8 clients at once fill one batch of 8
+            answers = list(pool.map(lambda i: request(url + "/translate", dict(q=f"A dog number {i}.", source="en", target="de")),
+                                    range(8)))
+        assert all(status == 200 and body["translatedText"] for status, body, _ in answers)
+        health = get(url + "/health")[1]
+        assert health["requests"] == 8 and health["batches"] < 8
+
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(request, url + "/translate", dict(q=["A man sleeps.", "A cat."], source="en", target="de"))
+            deadline = time.monotonic() + 10
+            while get(url + "/health")[1]["queued"] < 2:  # the request waits in the batcher
+                assert time.monotonic() < deadline, "the request never reached the queue"
+                time.sleep(0.02)
+            server.proc.send_signal(signal.SIGTERM)
+            status, body, _ = in_flight.result(30)
+        assert status == 200 and len(body["translatedText"]) == 2 and all(body["translatedText"])
+        assert server.proc.wait(30) == 0, server.output()
+        with pytest.raises(OSError):  # gone: nothing listens any more
+            get(url + "/health", timeout=2)
+    finally:
+        server.close()
+
+
+def test_serve_errors_are_one_line(tmp_path):
+    from conftest import assert_one_line_error, xformer
+
+    assert_one_line_error(xformer("serve", "-m", tmp_path / "missing.pt", "--port", "0"), "not found")
+    assert_one_line_error(xformer("serve", "-m", tmp_path, "--port", "0"), "--engine ctranslate2")
+    assert_one_line_error(xformer("serve", "-m", tmp_path, "--engine", "onnx"), "--engine")
+    assert_one_line_error(xformer("serve", "-m", tmp_path, "--max-texts", "9", "--max-queue", "4"), "--max-queue")
+    hidden = "import sys; sys.modules['fastapi'] = None"
+    assert_one_line_error(xformer("serve", "-m", tmp_path, python_prelude=hidden), "pip install 'xformer[serve]'")

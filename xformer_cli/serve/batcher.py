@@ -1,0 +1,228 @@
+"""Micro-batching: the sentences of many callers, one engine call at a time, in one thread.
+
+    batcher = Batcher(lambda texts, options: engine.translate(texts, **options))
+    batcher.start()
+    result = batcher.submit(["A dog runs."], beam_size=4).result()   # a Translation
+    batcher.stop()                                                    # drains, then returns
+
+Callers ``submit`` a list of texts and get a ``concurrent.futures.Future``. One worker
+thread (PyTorch is not made for concurrent calls on one model) takes the oldest waiting
+job and makes one engine call for every job that decodes the same way (same options), in
+arrival order, within ``max_sentences`` texts and ``max_tokens`` estimated tokens. While
+the engine runs, new jobs queue up and form the next batch.
+
+How long it waits for company before that call: until as many jobs are queued as the
+recent demand (the most, over the last few calls, of a call's jobs plus those queued
+when it ended) or a batch is full, or ``max_wait`` seconds after the later of the oldest
+job's arrival and the end of the previous call. So one client alone never waits (its
+demand is one job, whatever its number of texts), while 32 clients whose answers just
+went out are given ``max_wait`` to send their next requests and share one call, instead
+of splitting into two half-size batches that take turns (each of which would then find
+its own demand met).
+
+The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
+and nothing is held. ``stop`` refuses new jobs, finishes every queued one, and ends
+the worker. A failing engine call fails only its own jobs (each is retried alone first,
+so one bad job does not sink the others of its batch); the worker lives on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+TranslateFn = Callable[[list[str], dict[str, Any]], Sequence[str]]
+
+
+class QueueFull(Exception):
+    """The queue holds ``max_queued`` texts already: try again later."""
+
+
+class Stopped(Exception):
+    """The batcher is stopping (or stopped) and takes no new work."""
+
+
+@dataclass
+class Translation:
+    """What a job's future resolves to."""
+
+    texts: list[str]  # one output per input text, in order
+    wait_s: float  # from submit to the start of its engine call
+    decode_s: float  # the engine call (shared with the batch's other jobs)
+    batch_texts: int  # texts in that engine call
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap stand-in for the source length in pieces: words plus eos (subword models
+    split a word into one to two pieces on ordinary text; the engine caps its own batches
+    by real pieces anyway)."""
+    return len(text.split()) + 1
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    key: tuple  # the decoding options; only equal keys share an engine call
+    tokens: int
+    future: Future
+    enqueued: float
+
+
+class Batcher:
+    def __init__(
+        self,
+        translate: TranslateFn,
+        *,
+        max_wait: float = 0.01,
+        max_sentences: int = 64,
+        max_tokens: int = 4096,
+        max_queued: int = 1024,
+        count_tokens: Callable[[str], int] = estimate_tokens,
+        name: str = "xformer-batcher",
+    ):
+        if max_wait < 0 or max_sentences < 1 or max_tokens < 1 or max_queued < 1:
+            raise ValueError("max_wait must be >= 0; max_sentences, max_tokens and max_queued >= 1")
+        self._translate = translate
+        self.max_wait = max_wait
+        self.max_sentences = max_sentences
+        self.max_tokens = max_tokens
+        self.max_queued = max_queued
+        self._count_tokens = count_tokens
+        self._jobs: deque[_Job] = deque()
+        self._queued = 0  # texts in _jobs
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._demand: deque[int] = deque(maxlen=4)  # jobs per call plus jobs left queued, recent calls
+        self._last_end = 0.0  # when the previous engine call ended
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # counters, for /health and the benchmark
+        self.batches = 0
+        self.texts_done = 0
+        self.jobs_done = 0
+        self.rejected = 0
+
+    # -- the callers' side --------------------------------------------------------------------
+
+    def start(self) -> "Batcher":
+        self._thread.start()
+        return self
+
+    def submit(self, texts: Sequence[str], **options: Any) -> "Future[Translation]":
+        """Queue ``texts`` for one engine call with ``options``; raises ``QueueFull`` or ``Stopped``."""
+        texts = list(texts)
+        job = _Job(texts, tuple(sorted(options.items())), sum(map(self._count_tokens, texts)), Future(),
+                   time.monotonic())
+        with self._cond:
+            if self._stopping:
+                raise Stopped("the server is shutting down")
+            if self._queued + len(texts) > self.max_queued:
+                self.rejected += 1
+                raise QueueFull(f"{self._queued} texts are waiting already (at most {self.max_queued})")
+            self._jobs.append(job)
+            self._queued += len(texts)
+            self._cond.notify()
+        return job.future
+
+    @property
+    def queued(self) -> int:
+        """Texts waiting for the engine (not counting the batch it is running)."""
+        return self._queued
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Take no new jobs, finish the queued ones, end the worker; True once it has ended."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            live = [job for job in batch if job.future.set_running_or_notify_cancel()]  # skip cancelled ones
+            if not live:
+                continue
+            try:
+                self._finish(live)
+            except BaseException as exc:  # noqa: BLE001 - a worker that dies would hang every caller
+                if len(live) == 1:
+                    live[0].future.set_exception(exc)
+                    continue
+                for job in live:  # find the culprit: each job alone
+                    try:
+                        self._finish([job])
+                    except BaseException as alone:  # noqa: BLE001
+                        job.future.set_exception(alone)
+
+    def _finish(self, jobs: list[_Job]) -> None:
+        texts = [text for job in jobs for text in job.texts]
+        start = time.monotonic()
+        out = list(self._translate(texts, dict(jobs[0].key)))
+        took = time.monotonic() - start
+        if len(out) != len(texts):
+            raise RuntimeError(f"the engine returned {len(out)} translations for {len(texts)} texts")
+        self._last_end = start + took
+        self._demand.append(len(jobs) + len(self._jobs))
+        self.batches += 1
+        self.texts_done += len(texts)
+        self.jobs_done += len(jobs)
+        at = 0
+        for job in jobs:
+            n = len(job.texts)
+            job.future.set_result(Translation(out[at:at + n], start - job.enqueued, took, len(texts)))
+            at += n
+
+    def _next_batch(self) -> Optional[list[_Job]]:
+        """The next jobs to run together, out of the queue; None once stopping and drained."""
+        with self._cond:
+            while not self._jobs and not self._stopping:
+                self._cond.wait()
+            if not self._jobs:
+                return None
+            first = self._jobs[0]
+            # no history yet: wait for a full batch (the first request of a server's life may wait max_wait)
+            target = max(self._demand, default=self.max_sentences)
+            deadline = max(first.enqueued, self._last_end) + self.max_wait
+            while not self._stopping and not self._ready(first.key, target):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, kept = [], deque()
+            texts = tokens = 0
+            for job in self._jobs:
+                fits = not batch or (texts + len(job.texts) <= self.max_sentences and tokens + job.tokens <= self.max_tokens)
+                if job.key == first.key and fits:
+                    batch.append(job)
+                    texts += len(job.texts)
+                    tokens += job.tokens
+                else:
+                    kept.append(job)
+            self._jobs = kept
+            self._queued -= texts
+            return batch
+
+    def _ready(self, key: tuple, target: int) -> bool:
+        """Whether the queue holds ``target`` jobs decoded like ``key``, or a full batch."""
+        jobs = texts = tokens = 0
+        for job in self._jobs:
+            if job.key == key:
+                jobs += 1
+                texts += len(job.texts)
+                tokens += job.tokens
+                if jobs >= target or texts >= self.max_sentences or tokens >= self.max_tokens:
+                    return True
+        return False

@@ -1,0 +1,148 @@
+"""LibreTranslate's request and response shapes, checked: pure functions, no HTTP.
+
+``POST /translate`` takes ``{"q": "text" | ["text", ...], "source": "en", "target": "de",
+"format": "text", "api_key": "..."}`` (JSON, or an HTML form) and answers
+``{"translatedText": "..." | [...]}``; errors are ``{"error": "..."}`` with a 4xx status.
+Beyond LibreTranslate: ``beam_size`` (1 = greedy; default: the model's). ``alternatives``
+is accepted, and answered with an empty list (the engines give one translation each).
+``source: "auto"`` means the model's one source language (nothing is detected).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import parse_qs
+
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
+    "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French", "hi": "Hindi", "hu": "Hungarian",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
+    "uk": "Ukrainian", "zh": "Chinese",
+}
+
+
+class ApiError(Exception):
+    """An answer other than 200: ``status`` and the message for ``{"error": ...}``."""
+
+    def __init__(self, status: int, message: str, headers: Optional[dict[str, str]] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass
+class Limits:
+    max_chars: int = 5000  # characters per text
+    max_texts: int = 64  # texts per request
+    max_body: int = 0  # bytes per request body; 0: room for max_texts texts of max_chars \uXXXX escapes
+    max_beam: int = 16
+
+    def __post_init__(self):
+        if not self.max_body:
+            self.max_body = max(1 << 20, self.max_texts * self.max_chars * 6 + (64 << 10))
+
+
+@dataclass
+class TranslateRequest:
+    texts: list[str]
+    batch: bool  # q was a list: answer with a list
+    source: str
+    target: str
+    beam_size: Optional[int]
+    alternatives: int
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code.split("-")[0].lower(), code)
+
+
+def languages(source: str, target: str) -> list[dict[str, Any]]:
+    """``GET /languages``: every language with the targets it translates to."""
+    return [
+        {"code": source, "name": language_name(source), "targets": [target]},
+        {"code": target, "name": language_name(target), "targets": []},
+    ]
+
+
+def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
+    """The fields of a URL-encoded form, or of a JSON body (any other content type, and a
+    "form" that starts with "{" or "[": ``curl -d '{...}'`` labels JSON as a form)."""
+    is_form = content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+    if is_form and not body.lstrip()[:1] in (b"{", b"["):
+        try:
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            raise ApiError(400, "Invalid request: the form is not UTF-8") from None
+        return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
+    if not body.strip():
+        raise ApiError(400, "Invalid request: empty body; send JSON like {\"q\": \"Hello\", \"source\": \"en\", \"target\": \"de\"}")
+    try:
+        fields = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"Invalid request: the body is not valid JSON ({str(exc)[:80]})") from None
+    if not isinstance(fields, dict):
+        raise ApiError(400, "Invalid request: the body must be a JSON object")
+    return fields
+
+
+def _int_field(fields: dict[str, Any], name: str, low: int, high: int) -> Optional[int]:
+    value = fields.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)  # form fields are strings
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError(400, f"Invalid request: {name} must be an integer from {low} to {high}")
+    return value
+
+
+def parse_translate(fields: dict[str, Any], source: str, target: str, limits: Limits) -> TranslateRequest:
+    """Check a ``/translate`` request against the model's language pair and ``limits``."""
+    q = fields.get("q")
+    if q is None:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    if not all(isinstance(text, str) for text in texts):
+        raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+    if not texts or not any(text.strip() for text in texts):
+        raise ApiError(400, "Invalid request: q is empty")
+    if len(texts) > limits.max_texts:
+        raise ApiError(400, f"Invalid request: {len(texts)} texts in one request; at most {limits.max_texts}")
+    longest = max(len(text) for text in texts)
+    if longest > limits.max_chars:
+        raise ApiError(400, f"Invalid request: a text of {longest} characters; at most {limits.max_chars} per text")
+    for name in ("source", "target"):
+        if not fields.get(name):
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+        if not isinstance(fields[name], str):
+            raise ApiError(400, f"Invalid request: {name} must be a language code")
+    src, tgt = fields["source"], fields["target"]
+    if (src not in (source, "auto")) or tgt != target:
+        raise ApiError(400, f"{src}->{tgt} is not supported: this model translates {source}->{target}")
+    fmt = fields.get("format") or "text"
+    if fmt != "text":
+        raise ApiError(400, f"Invalid request: format {fmt!r} is not supported; only text")
+    return TranslateRequest(
+        texts=texts,
+        batch=batch,
+        source=src,
+        target=tgt,
+        beam_size=_int_field(fields, "beam_size", 1, limits.max_beam),
+        alternatives=_int_field(fields, "alternatives", 0, 100) or 0,
+    )
+
+
+def translate_response(request: TranslateRequest, outputs: list[str], source: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"translatedText": outputs if request.batch else outputs[0]}
+    if request.alternatives:
+        body["alternatives"] = [[] for _ in outputs] if request.batch else []
+    if request.source == "auto":
+        detected = {"language": source, "confidence": 100.0}  # the model's only source language
+        body["detectedLanguage"] = [detected] * len(outputs) if request.batch else detected
+    return body
+

@@ -1,0 +1,106 @@
+"""Run the app under uvicorn until SIGTERM or Ctrl-C, then drain and exit cleanly.
+
+On SIGTERM (or SIGINT) uvicorn stops accepting connections, lets in-flight requests
+finish (at most ``graceful_timeout`` seconds), then runs the app's shutdown, which
+drains the batcher's queue and stops its worker. The process then exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import Any, Callable, Optional
+
+from xformer_cli.errors import XformerError
+
+MISSING = "xformer serve needs FastAPI and uvicorn: pip install 'xformer[serve]'"
+
+
+def require_server_packages() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise XformerError(MISSING) from None
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free one); one-line errors."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, IndexError) as exc:
+        raise XformerError(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise XformerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run(app: Any, host: str = "127.0.0.1", port: int = 5000, *, access_log: bool = False,
+        graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print, banner: str = "") -> None:
+    import uvicorn
+
+    sock = listen(host, port)
+    config = uvicorn.Config(app, log_level="info", access_log=access_log, lifespan="on",
+                            timeout_graceful_shutdown=graceful_timeout, server_header=False)
+    server = uvicorn.Server(config)
+    log(f"{banner}serving on {url_of(sock)} (SIGTERM or Ctrl-C: finish the requests in flight, then exit)")
+    # uvicorn re-raises the signal that stopped it once it has shut down; a server that
+    # drained cleanly should exit 0, so that re-raised signal lands here and is dropped.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+    if not server.started:
+        raise XformerError("the server did not start (see the log above)")
+
+
+def engine_threads(threads: int = 0) -> int:
+    """CPU threads for the engine, set for torch: ``threads``, else $OMP_NUM_THREADS's choice
+    when set, else one fewer than the cores (at least one). The core left over runs HTTP:
+    on two cores, two torch threads that must share them with the event loop spin-wait for
+    each other (BENCHMARKS.md, "Serving": 38 against 52 requests/s at 32 clients)."""
+    import torch
+
+    if threads <= 0 and not os.environ.get("OMP_NUM_THREADS"):
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        threads = min(torch.get_num_threads(), max(1, cores - 1))
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def serve(model: str, *, engine: str = "xformer", device: str = "auto", precision: str = "auto",
+          source: Optional[str] = None, target: Optional[str] = None, name: Optional[str] = None,
+          host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
+          limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
+          graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print) -> None:
+    """``xformer serve``: load the model, build the app, serve until told to stop."""
+    require_server_packages()
+    from xformer_cli.serve.app import create_app
+    from xformer_cli.serve.engine import load_served_model
+
+    threads = engine_threads(threads)
+    loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
+                         name=name, threads=threads, log=log)
+    app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
+    banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "
+              f"{threads} thread{'s' if threads > 1 else ''}): ")
+    run(app, host, port, access_log=access_log, graceful_timeout=graceful_timeout, log=log, banner=banner)
