@@ -13,7 +13,7 @@ from xformer_cli.checkpoint import load_checkpoint, load_model
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError, disk_full, disk_full_error
 from xformer_cli.model.transformer import ModelConfig, Transformer
-from xformer_cli.tokenizer import Tokenizer
+from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 # Model options the exporters know how to map; a checkpoint with any other is refused.
 KNOWN_MODEL_KEYS = {f.name for f in fields(ModelConfig)}
@@ -27,6 +27,21 @@ def load_for_export(checkpoint: str | Path, target: str) -> tuple[Transformer, T
     if unknown:
         raise XformerError(f"{checkpoint}: cannot export to {target}: unsupported model option(s) {', '.join(unknown)}")
     return load_model(checkpoint, state)
+
+
+def special_pieces(tokenizer: Tokenizer, where: str, why: str = "") -> dict[str, str]:
+    """The unk/bos/eos/pad piece names. Both export formats name each role once for both
+    sides, so the source and target tokenizers must agree; else one line: ``where``, the
+    role and both pieces, then ``why`` (``{role}`` is filled in)."""
+    names = {}
+    for role, src_id, tgt_id in (("unk", tokenizer.src.unk_id(), tokenizer.tgt.unk_id()), ("bos", BOS_ID, BOS_ID),
+                                 ("eos", EOS_ID, EOS_ID), ("pad", PAD_ID, PAD_ID)):
+        src, tgt = tokenizer.src.id_to_piece(src_id), tokenizer.tgt.id_to_piece(tgt_id)
+        if src != tgt:
+            raise XformerError(f"{where}: the {role} piece differs between source ({src!r}) and target ({tgt!r}) "
+                               f"tokenizers{why.format(role=role)}")
+        names[role] = src
+    return names
 
 
 def output_directory(output_dir: str | Path, force: bool) -> Path:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from xformer_cli.errors import XformerError
-from xformer_cli.export.common import load_for_export, output_directory, write_directory
-from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
+from xformer_cli.tokenizer import Tokenizer
 
 MISSING_CT2 = "CTranslate2 export needs the ctranslate2 package: pip install 'xformer[ctranslate2]'"
 EXPORT_INFO = "xformer_export.json"
@@ -70,17 +70,6 @@ def export_ctranslate2(
     return write_directory(output, write)
 
 
-def _special_pieces(tokenizer: Tokenizer) -> dict[str, str]:
-    """unk/bos/eos/pad pieces; CTranslate2 has one name per role, so both sides must agree."""
-    names = {}
-    for role, i in (("unk", UNK_ID), ("bos", BOS_ID), ("eos", EOS_ID), ("pad", PAD_ID)):
-        src, tgt = tokenizer.src.id_to_piece(i), tokenizer.tgt.id_to_piece(i)
-        if src != tgt:
-            raise XformerError(f"cannot export to CTranslate2: the {role} piece differs between source ({src!r}) and target ({tgt!r}) tokenizers")
-        names[role] = src
-    return names
-
-
 def _vocabulary(sp) -> list[str]:
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
@@ -98,7 +87,7 @@ def _build_spec(model, tokenizer: Tokenizer):
     positions = _position_table(cfg)
     _set_encoder(spec.encoder, model, positions)
     _set_decoder(spec.decoder, model, positions)
-    special = _special_pieces(tokenizer)
+    special = special_pieces(tokenizer, "cannot export to CTranslate2")
     spec.config.unk_token = special["unk"]
     spec.config.bos_token = special["bos"]
     spec.config.eos_token = special["eos"]

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from xformer_cli.errors import XformerError
-from xformer_cli.export.common import load_for_export, output_directory, write_directory
+from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 MISSING_HF = "Hugging Face export needs transformers and safetensors: pip install 'xformer[hf]'"
@@ -116,7 +116,8 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
     output = output_directory(output_dir, force)
     model, tokenizer, config = load_for_export(checkpoint, "Hugging Face")
     _check_expressible(model, checkpoint)
-    specials = _special_pieces(tokenizer, checkpoint)
+    specials = special_pieces(tokenizer, f"{checkpoint}: cannot export to Hugging Face",
+                              "; MarianTokenizer has one {role} token")
     decode = config.decode_settings()
     marian_config = _marian_config(transformers, model)
     generation_config = _generation_config(transformers, decode)
@@ -141,19 +142,6 @@ def _check_expressible(model, checkpoint) -> None:
         raise XformerError(f"{where}: d_model {cfg.d_model} is odd; Marian's sinusoidal table needs an even d_model")
     if cfg.d_model % cfg.n_heads:
         raise XformerError(f"{where}: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
-
-
-def _special_pieces(tokenizer: Tokenizer, checkpoint) -> dict[str, str]:
-    """unk/bos/eos/pad pieces; MarianTokenizer names each role once for both sides."""
-    names = {}
-    for role, src_id, tgt_id in (("unk", tokenizer.src.unk_id(), tokenizer.tgt.unk_id()), ("bos", BOS_ID, BOS_ID),
-                                 ("eos", EOS_ID, EOS_ID), ("pad", PAD_ID, PAD_ID)):
-        src, tgt = tokenizer.src.id_to_piece(src_id), tokenizer.tgt.id_to_piece(tgt_id)
-        if src != tgt:
-            raise XformerError(f"{checkpoint}: cannot export to Hugging Face: the {role} piece differs between source "
-                               f"({src!r}) and target ({tgt!r}) tokenizers; MarianTokenizer has one {role} token")
-        names[role] = src
-    return names
 
 
 def _marian_config(transformers, model):
