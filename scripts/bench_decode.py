@@ -22,6 +22,7 @@ script charged to whichever xformer run came after it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -141,12 +142,12 @@ def main() -> None:
 
     systems = []
     with tempfile.TemporaryDirectory() as tmp:
-        try:
+        if importlib.util.find_spec("ctranslate2") is None:
+            print("(CTranslate2 not measured: the ctranslate2 package is not installed)")
+        else:
             from xformer_cli.export.ctranslate2 import export_ctranslate2
 
             args.ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
-        except ImportError as exc:
-            print(f"(CTranslate2 not measured: {exc})")
         for beam in args.beams:
             workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
             if not args.no_bf16:

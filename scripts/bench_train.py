@@ -195,9 +195,7 @@ def main() -> None:
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)
     index_batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.max_tokens, seed=1)[: args.steps]
-    device = pick_device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
     batches = [data.batch(idx).to(device) for idx in index_batches]
 
     auto, why = resolve_precision("auto", device)

@@ -4,6 +4,7 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
+#   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
@@ -20,6 +21,8 @@ cd "$(dirname "$0")/.."
 OUT="${1:-runs/gpu_check}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 QUICK="${GPU_CHECK_QUICK:-0}"
+ONLY="${GPU_CHECK_ONLY:-}"  # space-separated step names; empty = every step (a lease split into calls)
+MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
@@ -29,6 +32,7 @@ FAILED=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 step() {  # step NAME COMMAND...: run, log, and record pass/fail with the wall time
   local name="$1"; shift
+  if [[ -n "$ONLY" && " $ONLY " != *" $name "* ]]; then return 0; fi
   local started=$SECONDS
   echo "== $name" >&2
   if "$@" > "$OUT/$name.log" 2>&1; then
@@ -40,7 +44,7 @@ step() {  # step NAME COMMAND...: run, log, and record pass/fail with the wall t
 }
 
 if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
-  STEPS=4; MINUTES=0.3; SIZES_BASE=(model.d_model=64 model.d_ff=128 model.n_heads=4 model.encoder_layers=1 model.decoder_layers=1)
+  STEPS=4; MINUTES=${MINUTES:-0.3}; SIZES_BASE=(model.d_model=64 model.d_ff=128 model.n_heads=4 model.encoder_layers=1 model.decoder_layers=1)
   SIZES_BIG=("${SIZES_BASE[@]}"); BENCH_STEPS=2; TEST_ARGS=(-q -x -m "not slow" tests/test_precision.py)
   SENTENCES=50
   # The WMT steps at tiny sizes too: a small model, 50 validation lines, 50 test lines.
@@ -48,7 +52,7 @@ if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
             --set model.decoder_layers=1 --set tokenizer.vocab_size=2000 --set data.valid_max_sentences=50)
   TEST_LINES=50
 else
-  STEPS=20; MINUTES=6; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0; WMT_SETS=(); TEST_LINES=0
+  STEPS=20; MINUTES=${MINUTES:-6}; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0; WMT_SETS=(); TEST_LINES=0
   SIZES_BASE=(model.d_model=512 model.d_ff=2048 model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6 tokenizer.vocab_size=8000 train.max_tokens=8000)
   SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=8000)
 fi

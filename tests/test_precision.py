@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from xformer_cli.decode.translator import Translator
-from xformer_cli.device import cpu_flags, resolve_decode_precision, resolve_precision
+from xformer_cli.device import cpu_flags, pick_device, resolve_decode_precision, resolve_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
 from xformer_cli.checkpoint import load_checkpoint
@@ -207,3 +207,28 @@ def test_under_cpu_autocast_only_the_matrix_products_run_in_bf16():
     assert seen["linear"] == {torch.bfloat16}
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
     assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)  # fp32 master weights
+
+
+def test_a_cuda_device_is_configured_without_cudnn_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an H100 the cuDNN attention backend diverged in bf16 and rebuilt a graph per batch
+    shape (BENCHMARKS.md "GPU"): every CUDA device pick_device hands out has it off, and TF32 on.
+    The flags are process-wide settings that need no GPU to read or write."""
+    saved = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.matmul.allow_tf32)
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert pick_device("cpu").type == "cpu" and torch.backends.cuda.cudnn_sdp_enabled()  # CPU: untouched
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert pick_device("auto") == torch.device("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the backend that trained through
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+
+
+def test_cuda_asked_for_without_cuda_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(XformerError, match="'cuda:1' was asked for but CUDA is not available"):
+        pick_device("cuda:1")

@@ -24,12 +24,29 @@ INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "asimddp")
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` -> the device; a CUDA one is configured
+    for this project's kernels first (``configure_cuda``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise XformerError(f"device '{name}' was asked for but CUDA is not available")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise XformerError(f"device '{name}' was asked for but CUDA is not available")
+        configure_cuda()
     return device
+
+
+def configure_cuda() -> None:
+    """TF32 tensor cores for fp32 matmuls, and no cuDNN attention backend.
+
+    Measured on an H100 (torch 2.11, BENCHMARKS.md "GPU"): with a padding mask in bf16,
+    ``scaled_dot_product_attention`` picked cuDNN, which builds a graph for every new batch
+    shape (the first epoch of WMT-news ran at 7k target tokens/s instead of 94k, bf16
+    decoding at half the fp32 speed) and produced non-finite losses after ~700 steps where
+    fp32 trained on; the memory-efficient kernel has neither problem."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def configure_threads(threads: int) -> None:

@@ -221,9 +221,6 @@ class Trainer:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
         self.dist.start(self.device)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
         self.precision, why = resolve_precision(tc.precision, self.device)
         log(f"precision: {self.precision} ({why})" if tc.precision != "auto" else f"precision: auto -> {self.precision} ({why})")
         self.run_dir = Path(config.run_dir)
