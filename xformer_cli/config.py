@@ -102,6 +102,9 @@ class TrainConfig:
     save_every: int = 0  # steps between extra last.pt saves; 0 = only at validations
     keep_checkpoints: int = 0  # also keep the last N step checkpoints (checkpoint_STEP.pt) for averaging
     average_last: int = 0  # at the end, average the newest N kept step checkpoints; best.pt if its valid BLEU is higher
+    # At the end, decode the valid set (beam decode.beam_size) with best.pt at each GNMT alpha
+    # listed; best.pt keeps the best one as its decode.length_penalty. [] = off (train/tune.py).
+    tune_length_penalty: list[float] = field(default_factory=list)
     patience: int = 0  # stop after this many validations without a better BLEU; 0 = never
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
     valid_beam_size: int = 1  # beam for validation BLEU (1 = greedy, cheapest)
@@ -316,6 +319,8 @@ def validate(cfg: Config) -> None:
     _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
     for name in ("save_every", "keep_checkpoints", "patience", "average_last"):
         _require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
+    _require(all(alpha >= 0 for alpha in t.tune_length_penalty), "train.tune_length_penalty",
+             "every alpha must be >= 0")
     _require(t.average_last <= t.keep_checkpoints, "train.average_last",
              f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     _require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")

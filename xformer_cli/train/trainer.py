@@ -39,6 +39,7 @@ from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.schedule import NoamSchedule
+from xformer_cli.train.tune import pick_length_penalty
 
 
 @dataclass
@@ -426,6 +427,33 @@ class Trainer:
             save_checkpoint({**best, "averaged_steps": steps}, self.run_dir / "best.pt")
         self.model.load_state_dict(trained)
 
+    def tune_length_penalty(self) -> None:
+        """train.tune_length_penalty: decode the valid set with best.pt's weights at each alpha
+        (beam decode.beam_size, the precision validation uses) and write the best alpha into
+        best.pt's decode.length_penalty; the run's config.yaml and last.pt stay as they were."""
+        alphas = self.config.train.tune_length_penalty
+        path = self.run_dir / "best.pt"
+        best = load_checkpoint(path)
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(best["model"])
+        self.model.eval()
+        decode = self.config.decode_settings()
+        translator = Translator(self.model, self.tokenizer, decode, self.device, precision=self.decode_precision)
+        started = time.time()
+        alpha, scores = pick_length_penalty(
+            lambda a: translator.translate(self.valid_corpus.src, beam_size=decode.beam_size, length_penalty=a),
+            self.valid_corpus.tgt, alphas)
+        self.model.load_state_dict(trained)
+        self.model.train()
+        best["config"]["decode"]["length_penalty"] = alpha
+        best["length_penalty_scores"] = scores
+        save_checkpoint(best, path)
+        self.log(f"length penalty: valid BLEU (beam {decode.beam_size}) "
+                 + ", ".join(f"{a:g}: {s:.2f}" for a, s in scores.items())
+                 + f" -> {alpha:g} in best.pt (decode.length_penalty; {time.time() - started:.0f} s)")
+        self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3),
+                     "length_penalty": alpha, "length_penalty_valid_bleu": {f"{a:g}": round(s, 2) for a, s in scores.items()}})
+
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
 
@@ -625,6 +653,8 @@ class Trainer:
         self.dist.stop()
         if tc.average_last and self.dist.is_main and reason != "interrupted":
             self.average_last()
+        if tc.tune_length_penalty and self.dist.is_main and reason != "interrupted" and self.valid_data is not None:
+            self.tune_length_penalty()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if reason == "patience":

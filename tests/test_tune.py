@@ -1,0 +1,55 @@
+"""train.tune_length_penalty: the valid set picks the length penalty that best.pt carries."""
+
+import json
+
+import pytest
+
+from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.decode.translator import Translator
+from xformer_cli.train.trainer import train
+from xformer_cli.train.tune import pick_length_penalty
+
+from conftest import assert_one_line_error, xformer
+from test_training import tiny_config
+
+REFS = ["a man rides a red bicycle down the street .", "two dogs play in the fresh snow ."]
+
+
+def test_the_alpha_whose_translations_score_best_is_picked():
+    outputs = {0.6: ["a man .", "two dogs ."], 1.3: REFS, 2.0: [r + " and more and more" for r in REFS]}
+    alpha, scores = pick_length_penalty(lambda a: outputs[a], REFS, [0.6, 1.3, 2.0])
+    assert alpha == 1.3 and scores[1.3] == pytest.approx(100.0)
+    assert scores[0.6] < scores[2.0] < scores[1.3]
+
+
+def test_a_tie_keeps_the_alpha_listed_first():
+    alpha, _ = pick_length_penalty(lambda a: REFS, REFS, [0.6, 1.0, 1.6])
+    assert alpha == 0.6
+
+
+def test_training_writes_the_valid_pick_into_best_pt_only(small_corpus, tmp_path):
+    logged = []
+    run = tmp_path / "run"
+    train(tiny_config(small_corpus, run, **{"train.max_steps": 12, "train.valid_every": 6,
+                                            "train.tune_length_penalty": "[0.6, 1.5, 3.0]"}),
+          log=logged.append, progress=False)
+    best = load_checkpoint(run / "best.pt")
+    scores = best["length_penalty_scores"]
+    assert sorted(scores) == [0.6, 1.5, 3.0]
+    chosen = best["config"]["decode"]["length_penalty"]
+    assert scores[chosen] == max(scores.values())
+    # translate and eval-bleu take their default from best.pt ...
+    assert Translator.from_checkpoint(run / "best.pt", device="cpu").decode.length_penalty == chosen
+    # ... while last.pt (resuming) and the run's config.yaml keep the configured value
+    assert load_checkpoint(run / "last.pt")["config"]["decode"]["length_penalty"] == 0.6
+    assert "length_penalty: 0.6" in (run / "config.yaml").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["length_penalty"] == chosen and set(rows[-1]["length_penalty_valid_bleu"]) == {"0.6", "1.5", "3"}
+    assert any(line.startswith("length penalty: valid BLEU (beam 4) 0.6: ") for line in logged), logged
+
+
+def test_a_negative_alpha_is_one_line_naming_the_key(tmp_path):
+    proc = xformer("train", "-c", "configs/multi30k.yaml", "--set", "train.tune_length_penalty=[0.6, -1]",
+                   "--set", f"run_dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "train.tune_length_penalty", ">= 0")
+    assert not (tmp_path / "run").exists()
