@@ -235,7 +235,8 @@ def main() -> None:
     print(f"precision auto -> {auto} ({why})")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
-    print(f"peak matmul (2048^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
+    side = 8192 if device.type == "cuda" else 2048  # as peak_matmul_flops times it
+    print(f"peak matmul ({side}^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
     for name, label, _, _, _, precision in systems:
         rate = max(rates[name])
         achieved = rate * flops_per_token[name]
