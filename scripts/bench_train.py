@@ -78,10 +78,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def peak_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 10) -> float:
+def peak_matmul_size(device: torch.device) -> int:
+    """The side of the square matmul timed as the peak: 8192 on CUDA, big enough for the tensor cores."""
+    return 8192 if device.type == "cuda" else 2048
+
+
+def peak_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of a large square matmul in ``dtype`` on this device: the ceiling MFU is measured against."""
-    if device.type == "cuda":
-        size, repeats = 8192, 50  # big enough to reach the tensor cores' peak
+    size, repeats = peak_matmul_size(device), 50 if device.type == "cuda" else 10
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
@@ -235,7 +239,7 @@ def main() -> None:
     print(f"precision auto -> {auto} ({why})")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
-    side = 8192 if device.type == "cuda" else 2048  # as peak_matmul_flops times it
+    side = peak_matmul_size(device)
     print(f"peak matmul ({side}^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
     for name, label, _, _, _, precision in systems:
         rate = max(rates[name])

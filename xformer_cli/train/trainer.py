@@ -396,11 +396,24 @@ class Trainer:
         loss, nll = validation_loss(self.model, self.valid_data, tc.max_tokens, self.device, tc.label_smoothing,
                                     self.precision)
         self.model.eval()
-        translator = Translator(self.model, self.tokenizer, self.config.decode_settings(), self.device,
-                                precision=self.decode_precision)
-        hyps = translator.translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
+        hyps = self.valid_translator().translate(self.valid_corpus.src, beam_size=tc.valid_beam_size)
         self.model.train()
         return loss, math.exp(min(nll, 50)), bleu(hyps, self.valid_corpus.tgt).score
+
+    def valid_translator(self) -> Translator:
+        """The model decoding the way `xformer translate --precision auto` does on this device."""
+        return Translator(self.model, self.tokenizer, self.config.decode_settings(), self.device,
+                          precision=self.decode_precision)
+
+    @contextlib.contextmanager
+    def other_weights(self, weights: dict) -> Iterator[None]:
+        """The model holds ``weights`` inside the block and its trained weights again after it."""
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(weights)
+        try:
+            yield
+        finally:
+            self.model.load_state_dict(trained)
 
     def average_last(self) -> None:
         """train.average_last: average the newest step checkpoints (the paper's checkpoint
@@ -412,20 +425,20 @@ class Trainer:
             self.log(f"average_last: {len(kept)} step checkpoint(s) kept, nothing to average")
             return
         averaged = average_checkpoints(kept, self.run_dir / "average.pt")
-        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(averaged["model"])
-        loss, ppl, score = self.score_valid()
         steps = [checkpoint_step(p) for p in kept]
-        self.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
-                 f" ({'better than' if self.best_bleu is None or score > self.best_bleu else 'not above'} best {self.best_bleu or 0:.2f})")
-        self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision,
-                     "averaged_steps": steps, "valid_loss": round(loss, 4), "valid_ppl": round(ppl, 3),
-                     "valid_bleu": round(score, 2)})
-        if self.best_bleu is None or score > self.best_bleu:
-            self.best_bleu = score
-            best = self.state()
-            save_checkpoint({**best, "averaged_steps": steps}, self.run_dir / "best.pt")
-        self.model.load_state_dict(trained)
+        # Saved inside the block: a state dict shares the parameters' storage, which the
+        # trained weights overwrite on the way out.
+        with self.other_weights(averaged["model"]):
+            loss, ppl, score = self.score_valid()
+            better = self.best_bleu is None or score > self.best_bleu
+            self.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
+                     f" ({'better than' if better else 'not above'} best {self.best_bleu or 0:.2f})")
+            self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3), "precision": self.precision,
+                         "averaged_steps": steps, "valid_loss": round(loss, 4), "valid_ppl": round(ppl, 3),
+                         "valid_bleu": round(score, 2)})
+            if better:
+                self.best_bleu = score
+                save_checkpoint({**self.state(), "averaged_steps": steps}, self.run_dir / "best.pt")
 
     def tune_length_penalty(self) -> None:
         """train.tune_length_penalty: decode the valid set with best.pt's weights at each alpha
@@ -434,21 +447,19 @@ class Trainer:
         alphas = self.config.train.tune_length_penalty
         path = self.run_dir / "best.pt"
         best = load_checkpoint(path)
-        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(best["model"])
-        self.model.eval()
-        decode = self.config.decode_settings()
-        translator = Translator(self.model, self.tokenizer, decode, self.device, precision=self.decode_precision)
+        beam = self.config.decode.beam_size
         started = time.time()
-        alpha, scores = pick_length_penalty(
-            lambda a: translator.translate(self.valid_corpus.src, beam_size=decode.beam_size, length_penalty=a),
-            self.valid_corpus.tgt, alphas)
-        self.model.load_state_dict(trained)
-        self.model.train()
+        with self.other_weights(best["model"]):
+            self.model.eval()
+            translator = self.valid_translator()
+            alpha, scores = pick_length_penalty(
+                lambda a: translator.translate(self.valid_corpus.src, beam_size=beam, length_penalty=a),
+                self.valid_corpus.tgt, alphas)
+            self.model.train()
         best["config"]["decode"]["length_penalty"] = alpha
         best["length_penalty_scores"] = scores
         save_checkpoint(best, path)
-        self.log(f"length penalty: valid BLEU (beam {decode.beam_size}) "
+        self.log(f"length penalty: valid BLEU (beam {beam}) "
                  + ", ".join(f"{a:g}: {s:.2f}" for a, s in scores.items())
                  + f" -> {alpha:g} in best.pt (decode.length_penalty; {time.time() - started:.0f} s)")
         self.record({"step": self.step, "epoch": self.epoch, "minutes": round(self.minutes(), 3),
