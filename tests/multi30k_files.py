@@ -80,6 +80,7 @@ def multi30k_or_fail(local: Path, cache: Path, fallback: Optional[str] = None) -
         return multi30k_dir(local, cache, fallback)
     except (XformerError, OSError) as exc:
         why = " ".join(str(exc).split()).split("; set XFORMER_DATA")[0]  # said below, for the tests
-        pytest.fail(f"Multi30k for the tests: {why}. Set XFORMER_DATA to the folder that holds multi30k/ "
-                    "(train, valid, test2016 .en/.de), or run the unit tests alone: python -m pytest -m 'not slow'",
-                    pytrace=False)
+    # Failed outside the except block: pytest would print the chained exception too.
+    pytest.fail(f"Multi30k for the tests: {why}. Set XFORMER_DATA to the folder that holds multi30k/ "
+                "(train, valid, test2016 .en/.de), or run the unit tests alone: python -m pytest -m 'not slow'",
+                pytrace=False)
