@@ -6,7 +6,9 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from xformer_cli import __version__
 
-from conftest import assert_one_line_error, tiny_overrides, write_lines, xformer
+from helpers import assert_one_line_error, tiny_overrides, write_lines, xformer
+
+pytestmark = pytest.mark.slow  # every test here starts the CLI
 
 
 def test_version_and_help():
@@ -20,7 +22,6 @@ def test_version_and_help():
     assert "pip install 'xformer[ctranslate2]'" in export_help
 
 
-@pytest.mark.slow
 def test_train_writes_a_complete_run_directory(trained_run):
     for name in ("config.yaml", "tokenizer/joint.model", "metrics.jsonl", "last.pt", "best.pt"):
         assert (trained_run / name).is_file(), name
@@ -29,7 +30,6 @@ def test_train_writes_a_complete_run_directory(trained_run):
     assert any("train_loss" in r and "tokens_per_s" in r for r in records)
 
 
-@pytest.mark.slow
 def test_translate_keeps_one_line_per_input_line(trained_run, small_corpus, tmp_path):
     lines = b"A dog runs.\n\n   \nTwo men \x0bplay\x1c soccer.\nbad \xff utf8\n"
     proc = xformer("translate", "--checkpoint", trained_run / "best.pt", "--beam-size", "2", stdin=lines)
@@ -45,7 +45,6 @@ def test_translate_keeps_one_line_per_input_line(trained_run, small_corpus, tmp_
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 100
 
 
-@pytest.mark.slow
 def test_translate_streams_hostile_input_in_chunks_without_losing_a_line(trained_run, tmp_path):
     long_line = " ".join(["dog"] * 2000).encode()
     lines = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe utf8", long_line, b"\r", b"Two men."] * 3
@@ -78,7 +77,6 @@ def test_translate_streams_hostile_input_in_chunks_without_losing_a_line(trained
     assert kept.read_text() == "earlier result\n"  # a failed run leaves earlier output alone
 
 
-@pytest.mark.slow
 def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     hyp = tmp_path / "hyp.de"
     ref = small_corpus / "test2016.de"
@@ -103,7 +101,6 @@ def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     assert json.loads(alone.stdout) == from_checkpoint
 
 
-@pytest.mark.slow
 def test_a_second_train_resumes_instead_of_clobbering(trained_run, small_corpus):
     before = (trained_run / "best.pt").read_bytes()
     proc = xformer("train", "-c", "configs/multi30k.yaml", *tiny_overrides(small_corpus, trained_run))
@@ -151,7 +148,6 @@ def test_bad_checkpoints_and_score_files(tmp_path):
     assert_one_line_error(xformer("eval-bleu", "--hyp", hyp, "--ref", tmp_path / "gone.txt"), "file not found")
 
 
-@pytest.mark.slow
 def test_export_then_translate_with_ctranslate2_matches_greedy(trained_run, tmp_path):
     exported = tmp_path / "ct2"
     proc = xformer("export", "-m", trained_run / "best.pt", "-o", exported)

@@ -1,13 +1,44 @@
 import pytest
 
-from xformer_cli.config import load_config, parse_override
+from xformer_cli.config import CorpusConfig, load_config, parse_override, validate
 from xformer_cli.errors import XformerError
 
+from helpers import ROOT
 
-def test_shipped_configs_load(monkeypatch):
-    for name in ("multi30k.yaml", "wmt14-en-de-base.yaml", "wmt14-en-de-big.yaml"):
-        cfg = load_config(f"configs/{name}")
-        assert cfg.model.d_model % cfg.model.n_heads == 0
+# What each shipped config is: model width, heads and layers, and where train / valid / test come from.
+SHIPPED = {
+    "multi30k.yaml": (256, 4, 3, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
+                                  "/data/multi30k/test2016 | bentrevett/multi30k"]),
+    "wmt-news.yaml": (256, 4, 3, ["/data/wmt-news/train", "/data/wmt14/newstest2013", "/data/wmt14/newstest2014"]),
+    "wmt14-en-de-base.yaml": (512, 8, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
+    "wmt14-en-de-big.yaml": (1024, 16, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
+}
+
+
+def where(corpus: CorpusConfig) -> str:
+    """Files (and the dataset read where they are absent), or a dataset split."""
+    if corpus.prefix:
+        return corpus.prefix + (f" | {corpus.fallback_dataset}" if corpus.fallback_dataset else "")
+    return f"{corpus.dataset}/{corpus.dataset_config}[{corpus.split}]"
+
+
+def test_every_shipped_config_is_checked():
+    assert sorted(path.name for path in (ROOT / "configs").glob("*.yaml")) == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_configs_load_and_validation_refuses_them_broken(name, monkeypatch):
+    monkeypatch.setenv("XFORMER_DATA", "/data")
+    cfg = load_config(ROOT / "configs" / name)
+    d_model, n_heads, layers, data = SHIPPED[name]
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.encoder_layers, cfg.model.decoder_layers) == (
+        d_model, n_heads, layers, layers)
+    assert [where(corpus) for corpus in (*cfg.data.train, cfg.data.valid, cfg.data.test)] == data
+    assert cfg.run_dir == f"runs/{name.removesuffix('.yaml')}"
+    cfg.model.n_heads = 3  # divides none of the shipped widths
+    with pytest.raises(XformerError) as info:
+        validate(cfg)
+    assert str(info.value) == f"config key 'model.d_model': {d_model} is not divisible by model.n_heads=3"
 
 
 def test_dotted_overrides_are_typed():

@@ -7,7 +7,7 @@ from xformer_cli.data.batching import collate, collate_flat, make_batches
 from xformer_cli.data.sources import read_parallel
 from xformer_cli.errors import XformerError
 
-from conftest import write_lines
+from helpers import write_lines
 
 
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):

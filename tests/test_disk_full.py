@@ -11,7 +11,7 @@ from xformer_cli.data import cache as cache_module
 from xformer_cli.errors import XformerError, disk_full
 from xformer_cli.checkpoint import load_checkpoint
 
-from conftest import assert_one_line_error, tiny_overrides, write_lines, xformer
+from helpers import assert_one_line_error, tiny_overrides, write_lines, xformer
 
 # Raise as torch's zip writer does when the disk fills: the OSError, then a RuntimeError
 # raised while handling it (the "unexpected pos" second traceback users saw).
@@ -43,6 +43,7 @@ def _tree_bytes(path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes(small_corpus, tmp_path):
     run = tmp_path / "run"
     first = xformer("train", "-c", "configs/multi30k.yaml", "--quiet", *tiny_overrides(small_corpus, run),
@@ -78,6 +79,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes(small_corpu
     assert load_checkpoint(target / "last.pt")["step"] == 30
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_translations_keeps_the_earlier_output(trained_run, tmp_path):
     out = write_lines(tmp_path / "out.de", ["earlier result"])
     prelude = """
@@ -97,6 +99,7 @@ os.fdopen = lambda *args, **kwargs: _Full(_real_fdopen(*args, **kwargs))
     assert [p.name for p in tmp_path.iterdir()] == ["out.de"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_building_the_cache_removes_the_partial_build(small_corpus, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -9,7 +9,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from xformer_cli.evaluate import compare_systems, hypothesis_warnings, score_lines
 from xformer_cli.plots import REPORT_DPI, REPORT_SIZE
 
-from conftest import assert_one_line_error, head, write_lines, xformer
+from helpers import assert_one_line_error, head, write_lines, xformer
 
 HYPS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park."]
 REF1 = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest im Park ein Buch."]
@@ -51,6 +51,7 @@ def test_warnings_for_tokenized_or_unk_hypotheses():
     assert any("<unk>" in w for w in hypothesis_warnings(["Ein <unk> Mann"], "h"))
 
 
+@pytest.mark.slow
 def test_eval_bleu_cli_with_two_references_and_ter(tmp_path):
     hyp = write_lines(tmp_path / "h.de", HYPS)
     r1, r2 = write_lines(tmp_path / "r1.de", REF1), write_lines(tmp_path / "r2.de", REF2)
@@ -62,6 +63,7 @@ def test_eval_bleu_cli_with_two_references_and_ter(tmp_path):
     assert scores["chrF2"]["signature"].startswith("nrefs:2|")
 
 
+@pytest.mark.slow
 def test_eval_bleu_cli_paired_test_table(tmp_path):
     base = write_lines(tmp_path / "base.de", ["Ein Hund.", "Schnee.", "Ein Buch."])
     better = write_lines(tmp_path / "better.de", HYPS)
@@ -76,6 +78,7 @@ def test_eval_bleu_cli_paired_test_table(tmp_path):
     assert "p_value" in result["systems"][1]["BLEU"] and "p_value" not in result["systems"][0]["BLEU"]
 
 
+@pytest.mark.slow
 def test_eval_bleu_warns_on_tokenized_input(tmp_path):
     hyp = write_lines(tmp_path / "h.de", ["\u2581Ein \u2581Mann"] * 3)
     ref = write_lines(tmp_path / "r.de", REF1)
@@ -83,6 +86,7 @@ def test_eval_bleu_warns_on_tokenized_input(tmp_path):
     assert proc.returncode == 0 and "warning:" in proc.stderr.decode() and "sentencepiece" in proc.stderr.decode()
 
 
+@pytest.mark.slow
 def test_eval_bleu_bad_inputs(tmp_path):
     ref = write_lines(tmp_path / "r.de", REF1)
     short = write_lines(tmp_path / "short.de", HYPS[:2])
@@ -132,6 +136,7 @@ def test_attention_plot_has_one_panel_per_layer_and_sentence(trained_run, small_
     assert image.format == "PNG" and height > 1.5 * width
 
 
+@pytest.mark.slow
 def test_translator_attention_rows_are_distributions(trained_run):
     from xformer_cli import Translator
 
@@ -142,6 +147,7 @@ def test_translator_attention_rows_are_distributions(trained_run):
     assert weights.sum(-1).sub(1).abs().max() < 1e-4
 
 
+@pytest.mark.slow
 def test_missing_matplotlib_is_one_clear_line(trained_run, tmp_path):
     hide = "import sys; sys.modules['matplotlib'] = None"
     proc = xformer("report", trained_run, "--output", tmp_path / "r.png", python_prelude=hide)

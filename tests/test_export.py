@@ -8,7 +8,9 @@ import torch
 from xformer_cli.decode.translator import Translator
 from xformer_cli.errors import XformerError
 
-from conftest import head, tiny_checkpoint
+from helpers import head, tiny_checkpoint
+
+pytestmark = pytest.mark.slow  # every test exports a model trained on Multi30k
 
 pytest.importorskip("ctranslate2")
 from xformer_cli.decode.ct2_engine import CTranslate2Translator  # noqa: E402

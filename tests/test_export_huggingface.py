@@ -16,13 +16,16 @@ from xformer_cli.export import huggingface as export_module
 from xformer_cli.export.huggingface import MISSING_HF, export_huggingface, xformer_max_new_tokens
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-from conftest import assert_one_line_error, head, tiny_checkpoint, xformer
+from helpers import assert_one_line_error, head, tiny_checkpoint, xformer
 
 from transformers import GenerationConfig, MarianMTModel, MarianTokenizer  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-# MarianTokenizer asks for sacremoses, which only its unused normalize() would call.
-pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+pytestmark = [
+    pytest.mark.slow,  # every test exports a model built from Multi30k pairs
+    # MarianTokenizer asks for sacremoses, which only its unused normalize() would call.
+    pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+]
 
 N_TRAIN = 30  # memorised pairs: confident, real German outputs
 N_UNSEEN = 12  # unseen test sentences: the model's guesses, decoded identically all the same

@@ -9,10 +9,11 @@ from xformer_cli.train import trainer as trainer_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import train
 
-from test_training import losses, quiet, tiny_config
+from helpers import losses, quiet, tiny_config
+
+pytestmark = pytest.mark.slow  # both train on Multi30k
 
 
-@pytest.mark.slow
 def test_compiled_training_matches_eager(small_corpus, tmp_path):
     """inductor compiles the model for the CPU (with the machine's C++ compiler): the losses
     of a few steps equal eager mode's up to kernel rounding."""

@@ -7,7 +7,9 @@ from xformer_cli.config import load_config
 from xformer_cli.decode.translator import Translator
 from xformer_cli.train.trainer import train
 
-from conftest import head, write_lines
+from helpers import head, write_lines
+
+pytestmark = pytest.mark.slow  # trains on Multi30k pairs
 
 N_PAIRS = 40
 

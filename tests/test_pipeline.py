@@ -15,7 +15,7 @@ from xformer_cli.data.sources import PairSource
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 
-from conftest import assert_one_line_error, head, write_lines, xformer
+from helpers import assert_one_line_error, head, write_lines, xformer
 
 N = 400
 
@@ -55,6 +55,7 @@ def sources_of(root):
     }
 
 
+@pytest.mark.slow
 def test_every_kind_of_source_gives_the_same_pairs_cache_and_batches(corpus_files, tokenizer, tmp_path, pairs):
     expected = [(s.strip(), t.strip()) for s, t in pairs]
     results = {}
@@ -70,11 +71,13 @@ def test_every_kind_of_source_gives_the_same_pairs_cache_and_batches(corpus_file
         assert result == reference, kind
 
 
+@pytest.mark.slow
 def test_the_direction_comes_from_the_config(corpus_files, pairs):
     reverse = list(PairSource(CorpusConfig(dataset=str(corpus_files / "saved")), "de", "en"))
     assert reverse[0] == (pairs[0][1].strip(), pairs[0][0].strip())
 
 
+@pytest.mark.slow
 def test_cache_is_reused_without_tokenizing_and_rebuilt_on_change(corpus_files, tokenizer, tmp_path, monkeypatch):
     source = PairSource(CorpusConfig(prefix=str(corpus_files / "train")), "en", "de")
     first, reused = build_or_load([source], tokenizer, Filters(), tmp_path)
@@ -109,6 +112,7 @@ def test_cache_is_reused_without_tokenizing_and_rebuilt_on_change(corpus_files, 
     assert any("longer than 20" in reason for reason in filtered.meta["dropped"])
 
 
+@pytest.mark.slow
 def test_an_interrupted_build_leaves_nothing_trusted(corpus_files, tokenizer, tmp_path, monkeypatch):
     source = PairSource(CorpusConfig(prefix=str(corpus_files / "train")), "en", "de")
     real_save = np.save
@@ -131,6 +135,7 @@ def test_an_interrupted_build_leaves_nothing_trusted(corpus_files, tokenizer, tm
     assert not reused and len(cache) == N and not stale.exists()
 
 
+@pytest.mark.slow
 def test_filters_count_each_reason(tmp_path, tokenizer):
     write_lines(tmp_path / "f.en", ["A dog runs.", "A dog runs.", "", "Hi", "A " + "very " * 60 + "long line."])
     write_lines(tmp_path / "f.de", ["Ein Hund rennt.", "Ein Hund rennt.", "leer", "Hallo " * 8, "Kurz."])
@@ -140,6 +145,7 @@ def test_filters_count_each_reason(tmp_path, tokenizer):
     assert cache.meta["dropped"] == {"duplicate": 1, "empty side": 1, "length ratio above 3": 1, "longer than 50 pieces": 1}
 
 
+@pytest.mark.slow
 def test_tokenizer_sample_is_bounded_and_seeded(corpus_files):
     source = PairSource(CorpusConfig(prefix=str(corpus_files / "train")), "en", "de")
     a, b = sample_pairs([source], 50, seed=3), sample_pairs([source], 50, seed=3)
@@ -163,6 +169,7 @@ def test_batches_are_bounded_complete_seeded_and_shardable():
     assert len(set(np.concatenate(flat).tolist())) == 20000  # disjoint and complete
 
 
+@pytest.mark.slow
 def test_prepare_command_then_train_reuses_tokenizer_and_cache(corpus_files, tmp_path):
     run_dir = tmp_path / "run"
     sets = ["--set", f"run_dir={run_dir}", "--set", f"data.train={{dataset: {corpus_files / 'saved'}}}",
@@ -177,6 +184,7 @@ def test_prepare_command_then_train_reuses_tokenizer_and_cache(corpus_files, tmp
     assert any("tokenizer: reusing" in line for line in logs)
 
 
+@pytest.mark.slow
 def test_bad_dataset_inputs(corpus_files, tmp_path):
     base = ["train", "-c", "configs/multi30k.yaml", "--set", f"run_dir={tmp_path / 'run'}", "--set", "data.valid=null",
             "--set", "data.test=null", "--set", "data.train.prefix=null"]
@@ -203,6 +211,7 @@ def test_invalid_utf8_can_be_skipped_and_counted(tmp_path):
     assert source.dropped == {"invalid UTF-8": 1}
 
 
+@pytest.mark.slow
 def test_a_vocabulary_larger_than_the_data_allows_is_one_warning_line(corpus_files, tmp_path):
     sets = ["--set", f"run_dir={tmp_path / 'run'}", "--set", f"data.train={{dataset: {corpus_files / 'saved'}}}",
             "--set", "data.valid=null", "--set", "data.test=null", "--set", "tokenizer.vocab_size=200000"]
@@ -214,6 +223,7 @@ def test_a_vocabulary_larger_than_the_data_allows_is_one_warning_line(corpus_fil
     assert 16 < got < 200000 and "asked for 200000 pieces" in warnings[0]
 
 
+@pytest.mark.slow
 def test_missing_local_files_fall_back_to_the_configured_dataset(pairs, tmp_path):
     """The shipped Multi30k config names bentrevett/multi30k (columns en/de, splits train /
     validation / test) for machines without the local files; here a save_to_disk copy in that
@@ -236,6 +246,7 @@ def test_missing_local_files_fall_back_to_the_configured_dataset(pairs, tmp_path
     assert prepared.valid.src == [s for s, _ in pairs[:30]] and prepared.test.tgt == [t for _, t in pairs[30:60]]
 
 
+@pytest.mark.slow
 def test_neither_local_files_nor_the_hub_is_one_line_saying_where_to_point(tmp_path):
     proc = xformer("prepare", "-c", "configs/multi30k.yaml", "--set", f"run_dir={tmp_path / 'run'}",
                    "--set", f"data.train.prefix={tmp_path}/absent/train",

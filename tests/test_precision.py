@@ -17,8 +17,7 @@ from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
 
-from conftest import assert_one_line_error, xformer
-from test_training import losses, quiet, tiny_config
+from helpers import assert_one_line_error, losses, quiet, tiny_config, xformer
 
 CPU = torch.device("cpu")
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
@@ -61,6 +60,7 @@ def test_cpu_flags_are_read_from_proc_cpuinfo():
         assert (flag in flags) == (f" {flag}" in text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["fp64", "bf61", "BF16"])
 def test_a_bad_precision_is_one_line_naming_the_key(tmp_path, value):
     proc = xformer("train", "-c", "configs/multi30k.yaml", "--set", f"train.precision={value}",
@@ -71,6 +71,7 @@ def test_a_bad_precision_is_one_line_naming_the_key(tmp_path, value):
     assert_one_line_error(bad, "--precision")
 
 
+@pytest.mark.slow
 def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, tmp_path):
     bf16 = {"train.precision": "bf16"}
     whole = train(tiny_config(small_corpus, tmp_path / "a", **bf16, **{"train.max_steps": 12}), log=quiet, progress=False)
@@ -92,6 +93,7 @@ def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, t
     assert fp32.steps == 12 and losses(tmp_path / "c")[12] != a[12]
 
 
+@pytest.mark.slow
 def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
     lines = []
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.precision": "auto"}), log=lines.append,
@@ -112,6 +114,7 @@ HOSTILE = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe ut
            b"Two men."]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
     stdin = b"\n".join(HOSTILE * 2) + b"\n"
@@ -123,6 +126,7 @@ def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
     assert [o == "" for o in out[:-1]] == [line.strip() == b"" for line in HOSTILE * 2]
 
 
+@pytest.mark.slow
 def test_bf16_translation_keeps_bf16_weights_and_leaves_a_training_model_alone(trained_run):
     fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
     bf16 = Translator(fp32.model, fp32.tokenizer, fp32.decode, CPU, precision="bf16")

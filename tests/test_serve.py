@@ -1,6 +1,6 @@
-"""xformer serve: the micro-batcher alone, the HTTP API through starlette's TestClient (a
-fake engine, then a tiny trained model on both engines), and a real server process that
-drains on SIGTERM."""
+"""xformer serve: the HTTP API through starlette's TestClient (a fake engine, then a tiny
+trained model on both engines), and a real server process that drains on SIGTERM. The
+micro-batcher alone is tested in test_batcher.py."""
 
 import json
 import signal
@@ -10,143 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from xformer_cli.serve.batcher import Batcher, QueueFull, Stopped
-
 from serve_helpers import ServerProcess, get, request
-
-
-# -- the batcher, without HTTP -----------------------------------------------------------------
-
-class Recorder:
-    """A fake engine: upper-cases texts and records each call."""
-
-    def __init__(self, delay: float = 0.0, gate: "threading.Event | None" = None):
-        self.calls: list[tuple[list[str], dict]] = []
-        self.delay, self.gate = delay, gate
-        self.entered = threading.Event()
-
-    def __call__(self, texts, options):
-        self.calls.append((list(texts), dict(options)))
-        self.entered.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        time.sleep(self.delay)
-        if any(text == "boom" for text in texts):
-            raise ValueError("the engine failed")
-        return [text.upper() for text in texts]
-
-
-def test_concurrent_submissions_share_one_engine_call_and_keep_their_order():
-    engine = Recorder()
-    batcher = Batcher(engine, max_wait=2.0, max_sentences=8).start()  # full at 8 texts: no need to wait 2 s
-    jobs = [[f"a{i}", f"b{i}"] for i in range(4)]
-    barrier = threading.Barrier(len(jobs))
-
-    def send(texts):
-        barrier.wait()
-        return batcher.submit(texts, beam_size=4).result(5)
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        results = list(pool.map(send, jobs))
-    assert time.monotonic() - started < 1.5
-    assert len(engine.calls) == 1 and sorted(engine.calls[0][0]) == sorted(t for job in jobs for t in job)
-    assert engine.calls[0][1] == {"beam_size": 4}
-    for texts, result in zip(jobs, results):
-        assert result.texts == [t.upper() for t in texts]  # each caller gets its own, in order
-        assert result.batch_texts == 8 and result.decode_s >= 0 and result.wait_s >= 0
-    assert batcher.stop(5)
-    assert (batcher.batches, batcher.texts_done, batcher.jobs_done) == (1, 8, 4)
-
-
-def test_batches_respect_caps_and_options_in_arrival_order():
-    engine = Recorder()
-    batcher = Batcher(engine, max_wait=0.0, max_sentences=3, max_tokens=100)
-    futures = [batcher.submit(["one", "two"], beam_size=4), batcher.submit(["three"], beam_size=1),
-               batcher.submit(["four"], beam_size=4), batcher.submit(["five", "six"], beam_size=4),
-               batcher.submit(["seven"], beam_size=1)]
-    batcher.start()  # everything was queued first: batching is decided by the caps alone
-    assert [f.result(5).texts for f in futures] == [["ONE", "TWO"], ["THREE"], ["FOUR"], ["FIVE", "SIX"], ["SEVEN"]]
-    assert engine.calls == [(["one", "two", "four"], {"beam_size": 4}), (["three", "seven"], {"beam_size": 1}),
-                            (["five", "six"], {"beam_size": 4})]
-    # the token cap (words + 1 per text) splits batches too
-    engine.calls.clear()
-    small = Batcher(engine, max_wait=0.0, max_sentences=10, max_tokens=6)
-    futures = [small.submit(["a b"]) for _ in range(4)]  # 3 tokens each
-    small.start()
-    assert all(f.result(5).texts == ["A B"] for f in futures)
-    assert [len(texts) for texts, _ in engine.calls] == [2, 2]
-    assert batcher.stop(5) and small.stop(5)
-
-
-def test_a_lone_client_does_not_wait_and_returning_clients_share_a_call():
-    engine = Recorder()
-    batcher = Batcher(engine, max_wait=1.0, max_sentences=8).start()
-    started = time.monotonic()
-    batcher.submit(["first"]).result(5)  # no history: waits max_wait for company
-    assert time.monotonic() - started >= 0.9
-    for texts in (["alone"], ["three", "at", "once"], ["alone"]):  # demand is one job now: served at once
-        started = time.monotonic()
-        batcher.submit(texts).result(5)
-        assert time.monotonic() - started < 0.5
-
-    gate = threading.Event()
-    engine.gate = gate
-    engine.calls.clear()
-    engine.entered = threading.Event()
-    running = batcher.submit([f"a{i}" for i in range(8)])  # a full batch goes at once, and blocks
-    assert engine.entered.wait(5)
-    time.sleep(0.05)
-    early = batcher.submit(["b"])  # arrives while the engine is busy
-    gate.set()
-    running.result(5)
-    time.sleep(0.1)  # a client whose answer just came back asks again
-    late = batcher.submit(["c"])
-    assert early.result(5).texts == ["B"] and late.result(5).texts == ["C"]
-    assert [texts for texts, _ in engine.calls] == [[f"a{i}" for i in range(8)], ["b", "c"]]  # one call, not two
-    assert batcher.stop(5)
-
-
-def test_a_full_queue_rejects_and_holds_nothing():
-    gate = threading.Event()
-    engine = Recorder(gate=gate)
-    batcher = Batcher(engine, max_wait=0.0, max_queued=3).start()
-    running = batcher.submit(["first"])
-    assert engine.entered.wait(5)  # the worker holds "first"; the queue is empty again
-    waiting = batcher.submit(["x", "y", "z"])
-    assert batcher.queued == 3
-    with pytest.raises(QueueFull):
-        batcher.submit(["one too many"])
-    assert batcher.queued == 3 and batcher.rejected == 1
-    gate.set()
-    assert running.result(5).texts == ["FIRST"] and waiting.result(5).texts == ["X", "Y", "Z"]
-    assert batcher.submit(["again"]).result(5).texts == ["AGAIN"]  # room again
-    assert batcher.stop(5)
-
-
-def test_stop_drains_the_queue_then_refuses_work():
-    engine = Recorder(delay=0.02)
-    batcher = Batcher(engine, max_wait=0.0, max_sentences=2).start()
-    futures = [batcher.submit([f"s{i}"]) for i in range(7)]
-    assert batcher.stop(10)
-    assert [f.result(0).texts for f in futures] == [[f"S{i}"] for i in range(7)]  # all finished before stop returned
-    with pytest.raises(Stopped):
-        batcher.submit(["late"])
-
-
-def test_a_failing_job_fails_alone_and_the_worker_lives_on():
-    engine = Recorder()
-    batcher = Batcher(engine, max_wait=0.0)
-    good, bad, other = batcher.submit(["fine"]), batcher.submit(["boom"]), batcher.submit(["also fine"])
-    cancelled = batcher.submit(["never run"])
-    assert cancelled.cancel()
-    batcher.start()
-    assert good.result(5).texts == ["FINE"] and other.result(5).texts == ["ALSO FINE"]
-    with pytest.raises(ValueError, match="the engine failed"):
-        bad.result(5)
-    assert batcher.submit(["after"]).result(5).texts == ["AFTER"]
-    assert all("never run" not in texts for texts, _ in engine.calls)
-    assert batcher.stop(5)
 
 
 # -- the HTTP API with a fake engine -------------------------------------------------------------
@@ -400,8 +264,9 @@ def test_server_process_batches_and_drains_on_sigterm(trained_run):
         server.close()
 
 
+@pytest.mark.slow
 def test_serve_errors_are_one_line(tmp_path):
-    from conftest import assert_one_line_error, xformer
+    from helpers import assert_one_line_error, xformer
 
     assert_one_line_error(xformer("serve", "-m", tmp_path / "missing.pt", "--port", "0"), "not found")
     assert_one_line_error(xformer("serve", "-m", tmp_path, "--port", "0"), "--engine ctranslate2")

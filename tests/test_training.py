@@ -9,33 +9,16 @@ import sys
 import pytest
 import torch
 
-from xformer_cli.config import load_config
 from xformer_cli.errors import XformerError
 from xformer_cli.train import trainer as trainer_module
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
-from conftest import ROOT, assert_one_line_error, tiny_overrides, xformer
+from helpers import ROOT, assert_one_line_error, losses, quiet, tiny_config, tiny_overrides, xformer
 
 
-def tiny_config(corpus, run_dir, **changes):
-    sets = dict(s.split("=", 1) for s in tiny_overrides(corpus, run_dir)[1::2])
-    sets.update({"model.dropout": "0.1", "train.max_tokens": "600", "train.log_every": "1", "train.valid_every": "6",
-                 "data.valid_max_sentences": "8", "decode.max_len_a": "0.5", "decode.max_len_b": "3"})
-    sets.update({k: str(v) for k, v in changes.items()})
-    return load_config("configs/multi30k.yaml", [f"{k}={v}" for k, v in sets.items()])
-
-
-def losses(run_dir) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
-
-
-def quiet(_):
-    pass
-
-
+@pytest.mark.slow
 def test_interrupted_and_resumed_equals_uninterrupted(small_corpus, tmp_path):
     whole = train(tiny_config(small_corpus, tmp_path / "a", **{"train.max_steps": 14}), log=quiet, progress=False)
     assert whole.steps == 14
@@ -53,6 +36,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_corpus, tmp_path):
         torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, monkeypatch):
     cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 50, "train.valid_every": 100})
     trainer = Trainer(cfg, log=quiet, progress=False)
@@ -74,6 +58,7 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
     assert again.run().steps == 6
 
 
+@pytest.mark.slow
 def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(small_corpus, tmp_path, monkeypatch):
     real = trainer_module.label_smoothed_nll
     calls = {"n": 0}
@@ -105,6 +90,7 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(sm
     assert load_checkpoint(tmp_path / "many" / "last.pt")["step"] == 5  # the last good checkpoint is intact
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_after_patience_validations(small_corpus, tmp_path):
     # A learning rate of ~0 keeps BLEU flat: validation 1 sets the best, 2 and 3 do not improve.
     cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 100, "train.valid_every": 2,
@@ -113,6 +99,7 @@ def test_early_stopping_stops_after_patience_validations(small_corpus, tmp_path)
     assert result.stopped_because == "patience" and result.steps == 6
 
 
+@pytest.mark.slow
 def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 8, "train.valid_every": 2,
                                                          "train.keep_checkpoints": 3, "train.average_last": 0})
@@ -136,6 +123,7 @@ def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     assert_one_line_error(xformer("average", tmp_path / "run", "--last", "9", "-o", tmp_path / "x.pt"), "fewer than 9")
 
 
+@pytest.mark.slow
 def test_resuming_with_a_different_model_is_refused(small_corpus, tmp_path):
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=quiet, progress=False)
     with pytest.raises(XformerError, match="different 'model.d_model'"):
@@ -213,6 +201,7 @@ def test_prefetch_keeps_order_stops_early_and_surfaces_errors():
         list(prefetch(range(5), boom))
 
 
+@pytest.mark.slow
 def test_an_out_of_memory_batch_is_skipped(small_corpus, tmp_path, monkeypatch):
     real = trainer_module.label_smoothed_nll
     calls = {"n": 0}
@@ -230,6 +219,7 @@ def test_an_out_of_memory_batch_is_skipped(small_corpus, tmp_path, monkeypatch):
     assert any("out of GPU memory" in m and "skipped" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_tensorboard_events_when_tensorboard_is_installed(small_corpus, tmp_path, monkeypatch):
     scalars = []
 
@@ -253,6 +243,7 @@ def test_tensorboard_events_when_tensorboard_is_installed(small_corpus, tmp_path
     assert {"train_loss", "lr", "tokens_per_s", "valid_bleu", "valid_loss"} <= tags and ("closed", -1) in scalars
 
 
+@pytest.mark.slow
 def test_average_last_validates_the_mean_of_the_kept_checkpoints(small_corpus, tmp_path):
     run = tmp_path / "run"
     cfg = tiny_config(small_corpus, run, **{"train.max_steps": 12, "train.save_every": 3, "train.keep_checkpoints": 3,
@@ -278,6 +269,7 @@ def test_average_last_validates_the_mean_of_the_kept_checkpoints(small_corpus, t
     assert all(torch.equal(last[key], kept[-1][key]) for key in last)
 
 
+@pytest.mark.slow
 def test_the_loss_logged_after_a_resume_averages_the_same_steps(small_corpus, tmp_path):
     """A logging window open at the stop (steps 6-7 of 6-10) is carried in the checkpoint."""
     every = {"train.log_every": 5}

@@ -9,8 +9,7 @@ from xformer_cli.decode.translator import Translator
 from xformer_cli.train.trainer import train
 from xformer_cli.train.tune import pick_length_penalty
 
-from conftest import assert_one_line_error, xformer
-from test_training import tiny_config
+from helpers import assert_one_line_error, tiny_config, xformer
 
 REFS = ["a man rides a red bicycle down the street .", "two dogs play in the fresh snow ."]
 
@@ -27,6 +26,7 @@ def test_a_tie_keeps_the_alpha_listed_first():
     assert alpha == 0.6
 
 
+@pytest.mark.slow
 def test_training_writes_the_valid_pick_into_best_pt_only(small_corpus, tmp_path):
     logged = []
     run = tmp_path / "run"
@@ -48,6 +48,7 @@ def test_training_writes_the_valid_pick_into_best_pt_only(small_corpus, tmp_path
     assert any(line.startswith("length penalty: valid BLEU (beam 4) 0.6: ") for line in logged), logged
 
 
+@pytest.mark.slow
 def test_a_negative_alpha_is_one_line_naming_the_key(tmp_path):
     proc = xformer("train", "-c", "configs/multi30k.yaml", "--set", "train.tune_length_penalty=[0.6, -1]",
                    "--set", f"run_dir={tmp_path / 'run'}")

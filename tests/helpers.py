@@ -1,0 +1,140 @@
+"""Functions the test modules share: running the CLI, checking its one-line errors, small
+files and tiny configs and checkpoints. Fixtures live in conftest.py; this module has none."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def data_root() -> Path:
+    """The shared corpora: $XFORMER_DATA, else ../shared/data beside the checkout."""
+    return Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def head(path: Path, n: int) -> list[str]:
+    with open(path, encoding="utf-8") as handle:
+        return [next(handle).rstrip("\n") for _ in range(n)]
+
+
+def xformer(*args, stdin: bytes | None = None, python_prelude: str | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh interpreter, as a user would."""
+    if python_prelude is None:
+        command = [sys.executable, "-m", "xformer_cli"]
+    else:  # run some Python first (e.g. hide a module), then the CLI
+        command = [sys.executable, "-c", python_prelude + "\nfrom xformer_cli.cli import app\napp(prog_name='xformer')"]
+    return subprocess.run([*command, *map(str, args)], input=stdin, capture_output=True, cwd=ROOT, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    err = proc.stderr.decode()
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    # Progress lines (tokenizer trained, ...) may come first; the error is one line, the last.
+    assert lines and lines[-1].startswith("error: "), err
+    assert sum(line.startswith("error") for line in lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[-1], err
+
+
+def tiny_overrides(corpus: Path, run_dir: Path) -> list[str]:
+    """``--set`` arguments that shrink configs/multi30k.yaml to a run of seconds on ``corpus``."""
+    sets = [
+        f"run_dir={run_dir}", f"data.train.prefix={corpus}/train", f"data.valid.prefix={corpus}/valid",
+        f"data.test.prefix={corpus}/test2016", "tokenizer.vocab_size=1000", "model.d_model=64", "model.d_ff=128",
+        "model.encoder_layers=1", "model.decoder_layers=1", "train.max_steps=30", "train.valid_every=20",
+        "train.max_tokens=1500", "train.warmup_steps=10", "train.threads=1", "train.device=cpu",
+        # fp32: the engine-parity tests compare against CTranslate2's float32 on this tiny,
+        # barely trained model, whose near-ties bf16 training would break differently.
+        "train.precision=fp32",
+        "train.tune_length_penalty=[]",  # its own test (test_tune.py): keeps the other runs short
+    ]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def tiny_config(corpus: Path, run_dir: Path, **changes):
+    """The in-process trainer's tiny config: tiny_overrides, smaller batches, a log line a step."""
+    from xformer_cli.config import load_config
+
+    sets = dict(s.split("=", 1) for s in tiny_overrides(corpus, run_dir)[1::2])
+    sets.update({"model.dropout": "0.1", "train.max_tokens": "600", "train.log_every": "1", "train.valid_every": "6",
+                 "data.valid_max_sentences": "8", "decode.max_len_a": "0.5", "decode.max_len_b": "3"})
+    sets.update({k: str(v) for k, v in changes.items()})
+    return load_config("configs/multi30k.yaml", [f"{k}={v}" for k, v in sets.items()])
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Step -> logged training loss, from a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 100, joint: bool = True, tie: bool = True,
+                    pre_norm: bool = False, layers: int = 2, decode: Optional[object] = None) -> Path:
+    """A tiny model saved as the trainer saves its checkpoints: trained on the first ``pairs``
+    real Multi30k pairs for ``steps`` full-batch Adam steps (it memorises them), or, with
+    steps=0, its random weights shaken so that no LayerNorm is the identity."""
+    from xformer_cli.checkpoint import build_model, save_checkpoint
+    from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
+    from xformer_cli.model.transformer import ModelConfig
+    from xformer_cli.tokenizer import Tokenizer
+
+    torch.manual_seed(0)
+    src, tgt = head(multi30k / "train.en", pairs), [t.strip() for t in head(multi30k / "train.de", pairs)]
+    tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
+    config = Config(
+        data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
+        tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
+        model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=layers, decoder_layers=layers, dropout=0.0,
+                          pre_norm=pre_norm, tie_embeddings=tie),
+        decode=decode or DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
+    )
+    model = build_model(config, tokenizer).train()
+    if steps:
+        _memorise(model, tokenizer, src, tgt, steps)
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+    save_checkpoint({
+        "config": config.to_dict(),
+        "tokenizer": {"src": tokenizer.src_model_bytes, "tgt": tokenizer.tgt_model_bytes},
+        "model": model.state_dict(),
+        "step": steps,
+    }, path)
+    return path
+
+
+def _memorise(model: torch.nn.Module, tokenizer, src: list[str], tgt: list[str], steps: int) -> None:
+    """Full-batch Adam on the pairs, no label smoothing: the model learns them by heart."""
+    import torch.nn.functional as F
+
+    from xformer_cli.data.batching import collate
+    from xformer_cli.tokenizer import PAD_ID
+
+    batch = collate(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    for _ in range(steps):
+        logits = model(batch.src, batch.tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
