@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xformer_cli.errors import XformerError
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import VERSION, load_checkpoint, save_checkpoint, upgrade_checkpoint
 
 
 def test_round_trip_with_plain_data(tmp_path):
@@ -63,3 +63,27 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checkpoint(path)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_checkpoint_from_a_newer_xformer_is_a_one_line_error(tmp_path):
+    path = tmp_path / "future.pt"
+    torch.save({"format": "xformer-checkpoint", "version": VERSION + 1, "model": {}}, path)
+    with pytest.raises(XformerError, match=f"future.pt: checkpoint version {VERSION + 1} is not supported") as info:
+        load_checkpoint(path)
+    assert "\n" not in str(info.value)
+
+
+def test_the_upgrade_fills_what_version_1_training_checkpoints_may_lack():
+    rng = {"torch": torch.ByteTensor([1, 2, 3])}
+    old = {"format": "xformer-checkpoint", "version": 1, "optimizer": {}, "rng": rng, "step": 3}
+    state = upgrade_checkpoint(old)
+    assert state["version"] == VERSION == 2
+    assert state["scaler"] == {} and state["nonfinite_total"] == 0
+    assert state["log_window"] == {"loss_sum": 0.0, "good_tokens": 0.0}
+    assert len(state["rng"]["ranks"]) == 1 and torch.equal(state["rng"]["ranks"][0]["torch"], rng["torch"])
+    assert "ranks" not in state["rng"]["ranks"][0]
+    # What a checkpoint has is kept; one without training state (average.pt) gains nothing.
+    kept = upgrade_checkpoint({"version": 1, "optimizer": {}, "rng": {"torch": rng["torch"], "ranks": ["r0", "r1"]},
+                               "nonfinite_total": 4, "log_window": {"loss_sum": 2.0, "good_tokens": 9.0}})
+    assert kept["nonfinite_total"] == 4 and kept["rng"]["ranks"] == ["r0", "r1"] and kept["log_window"]["loss_sum"] == 2.0
+    assert upgrade_checkpoint({"model": {}}) == {"model": {}, "version": VERSION}

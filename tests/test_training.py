@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from xformer_cli.errors import XformerError
+from xformer_cli.train import metrics as metrics_module
 from xformer_cli.train import trainer as trainer_module
 from xformer_cli.train.average import average_checkpoints
+from xformer_cli import checkpoint as checkpoint_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
@@ -34,6 +36,32 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_corpus, tmp_path):
     wb = load_checkpoint(tmp_path / "b" / "last.pt")["model"]
     for key in wa:
         torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_an_unversioned_checkpoint_of_the_old_format_upgrades_and_resumes_exactly(small_corpus, tmp_path):
+    """last.pt rewritten the way the first trainers wrote it (no version; no loss scaler,
+    non-finite count, logging window or per-rank random states) still resumes exactly."""
+    whole = tiny_config(small_corpus, tmp_path / "a", **{"train.max_steps": 10})
+    train(whole, log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "b", **{"train.max_steps": 5}), log=quiet, progress=False)
+    last = tmp_path / "b" / "last.pt"
+    old = torch.load(last, weights_only=True)
+    for key in ("version", "scaler", "nonfinite_total", "log_window", "precision"):
+        del old[key]
+    old["rng"] = {"torch": old["rng"]["torch"]}  # one process's state, no "ranks"
+    torch.save(old, last)  # written directly, as before versions: save_checkpoint would add one
+
+    upgraded = load_checkpoint(last)
+    assert upgraded["version"] == checkpoint_module.VERSION and upgraded["nonfinite_total"] == 0
+    assert torch.equal(upgraded["rng"]["ranks"][0]["torch"], old["rng"]["torch"])
+    lines: list[str] = []
+    resumed = train(tiny_config(small_corpus, tmp_path / "b", **{"train.max_steps": 10}), log=lines.append, progress=False)
+    assert resumed.steps == 10 and any(line.startswith("resuming ") and "step 5" in line for line in lines)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    for step in range(6, 11):
+        assert b[step] == pytest.approx(a[step], abs=1e-4), step
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["version"] == checkpoint_module.VERSION
 
 
 @pytest.mark.slow
@@ -185,7 +213,7 @@ def test_two_process_ddp_resumes_exactly_with_dropout(small_corpus, tmp_path):
 
 
 def test_prefetch_keeps_order_stops_early_and_surfaces_errors():
-    from xformer_cli.train.trainer import prefetch
+    from xformer_cli.train.prefetch import prefetch
 
     assert [x for x in prefetch(range(10), lambda i: i * i)] == [(i, i * i) for i in range(10)]
     for item, _ in prefetch(range(1000), lambda i: i):
@@ -236,7 +264,7 @@ def test_tensorboard_events_when_tensorboard_is_installed(small_corpus, tmp_path
         def close(self):
             scalars.append(("closed", -1))
 
-    monkeypatch.setattr(trainer_module, "_tensorboard_writer", lambda directory: FakeWriter(directory))
+    monkeypatch.setattr(metrics_module, "tensorboard_writer", lambda directory: FakeWriter(directory))
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.valid_every": 2}),
           log=quiet, progress=False)
     tags = {tag for tag, _ in scalars}

@@ -24,7 +24,7 @@ from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
 FORMAT = "xformer-checkpoint"
-VERSION = 1
+VERSION = 2  # what save_checkpoint writes; load_checkpoint upgrades older ones (upgrade_checkpoint)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
@@ -71,8 +71,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise XformerError(f"{path} is not a readable xformer checkpoint (truncated or foreign file: {reason[:160]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise XformerError(f"{path} is not an xformer checkpoint")
-    if state.get("version") != VERSION:
-        raise XformerError(f"{path}: checkpoint version {state.get('version')} is not supported (expected {VERSION})")
+    version = state.get("version", 1)
+    if not isinstance(version, int) or not 1 <= version <= VERSION:
+        raise XformerError(f"{path}: checkpoint version {version} is not supported (this xformer reads 1 to {VERSION})")
+    return upgrade_checkpoint(state)
+
+
+def upgrade_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` in the current format, whichever version wrote it: every reader (training,
+    translation, export) passes here, so none needs a default for a key added later.
+
+    Version 1 (also a checkpoint without a version) may lack parts of the training state that
+    later runs save: the loss scaler, the count of skipped non-finite updates, the open logging
+    window, and the random state per rank (one process then). Version 2 always has them.
+    """
+    if state.get("version", 1) < 2 and "optimizer" in state:  # a training checkpoint, not average.pt
+        state.setdefault("scaler", {})  # an empty state: the scaler was off
+        state.setdefault("nonfinite_total", 0)
+        state.setdefault("log_window", {"loss_sum": 0.0, "good_tokens": 0.0})
+        rng = state["rng"]
+        rng.setdefault("ranks", [dict(rng)])
+    state["version"] = VERSION
     return state
 
 

@@ -93,7 +93,7 @@ class TrainConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
-    optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on CUDA
+    optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on the CPU and CUDA
     precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | bf16 | fp16 | fp32
     compile: bool = False  # torch.compile the model for training
     label_smoothing: float = 0.1

@@ -2,9 +2,9 @@
 
 GNMT's penalty ``((5 + |Y|) / 6) ** alpha`` decides how long beam search's outputs are. The
 paper's alpha = 0.6 was tuned for WMT14 and a big model; a small model trained for minutes
-writes shorter sentences, and on Multi30k the valid set favoured alpha 1.6 in four runs
-(+0.7-0.9 valid BLEU; test2016 at that alpha: +0.38, +0.25, -0.06, +0.43: BENCHMARKS.md). Decoding the
-valid set once per candidate alpha with the final weights is cheap next to training, so
+writes shorter sentences, and on Multi30k the valid set favours a larger alpha (figures:
+BENCHMARKS.md, "The length penalty, chosen on valid"). Decoding the valid set once per
+candidate alpha with the final weights is cheap next to training, so
 ``train.tune_length_penalty`` does it and stores the winner in best.pt, where `translate`
 and `eval-bleu` read their default from.
 """

@@ -1,0 +1,144 @@
+"""What a training run keeps on disk, and taking it up again.
+
+The run directory (``prepare_run_dir``), the training state a checkpoint holds (``state``,
+``restore``), which files are written when (``save``: last.pt, best.pt and the newest
+``train.keep_checkpoints`` step checkpoints), and which settings a resumed run must share
+with the one it continues (``resume_state``). The file format and its version are
+``xformer_cli.checkpoint``'s: older checkpoints reach ``restore`` already upgraded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import yaml
+
+from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
+from xformer_cli.config import Config
+from xformer_cli.errors import XformerError
+
+if TYPE_CHECKING:
+    from xformer_cli.train.trainer import Trainer
+
+
+def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = None) -> Path:
+    """Create (or, with ``overwrite``, clear) the run directory and write config.yaml, headed by
+    the precision this machine resolved ``train.precision`` to."""
+    run_dir = Path(config.run_dir)
+    if overwrite:
+        for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in kept_checkpoints(run_dir))]:
+            (run_dir / old).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
+    (run_dir / "config.yaml").write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    return run_dir
+
+
+# Settings a resumed run must share with the run it continues: they decide the model, the
+# data and its order. Everything else (max_steps, devices, validation cadence...) may change.
+RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq")
+
+
+def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
+    """The first of RESUME_KEYS (down to the differing inner key) where two configs differ."""
+    for key in RESUME_KEYS:
+        a, b = saved, current
+        for part in key.split("."):
+            a, b = a.get(part), b.get(part)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                inner = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+                return f"{key}.{inner}"
+            return key
+    return None
+
+
+def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
+    """The run directory's last.pt to continue from (None: start afresh); refused when it was
+    trained with other settings that matter (RESUME_KEYS)."""
+    path = Path(config.run_dir) / "last.pt"
+    if overwrite or not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    mismatch = resume_mismatch(state["config"], config.to_dict())
+    if mismatch:
+        raise XformerError(f"{path} was trained with a different '{mismatch}'; "
+                           "use another run_dir, or --overwrite to start afresh")
+    return state
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's random state: the CPU generator, and the CUDA one of its device."""
+    rng = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def state(trainer: "Trainer", rng_per_rank: Optional[list[dict]] = None) -> dict:
+    """Everything to continue exactly; ``rng_per_rank``: every rank's random state
+    (``Distributed.gather``), so each resumes its own dropout stream."""
+    rng_per_rank = rng_per_rank or [rng_state(trainer.device)]
+    rng = {**rng_per_rank[0], "ranks": rng_per_rank}
+    return {
+        "config": trainer.config.to_dict(),
+        "tokenizer": {"src": trainer.tokenizer.src_model_bytes, "tgt": trainer.tokenizer.tgt_model_bytes},
+        "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+        "schedule": trainer.schedule.state_dict(), "scaler": trainer.scaler.state_dict(), "rng": rng,
+        "step": trainer.step, "epoch": trainer.epoch, "batches_done": trainer.batches_done,
+        "best_bleu": trainer.best_bleu, "bad_validations": trainer.bad_validations,
+        "nonfinite_total": trainer.nonfinite_total, "precision": trainer.precision,
+        "log_window": {"loss_sum": trainer.window_loss_sum, "good_tokens": trainer.window_good_tokens},
+    }
+
+
+def restore(trainer: "Trainer", state: dict) -> None:
+    """Put a (current-format) checkpoint's training state into ``trainer``."""
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.schedule.load_state_dict(state["schedule"])
+    if state["scaler"]:  # empty when the run had no loss scaling
+        trainer.scaler.load_state_dict(state["scaler"])
+    _restore_rng(trainer, state["rng"]["ranks"], state["step"])
+    trainer.step, trainer.epoch, trainer.batches_done = state["step"], state["epoch"], state["batches_done"]
+    trainer.best_bleu, trainer.bad_validations = state["best_bleu"], state["bad_validations"]
+    trainer.nonfinite_total = state["nonfinite_total"]
+    window = state["log_window"]
+    trainer.window_loss_sum, trainer.window_good_tokens = window["loss_sum"], window["good_tokens"]
+    trainer.log(f"resuming {trainer.run_dir / 'last.pt'}: step {trainer.step}, epoch {trainer.epoch}, "
+                f"batch {trainer.batches_done}")
+
+
+def _restore_rng(trainer: "Trainer", ranks: list[dict], step: int) -> None:
+    dist, device = trainer.dist, trainer.device
+    if len(ranks) != dist.world_size:  # another number of processes than the run was saved with
+        trainer.log(f"resuming with {dist.world_size} processes, saved with {len(ranks)}: "
+                    "data order and weights continue exactly, dropout draws do not")
+        torch.manual_seed(trainer.config.train.seed + dist.rank + 1_000_003 * step)  # fresh, distinct streams
+        return
+    rng = ranks[dist.rank]  # each rank takes up its own stream again
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and device.type == "cuda":
+        cuda = rng["cuda"]
+        # Checkpoints of single-process runs before per-rank states hold every device's state (a list).
+        torch.cuda.set_rng_state(cuda[device.index or 0] if isinstance(cuda, list) else cuda, device)
+
+
+def save(trainer: "Trainer", best: bool = False) -> None:
+    """Write last.pt (and best.pt, and a kept step checkpoint) on rank 0; every rank calls it,
+    handing its random state over."""
+    rng_per_rank = trainer.dist.gather(rng_state(trainer.device))
+    if not trainer.dist.is_main:
+        return
+    current = state(trainer, rng_per_rank)
+    run_dir = trainer.run_dir
+    save_checkpoint(current, run_dir / "last.pt")
+    if best:
+        save_checkpoint(current, run_dir / "best.pt")
+    keep = trainer.config.train.keep_checkpoints
+    if keep:
+        save_checkpoint(current, step_checkpoint(run_dir, trainer.step))
+        for old in kept_checkpoints(run_dir)[:-keep]:
+            old.unlink(missing_ok=True)

@@ -1,0 +1,75 @@
+"""The run's figures: summed on the device while training (StepStats), written to
+``metrics.jsonl`` and, when tensorboard is installed, to TensorBoard (MetricsLog)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from xformer_cli.errors import writing
+
+
+class StepStats:
+    """Training figures accumulated on the device, so the loop never waits to read them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.in_row = torch.zeros((), device=device)  # non-finite updates in a row, across drains
+        self._reset()
+
+    def _reset(self) -> None:
+        zero = lambda: torch.zeros((), device=self.device, dtype=torch.float64)
+        self.loss_sum, self.good_tokens, self.skipped = zero(), zero(), zero()
+        self.max_in_row = self.in_row.clone()
+
+    def add(self, loss: Tensor, finite: Tensor, n_tokens: "int | Tensor") -> None:
+        self.loss_sum += torch.where(finite, loss, 0.0).double()
+        self.good_tokens += finite.double() * n_tokens
+        self.skipped += (~finite).double()
+        self.in_row = torch.where(finite, 0.0, self.in_row + 1)
+        self.max_in_row = torch.maximum(self.max_in_row, self.in_row)
+
+    def drain(self) -> tuple[float, float, int, int]:
+        """(loss sum, tokens of applied updates, skipped updates, most skipped in a row); resets."""
+        values = torch.stack([self.loss_sum, self.good_tokens, self.skipped, self.max_in_row.double()]).tolist()
+        self._reset()
+        return values[0], values[1], int(values[2]), int(values[3])
+
+
+def tensorboard_writer(directory: Path):
+    """A TensorBoard SummaryWriter on ``directory``; None without tensorboard."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
+        return None
+    return SummaryWriter(log_dir=str(directory))
+
+
+class MetricsLog:
+    """One JSON row per event in ``RUN_DIR/metrics.jsonl``, and its numbers as TensorBoard
+    scalars in ``RUN_DIR/tensorboard``. Only the process that writes (rank 0) opens either."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.run_dir, self.enabled = run_dir, enabled
+        self.tensorboard = tensorboard_writer(run_dir / "tensorboard") if enabled else None
+
+    def record(self, entry: dict) -> None:
+        """metrics.jsonl always; TensorBoard events too when tensorboard is installed."""
+        if not self.enabled:
+            return
+        metrics = self.run_dir / "metrics.jsonl"
+        with writing(metrics, intact=f"the lines written before are intact, and so is {self.run_dir / 'last.pt'}"):
+            with metrics.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        if self.tensorboard is not None:
+            for key, value in entry.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                    self.tensorboard.add_scalar(key, value, entry["step"])
+            self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
