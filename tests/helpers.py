@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,3 +139,23 @@ def _memorise(model: torch.nn.Module, tokenizer, src: list[str], tgt: list[str],
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+
+class FsyncSpy:
+    """Records what each os.fsync call synced (the path behind the descriptor) and, for a
+    directory, which names were in it at that moment."""
+
+    def __init__(self, monkeypatch):
+        if not Path("/proc/self/fd").is_dir():
+            pytest.skip("needs /proc to tell which file a descriptor is")
+        self.calls: list[tuple[Path, list[str]]] = []
+        self._real = os.fsync
+        monkeypatch.setattr(os, "fsync", self)
+
+    def __call__(self, fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        self.calls.append((path, sorted(p.name for p in path.iterdir()) if path.is_dir() else []))
+        self._real(fd)
+
+    def paths(self) -> list[Path]:
+        return [path for path, _ in self.calls]

@@ -104,7 +104,7 @@ def test_a_full_disk_while_building_the_cache_removes_the_partial_build(small_co
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cache_module, "_write_json_synced", full)
+    monkeypatch.setattr(cache_module, "_write_meta", full)
     from xformer_cli.config import load_config
     from xformer_cli.data.prepare import prepare_data
 

@@ -15,7 +15,7 @@ from xformer_cli.data.sources import PairSource
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 
-from helpers import assert_one_line_error, head, write_lines, xformer
+from helpers import FsyncSpy, assert_one_line_error, head, write_lines, xformer
 
 N = 400
 
@@ -133,6 +133,23 @@ def test_an_interrupted_build_leaves_nothing_trusted(corpus_files, tokenizer, tm
     (stale / "src.bin").write_bytes(b"\x00\x01")
     cache, reused = build_or_load([source], tokenizer, Filters(), tmp_path)
     assert not reused and len(cache) == N and not stale.exists()
+
+
+def test_a_finished_build_is_on_disk_before_it_is_named(corpus_files, tokenizer, tmp_path, monkeypatch):
+    """Every file of the build and its directory are fsynced before the rename, and the cache
+    directory after it, so a power loss cannot leave a cache that looks finished but is empty."""
+    spy = FsyncSpy(monkeypatch)
+    source = PairSource(CorpusConfig(prefix=str(corpus_files / "train")), "en", "de")
+    cache, reused = build_or_load([source], tokenizer, Filters(), tmp_path)
+    root = tmp_path.resolve()
+    files = {"src.bin", "tgt.bin", "src.offsets.npy", "tgt.offsets.npy", "meta.json"}
+    synced = spy.calls
+    staging = synced[-2][0]
+    assert staging.parent == root and staging.name.startswith(".") and ".building-" in staging.name
+    assert {path.name for path, _ in synced[:-2]} == files and all(path.parent == staging for path, _ in synced[:-2])
+    assert synced[-2][1] == sorted(files)
+    assert synced[-1] == (root, [cache.directory.name])  # the rename is synced too
+    assert not reused and len(cache) == N
 
 
 @pytest.mark.slow

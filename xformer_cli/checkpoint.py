@@ -11,15 +11,14 @@ file in the same directory is fsynced and then renamed over the old one.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from xformer_cli.config import Config, config_from_dict
-from xformer_cli.errors import XformerError, writing
+from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file, writing
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
@@ -48,16 +47,8 @@ def _tensor_bytes(value: Any) -> int:
 
 
 def _atomic_save(payload: dict, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as handle:
+        torch.save(payload, handle)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -2,20 +2,19 @@
 
 Input is split on '\\n' only (never on the other characters ``str.splitlines`` treats as
 breaks), undecodable bytes become U+FFFD, and it is read lazily so any size streams in
-bounded memory. Output to a file goes to a temporary sibling that replaces the target
-only once everything is written: a failed run never truncates an earlier result.
+bounded memory. Output to a file is written whole or not at all (``fileio.atomic_file``):
+a failed run never truncates an earlier result.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
-from xformer_cli.errors import XformerError, disk_full, disk_full_error
+from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file, unchanged_or, writing
 
 
 def _is_std(path: Optional[Path]) -> bool:
@@ -55,18 +54,9 @@ def open_output(path: Optional[Path]) -> Iterator[IO[str]]:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise XformerError(f"output directory does not exist: {directory}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if disk_full(exc):
-            intact = f"the previous {path.name} is unchanged" if path.exists() else "no partial file was left"
-            raise disk_full_error(path, intact=intact) from None
-        raise
+    intact = unchanged_or(path, "no partial file was left")
+    with writing(path, intact=intact), atomic_file(path, "w", encoding="utf-8", newline="\n") as handle:
+        yield handle
 
 
 def write_lines(lines: list[str], path: Optional[Path]) -> None:

@@ -9,8 +9,9 @@ Layout of ``<cache_dir>/<fingerprint>/``::
 The fingerprint covers the data (file sizes and mtimes, or the dataset's fingerprint), the
 tokenizer model bytes and the filters, so any change builds a new cache and an unchanged
 setup reuses the old one without tokenizing again. A build writes into a temporary
-directory and renames it into place at the end: an interrupted build leaves nothing a
-later run would trust. Memory stays flat: pairs stream in chunks, ids go straight to disk.
+directory that is fsynced and renamed into place at the end (``fileio.atomic_directory``):
+an interrupted build leaves nothing a later run would trust. Memory stays flat: pairs
+stream in chunks, ids go straight to disk.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import numpy as np
 
 from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.sources import PairSource, describe
-from xformer_cli.errors import XformerError, disk_full, disk_full_error
+from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_directory, writing
 from xformer_cli.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -109,24 +111,17 @@ def build_or_load(
         return TokenCache(final), True
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(cache_dir, key)
-    tmp = cache_dir / f".{key}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    building = f".{key}.building-{os.getpid()}"
+    shutil.rmtree(cache_dir / building, ignore_errors=True)
+    intact = "the partial cache was removed; nothing else was touched"
     try:
-        meta = _build(sources, tokenizer, filters, tmp, log, threads)
-        meta["fingerprint"] = key
-        _write_json_synced(tmp / "meta.json", meta)  # written last: its presence marks a finished build
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process finished the same build first: use theirs
-            if not (final / "meta.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if disk_full(exc):
-            raise disk_full_error(final, intact="the partial cache was removed; nothing else was touched") from None
-        raise
+        with writing(final, intact=intact), atomic_directory(final, staging_name=building, replace=False) as tmp:
+            meta = _build(sources, tokenizer, filters, tmp, log, threads)
+            meta["fingerprint"] = key
+            _write_meta(tmp / "meta.json", meta)  # written last: its presence marks a finished build
+    except FileExistsError:  # another process finished the same build first: use theirs
+        if not (final / "meta.json").is_file():
+            raise
     return TokenCache(final), False
 
 
@@ -148,11 +143,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_json_synced(path: Path, data: dict) -> None:
+def _write_meta(path: Path, data: dict) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, threads: int) -> dict:
@@ -184,9 +177,6 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
                 tgt_lens.append(lt)
             for reason, n in source.dropped.items():
                 dropped[reason] += n
-        for handle in (fs, ft):
-            handle.flush()
-            os.fsync(handle.fileno())
     all_src = np.concatenate(src_lens) if src_lens else np.zeros(0, np.int64)
     all_tgt = np.concatenate(tgt_lens) if tgt_lens else np.zeros(0, np.int64)
     if len(all_src) == 0:

@@ -151,74 +151,118 @@ def beam_search(
     empty translation, which an exact search otherwise often finds, is never one). The
     encoder output stays one row per sentence: the K beams are K queries against it.
     """
-    pad = model.pad_id
     k = beam_size
-    n = src.size(0)
-    device = src.device
-    src_mask = model.padding_mask(src)
-    memory = model.encode(src, src_mask)
-    limits = max_lengths(src, pad, max_len_a, max_len_b)  # of the sentences still decoding
-    # A live beam's score can rise no higher than its log-probability over this penalty.
-    best_possible_penalty = length_penalty(limits.float() + 1.0, alpha)  # + 1: eos
+    beams = _Beams.start(model, src, bos, k, alpha, max_len_a, max_len_b)
     cache = model.new_cache() if use_cache else None
-    active = torch.arange(n, device=device)
-    beam_offsets = torch.arange(k, device=device)
-    seqs = torch.full((n * k, 1), bos, dtype=torch.long, device=device)
-    scores = torch.full((n, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: keep only one alive
-    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     step = 0
-    while active.numel():
-        m = active.numel()
-        sentences = active.tolist()
-        at_limit = limits <= step
-        logits = model.decode_step(seqs[:, -1:] if use_cache else seqs, memory, src_mask, cache)
-        lprobs = next_token_logprobs(logits, pad, bos, eos, at_limit.repeat_interleave(k), step < min_len)
-        # The 2K best continuations of a sentence are among the 2K best tokens of each of
-        # its beams: rank those few rather than all K x vocabulary sums.
-        width = min(2 * k, lprobs.size(1))
-        beam_top, beam_tokens = lprobs.topk(width, dim=1)
-        candidates = (scores.view(-1, 1) + beam_top).view(m, k * width)
-        top_scores, top_ids = candidates.topk(min(2 * k, k * width), dim=1)
-        top_beams, top_tokens = top_ids // width, beam_tokens.view(m, k * width).gather(1, top_ids)
-        is_eos = top_tokens == eos
-
-        # Finish hypotheses that end in eos among the first K candidates.
-        penalty = length_penalty(step + 1, alpha)
-        eos_rows, eos_cols = (is_eos[:, :k] & torch.isfinite(top_scores[:, :k])).nonzero(as_tuple=True)
-        if eos_rows.numel():
-            parent = eos_rows * k + top_beams[eos_rows, eos_cols]
-            prefixes = seqs[parent, 1:].tolist()
-            raw = top_scores[eos_rows, eos_cols].tolist()
-            for r, prefix, s in zip(eos_rows.tolist(), prefixes, raw):
-                kept = finished[sentences[r]]
-                kept.append(Hypothesis(prefix, s / penalty, s))
-                if len(kept) > k:  # keep the K best
-                    kept.remove(min(kept, key=lambda h: h.score))
-
-        # The K best continuations that do not end here carry on.
-        alive_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        scores, pick = alive_scores.topk(k, dim=1)
-        parents = (top_beams.gather(1, pick) + torch.arange(m, device=device).unsqueeze(1) * k).view(-1)
-        next_tokens = top_tokens.gather(1, pick)
-        seqs = torch.cat([seqs[parents], next_tokens.view(-1, 1)], dim=1)
-        reorder_cache(cache, parents)
-
-        bounds = (scores[:, 0] / best_possible_penalty).tolist()
-        done = torch.tensor([
-            len(finished[s]) >= nbest and sorted(h.score for h in finished[s])[-nbest] >= bound
-            for s, bound in zip(sentences, bounds)
-        ], device=device)
-        done |= at_limit
+    while beams.active.numel():
+        sentences = beams.active.tolist()
+        at_limit = beams.limits <= step
+        logits = model.decode_step(beams.seqs[:, -1:] if use_cache else beams.seqs, beams.memory, beams.src_mask, cache)
+        lprobs = next_token_logprobs(logits, model.pad_id, bos, eos, at_limit.repeat_interleave(k), step < min_len)
+        top = beams.continuations(lprobs)
+        is_eos = top.tokens == eos
+        _finish_hypotheses(finished, sentences, beams.seqs, top, is_eos, k, length_penalty(step + 1, alpha))
+        reorder_cache(cache, beams.advance(top, is_eos))
+        done = _settled(finished, sentences, beams, nbest) | at_limit
         if done.any():
             keep = (~done).nonzero().squeeze(1)
-            rows = (keep.unsqueeze(1) * k + beam_offsets).view(-1)
-            active, limits, best_possible_penalty = active[keep], limits[keep], best_possible_penalty[keep]
-            scores, seqs = scores[keep], seqs[rows]
-            memory, src_mask = memory[keep], src_mask[keep]
-            reorder_cache(cache, rows, sentences=keep)
+            reorder_cache(cache, beams.keep_only(keep), sentences=keep)
         step += 1
     return [sorted(h, key=lambda x: -x.score)[:nbest] for h in finished]
+
+
+@dataclass
+class _Candidates:
+    """The 2K best continuations of each sentence's beams, best first: (sentences, 2K) each."""
+
+    scores: Tensor  # log-probability of the beam plus the token
+    beams: Tensor  # which of the sentence's K beams it continues (0 .. K-1)
+    tokens: Tensor
+
+
+@dataclass
+class _Beams:
+    """Beam search's state for the sentences still decoding: row i of each tensor is one
+    sentence, except ``seqs``, whose rows i*K .. i*K+K-1 are its K beams."""
+
+    k: int
+    active: Tensor  # the sentences' rows in the input batch
+    limits: Tensor  # their maximum lengths
+    best_possible_penalty: Tensor  # a live beam's score can rise no higher than its log-probability over this
+    scores: Tensor  # (sentences, K): each beam's log-probability
+    seqs: Tensor  # (sentences * K, tokens so far): each beam's tokens, bos first
+    memory: Tensor  # encoder output, one row per sentence: the K beams are K queries against it
+    src_mask: Tensor
+
+    @classmethod
+    def start(cls, model: Transformer, src: Tensor, bos: int, k: int, alpha: float,
+              max_len_a: float, max_len_b: int) -> "_Beams":
+        n, device = src.size(0), src.device
+        src_mask = model.padding_mask(src)
+        memory = model.encode(src, src_mask)
+        limits = max_lengths(src, model.pad_id, max_len_a, max_len_b)
+        best_possible_penalty = length_penalty(limits.float() + 1.0, alpha)  # + 1: eos
+        scores = torch.full((n, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # all beams start identical: keep only one alive
+        seqs = torch.full((n * k, 1), bos, dtype=torch.long, device=device)
+        return cls(k, torch.arange(n, device=device), limits, best_possible_penalty, scores, seqs, memory, src_mask)
+
+    def continuations(self, lprobs: Tensor) -> _Candidates:
+        """The 2K best continuations per sentence. They are among the 2K best tokens of each
+        of its beams: rank those few rather than all K x vocabulary sums."""
+        k, m = self.k, self.scores.size(0)
+        width = min(2 * k, lprobs.size(1))
+        beam_top, beam_tokens = lprobs.topk(width, dim=1)
+        candidates = (self.scores.view(-1, 1) + beam_top).view(m, k * width)
+        top_scores, top_ids = candidates.topk(min(2 * k, k * width), dim=1)
+        return _Candidates(top_scores, top_ids // width, beam_tokens.view(m, k * width).gather(1, top_ids))
+
+    def advance(self, top: _Candidates, is_eos: Tensor) -> Tensor:
+        """Carry on with the K best continuations that do not end here; returns the rows of
+        ``seqs`` (and of the decoder cache) they continue."""
+        m = self.scores.size(0)
+        self.scores, pick = top.scores.masked_fill(is_eos, float("-inf")).topk(self.k, dim=1)
+        parents = (top.beams.gather(1, pick) + torch.arange(m, device=pick.device).unsqueeze(1) * self.k).view(-1)
+        self.seqs = torch.cat([self.seqs[parents], top.tokens.gather(1, pick).view(-1, 1)], dim=1)
+        return parents
+
+    def keep_only(self, keep: Tensor) -> Tensor:
+        """Keep only the sentences ``keep``; returns the rows of their beams."""
+        rows = (keep.unsqueeze(1) * self.k + torch.arange(self.k, device=keep.device)).view(-1)
+        self.active, self.limits = self.active[keep], self.limits[keep]
+        self.best_possible_penalty = self.best_possible_penalty[keep]
+        self.scores, self.seqs = self.scores[keep], self.seqs[rows]
+        self.memory, self.src_mask = self.memory[keep], self.src_mask[keep]
+        return rows
+
+
+def _finish_hypotheses(finished: list[list[Hypothesis]], sentences: list[int], seqs: Tensor, top: _Candidates,
+                       is_eos: Tensor, k: int, penalty: float) -> None:
+    """Candidates ending in eos among a sentence's first K become finished hypotheses,
+    scored with the length penalty; each sentence keeps its K best."""
+    eos_rows, eos_cols = (is_eos[:, :k] & torch.isfinite(top.scores[:, :k])).nonzero(as_tuple=True)
+    if not eos_rows.numel():
+        return
+    parent = eos_rows * k + top.beams[eos_rows, eos_cols]
+    prefixes = seqs[parent, 1:].tolist()
+    raw = top.scores[eos_rows, eos_cols].tolist()
+    for r, prefix, s in zip(eos_rows.tolist(), prefixes, raw):
+        kept = finished[sentences[r]]
+        kept.append(Hypothesis(prefix, s / penalty, s))
+        if len(kept) > k:  # keep the K best
+            kept.remove(min(kept, key=lambda h: h.score))
+
+
+def _settled(finished: list[list[Hypothesis]], sentences: list[int], beams: _Beams, nbest: int) -> Tensor:
+    """Per sentence: whether it has ``nbest`` finished hypotheses that its best live beam
+    can no longer beat, even at its maximum length."""
+    bounds = (beams.scores[:, 0] / beams.best_possible_penalty).tolist()
+    return torch.tensor([
+        len(finished[s]) >= nbest and sorted(h.score for h in finished[s])[-nbest] >= bound
+        for s, bound in zip(sentences, bounds)
+    ], device=beams.scores.device)
 
 
 def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions",

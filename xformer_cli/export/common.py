@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
 from xformer_cli.checkpoint import load_checkpoint, load_model
 from xformer_cli.config import Config
-from xformer_cli.errors import XformerError, disk_full, disk_full_error
+from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_directory, unchanged_or, writing
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -59,31 +58,7 @@ def write_directory(output: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write`` on a temporary sibling of ``output``, then rename it into place, so an
     interrupted or failed export (a full disk: one line) never leaves a half-written model
     where a good one was."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
-    try:
+    intact = unchanged_or(output, "no partial export was left")
+    with writing(output, intact=intact), atomic_directory(output) as staging:
         write(staging)
-        _replace_dir(staging, output)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if disk_full(exc):
-            intact = f"the previous {output.name} is unchanged" if output.exists() else "no partial export was left"
-            raise disk_full_error(output, intact=intact) from None
-        raise
     return output
-
-
-def _replace_dir(staging: Path, output: Path) -> None:
-    """Move ``staging`` to ``output``; an old ``output`` is set aside first and removed last."""
-    old = None
-    if output.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
-        os.replace(output, old / output.name)
-    try:
-        os.replace(staging, output)
-    except BaseException:
-        if old is not None:  # put the previous model back
-            os.replace(old / output.name, output)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

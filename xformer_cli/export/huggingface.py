@@ -265,63 +265,78 @@ def marian_state_dict(model) -> dict:
     ``save_pretrained`` writes them."""
     import torch
 
-    cfg = model.cfg
-    d = cfg.d_model
-    perm = hidden_permutation(d)
-
-    def t(x):
-        return x.detach().to(torch.float32, copy=True).contiguous()
-
-    def reads(weight):  # a projection that reads the residual stream: permute its input columns
-        return t(weight[:, perm])
-
-    def writes(weight):  # one that writes it: permute its output rows
-        return t(weight[perm])
-
-    def bias(linear, rows: int, permuted: bool = False):
-        if linear.bias is None:
-            return torch.zeros(rows)
-        return t(linear.bias[perm] if permuted else linear.bias)
-
-    out: dict[str, torch.Tensor] = {}
-
-    def layer_norm(prefix: str, norm) -> None:
-        out[f"{prefix}.weight"], out[f"{prefix}.bias"] = t(norm.weight[perm]), t(norm.bias[perm])
-
-    def attention(prefix: str, attn) -> None:
-        out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = reads(attn.q_proj.weight), bias(attn.q_proj, d)
-        kv_bias = bias(attn.kv_proj, 2 * d)
-        out[f"{prefix}.k_proj.weight"], out[f"{prefix}.k_proj.bias"] = reads(attn.kv_proj.weight[:d]), t(kv_bias[:d])
-        out[f"{prefix}.v_proj.weight"], out[f"{prefix}.v_proj.bias"] = reads(attn.kv_proj.weight[d:]), t(kv_bias[d:])
-        out[f"{prefix}.out_proj.weight"] = writes(attn.out_proj.weight)
-        out[f"{prefix}.out_proj.bias"] = bias(attn.out_proj, d, permuted=True)
-
-    def ffn(prefix: str, ffn_module, norm) -> None:
-        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(ffn_module.w1.weight), bias(ffn_module.w1, cfg.d_ff)
-        out[f"{prefix}.fc2.weight"] = writes(ffn_module.w2.weight)
-        out[f"{prefix}.fc2.bias"] = bias(ffn_module.w2, d, permuted=True)
-        layer_norm(f"{prefix}.final_layer_norm", norm)
-
+    weights = _MarianWeights(model.cfg)
     for i, layer in enumerate(model.encoder_layers):
         p = f"model.encoder.layers.{i}"
-        attention(f"{p}.self_attn", layer.self_attn)
-        layer_norm(f"{p}.self_attn_layer_norm", layer.sub_attn.norm)
-        ffn(p, layer.ffn, layer.sub_ffn.norm)
+        weights.attention(f"{p}.self_attn", layer.self_attn)
+        weights.layer_norm(f"{p}.self_attn_layer_norm", layer.sub_attn.norm)
+        weights.ffn(p, layer.ffn, layer.sub_ffn.norm)
     for i, layer in enumerate(model.decoder_layers):
         p = f"model.decoder.layers.{i}"
-        attention(f"{p}.self_attn", layer.self_attn)
-        layer_norm(f"{p}.self_attn_layer_norm", layer.sub_self.norm)
-        attention(f"{p}.encoder_attn", layer.cross_attn)
-        layer_norm(f"{p}.encoder_attn_layer_norm", layer.sub_cross.norm)
-        ffn(p, layer.ffn, layer.sub_ffn.norm)
+        weights.attention(f"{p}.self_attn", layer.self_attn)
+        weights.layer_norm(f"{p}.self_attn_layer_norm", layer.sub_self.norm)
+        weights.attention(f"{p}.encoder_attn", layer.cross_attn)
+        weights.layer_norm(f"{p}.encoder_attn_layer_norm", layer.sub_cross.norm)
+        weights.ffn(p, layer.ffn, layer.sub_ffn.norm)
+    weights.embeddings(model)
+    weights.out["final_logits_bias"] = torch.zeros(1, model.tgt_vocab)  # xformer's generator has no bias
+    return weights.out
 
-    src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight
-    if model.joint_vocab and cfg.tie_embeddings:  # one matrix: embeddings and output
-        out["model.shared.weight"] = reads(src_embedding)
-    else:
-        out["model.encoder.embed_tokens.weight"] = reads(src_embedding)
-        out["model.decoder.embed_tokens.weight"] = reads(tgt_embedding)
-        if not cfg.tie_embeddings:
-            out["lm_head.weight"] = reads(model.generator.weight)
-    out["final_logits_bias"] = torch.zeros(1, model.tgt_vocab)  # xformer's generator has no bias
-    return out
+
+def _float32(x):
+    """A float32 copy of its own (tied weights must not share storage in the file)."""
+    import torch
+
+    return x.detach().to(torch.float32, copy=True).contiguous()
+
+
+class _MarianWeights:
+    """Collects xformer's tensors in ``out`` under Marian's names, hidden dimension permuted."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.perm = hidden_permutation(cfg.d_model)
+        self.out: dict[str, Any] = {}
+
+    def reads(self, weight):  # a projection that reads the residual stream: permute its input columns
+        return _float32(weight[:, self.perm])
+
+    def writes(self, weight):  # one that writes it: permute its output rows
+        return _float32(weight[self.perm])
+
+    def bias(self, linear, rows: int, permuted: bool = False):
+        if linear.bias is None:
+            import torch
+
+            return torch.zeros(rows)
+        return _float32(linear.bias[self.perm] if permuted else linear.bias)
+
+    def layer_norm(self, prefix: str, norm) -> None:
+        self.out[f"{prefix}.weight"] = _float32(norm.weight[self.perm])
+        self.out[f"{prefix}.bias"] = _float32(norm.bias[self.perm])
+
+    def attention(self, prefix: str, attn) -> None:
+        out, d = self.out, self.cfg.d_model
+        out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = self.reads(attn.q_proj.weight), self.bias(attn.q_proj, d)
+        kv_bias = self.bias(attn.kv_proj, 2 * d)
+        out[f"{prefix}.k_proj.weight"], out[f"{prefix}.k_proj.bias"] = self.reads(attn.kv_proj.weight[:d]), _float32(kv_bias[:d])
+        out[f"{prefix}.v_proj.weight"], out[f"{prefix}.v_proj.bias"] = self.reads(attn.kv_proj.weight[d:]), _float32(kv_bias[d:])
+        out[f"{prefix}.out_proj.weight"] = self.writes(attn.out_proj.weight)
+        out[f"{prefix}.out_proj.bias"] = self.bias(attn.out_proj, d, permuted=True)
+
+    def ffn(self, prefix: str, ffn_module, norm) -> None:
+        out = self.out
+        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = self.reads(ffn_module.w1.weight), self.bias(ffn_module.w1, self.cfg.d_ff)
+        out[f"{prefix}.fc2.weight"] = self.writes(ffn_module.w2.weight)
+        out[f"{prefix}.fc2.bias"] = self.bias(ffn_module.w2, self.cfg.d_model, permuted=True)
+        self.layer_norm(f"{prefix}.final_layer_norm", norm)
+
+    def embeddings(self, model) -> None:
+        src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight
+        if model.joint_vocab and self.cfg.tie_embeddings:  # one matrix: embeddings and output
+            self.out["model.shared.weight"] = self.reads(src_embedding)
+        else:
+            self.out["model.encoder.embed_tokens.weight"] = self.reads(src_embedding)
+            self.out["model.decoder.embed_tokens.weight"] = self.reads(tgt_embedding)
+            if not self.cfg.tie_embeddings:
+                self.out["lm_head.weight"] = self.reads(model.generator.weight)

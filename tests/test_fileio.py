@@ -1,0 +1,128 @@
+"""Atomic writes: the data and the rename reach the disk (fsync), and a failed write keeps
+what was there."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from xformer_cli import errors, fileio
+from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.fileio import atomic_directory, atomic_file
+from xformer_cli.textio import write_lines
+
+from helpers import FsyncSpy
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    return FsyncSpy(monkeypatch)
+
+
+def test_an_output_file_is_fsynced_then_renamed_then_its_directory_fsynced(tmp_path, fsyncs):
+    tmp_path = tmp_path.resolve()  # as /proc names it
+    out = tmp_path / "out.de"
+    write_lines(["ein Hund", "zwei Katzen"], out)
+    assert out.read_text() == "ein Hund\nzwei Katzen\n"
+    (temp, _), (directory, names) = fsyncs.calls
+    assert temp.parent == tmp_path and temp.name.startswith(".out.de.") and temp.name.endswith(".tmp")
+    assert directory == tmp_path and names == ["out.de"]  # the rename had happened: it is what gets synced
+
+
+def test_a_checkpoint_is_fsynced_before_and_after_its_rename(tmp_path, fsyncs):
+    tmp_path = tmp_path.resolve()  # as /proc names it
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 7, "weights": torch.ones(3)}, path)
+    assert load_checkpoint(path)["step"] == 7
+    (temp, _), (directory, names) = fsyncs.calls
+    assert temp.parent == tmp_path and temp.name.startswith(".last.pt.")
+    assert directory == tmp_path and names == ["last.pt"]
+
+
+def test_a_directory_is_fsynced_whole_before_it_replaces_the_old_one(tmp_path, fsyncs):
+    tmp_path = tmp_path.resolve()  # as /proc names it
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with atomic_directory(target) as staging:
+        (staging / "sub").mkdir()
+        (staging / "sub" / "weights.bin").write_bytes(b"\x00" * 10)
+        (staging / "config.json").write_text("{}")
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "sub"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # neither the staging nor the old one is left
+    synced = fsyncs.paths()
+    assert {p.relative_to(staging).as_posix() for p in synced[:-1]} == {"sub/weights.bin", "sub", "config.json", "."}
+    assert synced[-2] == staging  # the staging directory after everything in it
+    assert fsyncs.calls[-1] == (tmp_path, ["model"])  # and its parent after the rename
+
+
+def test_a_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "result.txt"
+    path.write_text("earlier\n")
+    with pytest.raises(ValueError):
+        with atomic_file(path, "w", encoding="utf-8") as handle:
+            handle.write("half of the new")
+            raise ValueError("failed midway")
+    assert path.read_text() == "earlier\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.txt"]
+
+
+def test_a_failed_fsync_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "result.bin"
+    path.write_bytes(b"earlier")
+
+    def broken(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError, match="Input/output"):
+        with atomic_file(path) as handle:
+            handle.write(b"new content")
+    assert path.read_bytes() == b"earlier"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.bin"]
+
+
+def test_a_failed_directory_write_keeps_the_previous_directory(tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "weights.bin").write_bytes(b"good")
+    with pytest.raises(OSError):
+        with atomic_directory(target) as staging:
+            (staging / "weights.bin").write_bytes(b"ha")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert [p.name for p in target.iterdir()] == ["weights.bin"] and (target / "weights.bin").read_bytes() == b"good"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_directory_that_must_not_be_replaced_is_kept_and_the_staging_removed(tmp_path):
+    target = tmp_path / "cache"
+    target.mkdir()
+    (target / "meta.json").write_text("theirs")
+    with pytest.raises(FileExistsError):
+        with atomic_directory(target, staging_name=".cache.building-1", replace=False) as staging:
+            assert staging == tmp_path / ".cache.building-1"
+            (staging / "meta.json").write_text("ours")
+    assert (target / "meta.json").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_what_is_safe(tmp_path):
+    path = tmp_path / "out.txt"
+    with pytest.raises(errors.XformerError) as info:
+        with fileio.writing(path, needed=3 << 20, intact="the previous out.txt is unchanged"):
+            raise RuntimeError("write failed") from OSError(errno.ENOSPC, "No space left on device")
+    message = str(info.value)
+    assert message.startswith(f"could not write {path}: no space left on device (")
+    assert "free, about 3.0 MiB needed); the previous out.txt is unchanged" in message
+    with pytest.raises(OSError, match="Permission"):  # anything else passes through as it was
+        with fileio.writing(path):
+            raise OSError(errno.EACCES, "Permission denied")
+
+
+def test_errors_still_offers_the_moved_helpers():
+    assert errors.writing is fileio.writing and errors.disk_full is fileio.disk_full
+    assert errors.disk_full_error is fileio.disk_full_error
+    with pytest.raises(AttributeError):
+        errors.atomic_file

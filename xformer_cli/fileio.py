@@ -1,0 +1,175 @@
+"""Writing files and directories whole or not at all, and the one line a full disk gives.
+
+Every output (checkpoints, translations, exports, the token cache) is written under a
+temporary name beside its target (the same directory, so the rename never crosses a
+filesystem), fsynced, renamed over the target, and then the directory holding it is
+fsynced. Without the fsyncs a power loss soon after the rename can leave the new name
+pointing at an empty file; without the temporary name a failed write (a full disk, an
+interrupt) would leave half a file where a good one was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator, Optional
+
+from xformer_cli.errors import XformerError
+
+# -- a full disk ---------------------------------------------------------------------------
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from or while handling, is a full disk
+    (torch's zip writer reports one as a RuntimeError raised while handling the OSError)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return True
+        if isinstance(exc, RuntimeError) and "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_full_error(path: "str | Path", needed: Optional[int] = None, intact: Optional[str] = None) -> XformerError:
+    """One line: the file that could not be written, the space there and what is still safe."""
+    path = Path(path)
+    where = path.parent if path.parent.exists() else Path(".")
+    try:
+        free = f"{_size(shutil.disk_usage(where).free)} free"
+    except OSError:
+        free = "free space unknown"
+    need = f", about {_size(needed)} needed" if needed else ""
+    safe = f"; {intact}" if intact else ""
+    return XformerError(f"could not write {path}: no space left on device ({free}{need}){safe}")
+
+
+@contextlib.contextmanager
+def writing(path: "str | Path", needed: Optional[int] = None, intact: Optional[str] = None) -> Iterator[None]:
+    """Turn a full disk while writing ``path`` into one ``XformerError`` line (the caller's
+    own clean-up, removing its temporary file, has run by the time this sees it)."""
+    try:
+        yield
+    except Exception as exc:
+        if disk_full(exc):
+            raise disk_full_error(path, needed, intact) from None
+        raise
+
+
+def unchanged_or(path: Path, otherwise: str) -> str:
+    """What a failed write of ``path`` left safe: the previous one, or ``otherwise``."""
+    return f"the previous {path.name} is unchanged" if path.exists() else otherwise
+
+
+# -- durable writes ------------------------------------------------------------------------
+
+def sync_directory(path: "str | Path") -> None:
+    """fsync a directory, which makes the names created or renamed in it durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: "str | Path") -> None:
+    """fsync every file below ``root`` and every directory, ``root`` last: for a directory
+    that other libraries wrote (numpy, safetensors, ctranslate2), which never fsync."""
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_directory(directory)
+
+
+@contextlib.contextmanager
+def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str] = None,
+                newline: Optional[str] = None) -> Iterator[IO]:
+    """A handle on a temporary sibling of ``path`` that replaces ``path`` only when the block
+    succeeds, fsynced before and after the rename; on any failure it is removed and
+    ``path`` is as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=encoding, newline=newline) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    sync_directory(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replace: bool = True) -> Iterator[Path]:
+    """An empty staging directory beside ``target`` that, when the block succeeds, is fsynced
+    whole and renamed to ``target``; on any failure it is removed and ``target`` is as it was.
+
+    An existing ``target`` is replaced (set aside first, removed once the new one is in
+    place), or with ``replace=False`` kept: the staging directory is dropped and
+    ``FileExistsError`` raised, for a cache where the first build to finish wins.
+    ``staging_name`` names the staging directory (it must not exist) instead of a fresh
+    temporary name.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if staging_name is None:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    else:
+        staging = target.parent / staging_name
+        staging.mkdir()
+    try:
+        yield staging
+        sync_tree(staging)
+        (_replace_directory if replace else _rename_new_directory)(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    sync_directory(target.parent)
+
+
+def _replace_directory(staging: Path, target: Path) -> None:
+    """Move ``staging`` to ``target``; an old ``target`` is set aside first and removed last."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old / target.name)
+    try:
+        os.replace(staging, target)
+    except BaseException:
+        if old is not None:  # put the previous one back
+            os.replace(old / target.name, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _rename_new_directory(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target`` unless a non-empty ``target`` is already there."""
+    try:
+        os.rename(staging, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        raise FileExistsError(errno.EEXIST, "already exists", str(target)) from exc
