@@ -120,3 +120,15 @@ def test_paper_base_has_about_65M_parameters():
 
 def test_paper_big_has_about_213M_parameters():
     assert _paper_model_parameters("wmt14-en-de-big.yaml") == pytest.approx(213e6, rel=0.02)
+
+
+def test_the_same_seed_builds_the_same_untied_embeddings():
+    """Initialisation walks the embeddings in a fixed order (a set's order followed object ids)."""
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, tie_embeddings=False)
+    built = []
+    for _ in range(8):  # kept alive, so each model's modules have other ids
+        torch.manual_seed(3)
+        built.append(Transformer(cfg, src_vocab=40, tgt_vocab=50, pad_id=0))
+    for model in built[1:]:
+        for a, b in zip(built[0].state_dict().values(), model.state_dict().values()):
+            assert torch.equal(a, b)

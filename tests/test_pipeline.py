@@ -135,6 +135,7 @@ def test_an_interrupted_build_leaves_nothing_trusted(corpus_files, tokenizer, tm
     assert not reused and len(cache) == N and not stale.exists()
 
 
+@pytest.mark.slow
 def test_a_finished_build_is_on_disk_before_it_is_named(corpus_files, tokenizer, tmp_path, monkeypatch):
     """Every file of the build and its directory are fsynced before the rename, and the cache
     directory after it, so a power loss cannot leave a cache that looks finished but is empty."""

@@ -298,7 +298,10 @@ class Transformer(nn.Module):
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
         # Embeddings get N(0, d^-1/2): times sqrt(d) they start at unit scale, like the positions.
-        for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
+        # A fixed order (source, then target when not shared): a set's order follows object ids,
+        # so two models built from one seed got different embeddings.
+        shared = self.src_embed.tokens is self.tgt_embed.tokens
+        for emb in (self.src_embed.tokens,) if shared else (self.src_embed.tokens, self.tgt_embed.tokens):
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
             with torch.no_grad():
                 emb.weight[self.pad_id].zero_()
