@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from xformer_cli.errors import writing
+from xformer_cli.fileio import writing
 
 
 class StepStats:
