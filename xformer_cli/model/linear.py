@@ -13,13 +13,27 @@ and other devices take the plain ``F.linear``.
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROW_MULTIPLE = 64
+_plain_only = False  # set by plain_products(): every device takes F.linear, as CUDA does
+
+
+@contextlib.contextmanager
+def plain_products() -> Iterator[None]:
+    """Inside the block, a CPU takes the plain ``F.linear`` as CUDA does (no padded bf16
+    product): how the op counter runs the GPU's code path on a CPU."""
+    global _plain_only
+    before, _plain_only = _plain_only, True
+    try:
+        yield
+    finally:
+        _plain_only = before
 
 
 def _padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
@@ -65,7 +79,7 @@ class _PaddedLinear(torch.autograd.Function):
 
 def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:
     """A bf16 product on a CPU: bf16 weights (decoding), or bf16 autocast (training)."""
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or _plain_only:
         return False
     if weight.dtype == torch.bfloat16:
         return True
