@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--trainer-steps", type=int, default=0, help="also time whole trainers for this many steps")
     parser.add_argument("--report-every", type=int, default=10, help="steps per tokens/s report in --trainer-steps")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (bf16 autocast), auto")
+    parser.add_argument("--compile", action="store_true", help="time xformer's model under torch.compile (the trainer's train.compile)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
     args = parser.parse_args()
 
@@ -264,8 +265,9 @@ def main() -> None:
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     # (name, label, model, loss, optimizer, precision); one model trains in both precisions:
     # the weights stay fp32 either way, only the autocast differs.
-    systems = [("ours-fp32", "xformer fp32          ", ours, ours_loss, opt_ours, "fp32"),
-               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours, ours_loss, opt_ours, auto),
+    ours_run = torch.compile(ours, dynamic=True) if args.compile else ours  # as the trainer's train.compile
+    systems = [("ours-fp32", "xformer fp32          ", ours_run, ours_loss, opt_ours, "fp32"),
+               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_run, ours_loss, opt_ours, auto),
                ("theirs", "torch.nn.Transformer  ", theirs, theirs_loss, opt_theirs, "fp32")]
     if auto == "fp32":
         systems.pop(1)
@@ -284,7 +286,7 @@ def main() -> None:
     if device.type == "cpu":
         flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
         print(f"cpu flags: {' '.join(flags)}")
-    print(f"precision auto -> {auto} ({why})")
+    print(f"precision auto -> {auto} ({why}){'; model under torch.compile' if args.compile else ''}")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
     side = peak_matmul_size(device)
