@@ -67,5 +67,5 @@ def test_a_batch_padded_to_its_shape_keeps_its_loss_positions():
 
 
 def test_a_negative_length_bucket_is_refused():
-    with pytest.raises(XformerError, match="data.length_bucket"):
-        load_config(None, ["data.length_bucket=-1"])
+    with pytest.raises(XformerError, match="train.length_bucket"):
+        load_config(None, ["train.length_bucket=-1"])
