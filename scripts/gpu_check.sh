@@ -98,8 +98,9 @@ step train_torchrun_nccl torchrun --standalone --nproc_per_node 1 -m xformer_cli
 SETS_BASE=(); for kv in "${SIZES_BASE[@]}"; do SETS_BASE+=("$kv"); done
 SETS_BIG=(); for kv in "${SIZES_BIG[@]}"; do SETS_BIG+=("$kv"); done
 step bench_train_base python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BASE[@]}"
+# All of Multi30k's pairs: 6000 (the default) make only three or four 25k-token batches.
 step bench_train_base_25k python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --rounds 2 \
-  --set "${SIZES_BASE_25K[@]}"
+  --pairs 29000 --set "${SIZES_BASE_25K[@]}"
 step bench_train_big python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BIG[@]}"
 step bench_train_base_compiled python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --compile \
   --set "${SETS_BASE[@]}"
