@@ -6,7 +6,10 @@
    vocabulary) on the same real batches, with Adam, in the same process, alternating rounds
    so machine noise hits them alike. Prints target tokens/s, achieved FLOP/s (counted by
    torch's FlopCounterMode) and MFU against large fp32 and bf16 matmuls timed in the same
-   process.
+   process. Also the conventional MFU (6 x N x target tokens/s over the device's spec dense
+   bf16 peak, N = the parameters of every matmul, output projection included; CUDA only), and
+   the launch cost of one training step: kernels per step on CUDA (torch.profiler), aten ops
+   per step on a CPU (train/opcount.py, on the code path CUDA takes, fake tensors).
 2. Whole trainers (--trainer-steps N): ``xformer train`` with train.precision fp32 and auto
    and, with --onmt-venv, OpenNMT-py 3.5.1's ``onmt_train`` (scripts/peers/setup_opennmt.sh;
    fp32: it has no CPU bf16 training) on the same architecture and max_tokens, one after
@@ -44,7 +47,11 @@ from xformer_cli.device import autocast, cpu_flags, pick_device, resolve_precisi
 from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.loss import label_smoothed_nll
+from xformer_cli.train.opcount import count_ops, gpu_code_path, training_step
 from xformer_cli.data.encoded import encode_corpus
+
+# Spec dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a name fragment of the device.
+SPEC_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 class TorchBaseline(torch.nn.Module):
@@ -111,6 +118,47 @@ def step_flops(model, loss_fn, batches, precision: str = "fp32") -> float:
             loss_fn(logits, batch.tgt_out).backward()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """N of the conventional MFU: the weights of every matmul, the (tied) output projection
+    included, each counted where it is used; embedding lookups are not matmuls."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def spec_bf16_peak(device: torch.device) -> float | None:
+    """The device's spec dense bf16 peak in FLOP/s, or None where it is not listed (CPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in SPEC_BF16_PEAK.items() if key in name), None)
+
+
+def launches_per_step(cfg, tokenizer, model, batch, precision: str) -> tuple[str, int]:
+    """('kernels', CUDA kernels of one training step by torch.profiler) on CUDA; elsewhere
+    ('aten ops', ops of one step on the code path CUDA takes, counted on fake tensors)."""
+    device = next(model.parameters()).device
+    eps = cfg.train.label_smoothing
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6, fused=True)
+        step = training_step(model, optimizer, [batch], eps, PAD_ID, precision)
+        step()  # Adam's state, autotuning
+        synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            synchronize(device)
+        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return "kernels", kernels
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True), gpu_code_path():
+        fake = build_model(cfg, tokenizer).train()
+        optimizer = torch.optim.Adam(fake.parameters(), lr=1e-6, fused=True)
+        step = training_step(fake, optimizer, [batch], eps, PAD_ID, precision)
+        step()
+        return "aten ops", count_ops(step).total
 
 
 def run(model, loss_fn, batches, optimizer, precision: str = "fp32") -> float:
@@ -190,6 +238,7 @@ def main() -> None:
     parser.add_argument("--trainer-steps", type=int, default=0, help="also time whole trainers for this many steps")
     parser.add_argument("--report-every", type=int, default=10, help="steps per tokens/s report in --trainer-steps")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (bf16 autocast), auto")
+    parser.add_argument("--compile", action="store_true", help="time xformer's model under torch.compile (the trainer's train.compile)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
     args = parser.parse_args()
 
@@ -216,8 +265,9 @@ def main() -> None:
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     # (name, label, model, loss, optimizer, precision); one model trains in both precisions:
     # the weights stay fp32 either way, only the autocast differs.
-    systems = [("ours-fp32", "xformer fp32          ", ours, ours_loss, opt_ours, "fp32"),
-               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours, ours_loss, opt_ours, auto),
+    ours_run = torch.compile(ours, dynamic=True) if args.compile else ours  # as the trainer's train.compile
+    systems = [("ours-fp32", "xformer fp32          ", ours_run, ours_loss, opt_ours, "fp32"),
+               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_run, ours_loss, opt_ours, auto),
                ("theirs", "torch.nn.Transformer  ", theirs, theirs_loss, opt_theirs, "fp32")]
     if auto == "fp32":
         systems.pop(1)
@@ -236,7 +286,7 @@ def main() -> None:
     if device.type == "cpu":
         flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
         print(f"cpu flags: {' '.join(flags)}")
-    print(f"precision auto -> {auto} ({why})")
+    print(f"precision auto -> {auto} ({why}){'; model under torch.compile' if args.compile else ''}")
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
     side = peak_matmul_size(device)
@@ -247,6 +297,14 @@ def main() -> None:
         print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peaks['fp32']:5.1%} of fp32 peak,"
               f" {achieved / peaks['bf16']:5.1%} of bf16 peak  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
               f" {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
+    peak = spec_bf16_peak(device)
+    n_matmul = matmul_params(ours)
+    for name, label, *_ in systems[:-1]:
+        rate = max(rates[name])
+        mfu = f"{6 * n_matmul * rate / peak:5.1%} of the spec bf16 peak" if peak else "n/a (no spec peak for this device)"
+        print(f"conventional MFU {label.strip()}: 6 x {n_matmul / 1e6:.1f}M matmul params x {rate:.0f} tokens/s = {mfu}")
+    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
+    print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
     for name, label, *_ in systems[:-1]:
         print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
     if not args.trainer_steps:

@@ -5,13 +5,19 @@
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
 #   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
+#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 scripts/gpu_check.sh  # the whole check in two
+#                                           # device calls of under 10 minutes each (a call's limit)
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
 #   2. the test suite on this machine (the CPU paths stay covered), then the CUDA paths of the
 #      trainer: bf16, fp16 with the gradient scaler, torch.compile, pinned prefetch, and a
 #      one-process NCCL run under torchrun, each a few steps of a tiny model
-#   3. bench_train at the paper's base and big sizes: tokens/s, MFU against the bf16 peak
+#   3. bench_train at the paper's base and big sizes (issue 20): tokens/s, MFU against the bf16
+#      peak and conventional MFU (spec peak), kernels per step; base at 8k tokens (bf16 vs
+#      fp32/TF32), base at 25k tokens, base compiled vs eager at 8k, big at the shipped big
+#      config's batch (3125 tokens); then configs/multi30k-gpu.yaml trained and scored on
+#      test2016 (beam 4), where that config exists
 #   4. a short real training of configs/wmt-news.yaml (newstest2013 valid), then newstest2014 BLEU
 #   5. bench_decode on that checkpoint (fp32 and bf16, CTranslate2 if installed)
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
@@ -22,6 +28,10 @@ OUT="${1:-runs/gpu_check}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 QUICK="${GPU_CHECK_QUICK:-0}"
 ONLY="${GPU_CHECK_ONLY:-}"  # space-separated step names; empty = every step (a lease split into calls)
+case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on an H100
+  1) ONLY="tests train_bf16 train_fp16 train_compile train_torchrun_nccl bench_train_base bench_train_base_25k bench_train_big bench_train_base_compiled" ;;
+  2) ONLY="multi30k_gpu bleu_multi30k_gpu train_wmt_news bleu_newstest2014 bench_decode" ;;
+esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
 mkdir -p "$OUT"
@@ -45,7 +55,7 @@ step() {  # step NAME COMMAND...: run, log, and record pass/fail with the wall t
 
 if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
   STEPS=4; MINUTES=${MINUTES:-0.3}; SIZES_BASE=(model.d_model=64 model.d_ff=128 model.n_heads=4 model.encoder_layers=1 model.decoder_layers=1)
-  SIZES_BIG=("${SIZES_BASE[@]}"); BENCH_STEPS=2; TEST_ARGS=(-q -x -m "not slow" tests/test_precision.py)
+  SIZES_BIG=("${SIZES_BASE[@]}"); SIZES_BASE_25K=("${SIZES_BASE[@]}" train.max_tokens=1500); BENCH_STEPS=2; TEST_ARGS=(-q -x -m "not slow" tests/test_precision.py)
   SENTENCES=50
   # The WMT steps at tiny sizes too: a small model, 50 validation lines, 50 test lines.
   WMT_SETS=(--set model.d_model=64 --set model.d_ff=128 --set model.n_heads=4 --set model.encoder_layers=1
@@ -54,8 +64,11 @@ if [[ "$QUICK" == 1 ]]; then  # tiny sizes: a rehearsal of the script itself
 else
   STEPS=20; MINUTES=${MINUTES:-6}; BENCH_STEPS=15; TEST_ARGS=(-q); SENTENCES=0; WMT_SETS=(); TEST_LINES=0
   SIZES_BASE=(model.d_model=512 model.d_ff=2048 model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6 tokenizer.vocab_size=8000 train.max_tokens=8000)
-  SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=8000)
+  SIZES_BASE_25K=("${SIZES_BASE[@]}" train.max_tokens=25000)
+  # The shipped big config's batch (configs/wmt14-en-de-big.yaml: 3125 tokens x update_freq 8).
+  SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=3125)
 fi
+M30K_GPU_SETS=(); [[ "$QUICK" == 1 ]] && M30K_GPU_SETS=("${WMT_SETS[@]}" --set train.max_steps=4 --set data.valid_max_sentences=20)
 
 note "gpu_check $(date -u +%Y-%m-%dT%H:%MZ) device=$DEVICE quick=$QUICK commit=$(git rev-parse --short HEAD 2>/dev/null)"
 python - <<EOF | tee -a "$SUMMARY"
@@ -85,8 +98,31 @@ step train_torchrun_nccl torchrun --standalone --nproc_per_node 1 -m xformer_cli
 SETS_BASE=(); for kv in "${SIZES_BASE[@]}"; do SETS_BASE+=("$kv"); done
 SETS_BIG=(); for kv in "${SIZES_BIG[@]}"; do SETS_BIG+=("$kv"); done
 step bench_train_base python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BASE[@]}"
+# All of Multi30k's pairs: 6000 (the default) make only three or four 25k-token batches.
+step bench_train_base_25k python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --rounds 2 \
+  --pairs 29000 --set "${SIZES_BASE_25K[@]}"
 step bench_train_big python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BIG[@]}"
-grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config)" "$OUT/bench_train_base.log" "$OUT/bench_train_big.log" >> "$SUMMARY" 2>/dev/null
+step bench_train_base_compiled python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --compile \
+  --set "${SETS_BASE[@]}"
+for log in bench_train_base bench_train_base_25k bench_train_big bench_train_base_compiled; do
+  [[ -f "$OUT/$log.log" ]] || continue
+  echo "-- $log" >> "$SUMMARY"
+  grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config|conventional|kernels|aten|precision)" "$OUT/$log.log" >> "$SUMMARY"
+done
+
+# 3b. the Multi30k GPU config (issue 20's target: test2016 sacreBLEU >= 40, beam 4, within 10 minutes)
+if [[ -f configs/multi30k-gpu.yaml ]]; then
+  step multi30k_gpu xformer train -c configs/multi30k-gpu.yaml --quiet --overwrite --set "run_dir=$OUT/m30k-gpu" \
+    --set "train.device=$DEVICE" "${M30K_GPU_SETS[@]}"
+  grep -E "valid_bleu" "$OUT/m30k-gpu/metrics.jsonl" 2>/dev/null | tail -1 >> "$SUMMARY"
+  M30K_TEST="$DATA/multi30k/test2016"; M30K_LINES=$([[ "$TEST_LINES" != 0 ]] && echo "$TEST_LINES" || echo 1000000)
+  head -n "$M30K_LINES" "$M30K_TEST.en" > "$OUT/test2016.en"; head -n "$M30K_LINES" "$M30K_TEST.de" > "$OUT/test2016.de"
+  step bleu_multi30k_gpu xformer eval-bleu -m "$OUT/m30k-gpu/best.pt" --device "$DEVICE" --beam-size 4 \
+    --src "$OUT/test2016.en" --ref "$OUT/test2016.de" --output "$OUT/test2016.hyp.de"
+  grep -E "^BLEU|^chrF" "$OUT/bleu_multi30k_gpu.log" >> "$SUMMARY" 2>/dev/null
+else
+  note "SKIP multi30k_gpu: configs/multi30k-gpu.yaml does not exist yet"
+fi
 
 # 4. a short real training on WMT news, scored on newstest2014
 step train_wmt_news xformer train -c configs/wmt-news.yaml --quiet --overwrite --set "run_dir=$OUT/wmt-news" \

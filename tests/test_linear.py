@@ -1,9 +1,9 @@
-"""model/linear.py: the bf16 Linear on padded rows computes what F.linear computes."""
+"""model/linear.py: the padded bf16 Linear (CPU) and the cached half weights (CUDA) compute what autocast's F.linear computes."""
 
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.model.linear import Linear
+from xformer_cli.model.linear import HalfWeightCache, Linear, plain_products
 
 
 def test_padded_bf16_linear_matches_f_linear_forward_and_backward():
@@ -25,3 +25,77 @@ def test_padded_bf16_linear_matches_f_linear_forward_and_backward():
         # both round to bf16, in different orders: within 1% of the gradient's scale
         torch.testing.assert_close(mine, theirs, atol=1e-2 * theirs.abs().max().item(), rtol=0)
         assert mine.dtype == torch.float32  # fp32 master weights get fp32 gradients
+
+
+def _tiny_stack(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(Linear(16, 32), torch.nn.ReLU(), Linear(32, 8, bias=False))
+
+
+def _train_step(model, optimizer, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    out.float().square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def test_cached_half_weights_train_exactly_as_autocast_and_refresh_after_each_step():
+    x = torch.randn(3, 5, 16)
+    plain, cached = _tiny_stack(), _tiny_stack()
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-2)
+    cached_opt = torch.optim.Adam(cached.parameters(), lr=1e-2)
+    cache = HalfWeightCache(cached, cached_opt)
+    with plain_products():  # the reference: autocast's casts and F.linear, as on CUDA
+        for _ in range(3):  # the weights move every step: a stale copy would show
+            want, want_grads = _train_step(plain, plain_opt, x)
+            got, got_grads = _train_step(cached, cached_opt, x)
+            assert got.dtype == want.dtype == torch.bfloat16
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            for g, w in zip(got_grads, want_grads):
+                assert g.dtype == torch.float32
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+        assert all(p.dtype == torch.float32 for p in cached.parameters())  # fp32 masters
+    assert cache.halves[0].dtype == torch.bfloat16
+
+
+def test_cached_half_weights_follow_a_loaded_state_and_leave_inference_alone():
+    model = _tiny_stack()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cache = HalfWeightCache(model, optimizer)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x).sum().backward()
+    model.load_state_dict(_tiny_stack(seed=1).state_dict())
+    assert cache.stale
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    torch.testing.assert_close(cache.halves[0], model[0].weight.detach().bfloat16(), rtol=0, atol=0)
+    with torch.no_grad():
+        assert not cache.applies(x)
+    cache.detach()
+    assert model[0].half_cache is None
+
+
+def test_cached_half_weights_cast_no_weight_per_micro_batch():
+    from xformer_cli.train.opcount import count_ops
+
+    model = _tiny_stack()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+
+    def two_micro_batches_and_a_step():
+        for _ in range(2):  # autocast casts each weight once per autocast region, i.e. per micro-batch
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            out.float().sum().backward()
+        optimizer.step()
+
+    with plain_products():
+        plain = count_ops(two_micro_batches_and_a_step).ops
+        HalfWeightCache(model, optimizer)
+        cached = count_ops(two_micro_batches_and_a_step).ops
+    assert cached["_to_copy"] == plain["_to_copy"] - 2 * 3  # w1, b1, w2 no longer cast per micro-batch
+    assert cached["_foreach_copy_"] == 1  # ... but copied once per optimizer step

@@ -84,6 +84,10 @@ class TokenizerConfig:
 class TrainConfig:
     max_tokens: int = 4096  # token slots (padding included) per batch, per side
     update_freq: int = 1  # batches accumulated per optimizer step
+    # Static batch shapes: lengths rounded up to a multiple of this, rows fixed per length
+    # (data/batching.make_bucketed_batches), so compiled code and CUDA graphs are built once
+    # per shape. 0 = off: every batch is as wide as its longest pair.
+    length_bucket: int = 0
     max_steps: int = 100_000
     max_epochs: int = 0  # 0 = no epoch limit
     max_minutes: float = 0.0  # 0 = no wall-clock limit
@@ -306,6 +310,7 @@ def validate(cfg: Config) -> None:
     _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     _require(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
     _require(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     _require(t.max_steps > 0, "train.max_steps", "must be positive")
     _require(t.max_epochs >= 0, "train.max_epochs", "must be >= 0")

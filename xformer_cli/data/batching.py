@@ -23,6 +23,18 @@ class Batch:
         """Page-locked host memory, so the copy to the GPU can overlap compute."""
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens)
 
+    def padded_to(self, rows: int, width: int) -> "Batch":
+        """This batch grown to ``rows`` x ``width`` on both sides (a declared bucket shape):
+        padding columns, then filler rows (source eos, target bos, nothing to predict), so
+        the loss and n_tokens are those of the real rows."""
+        def grow(t: Tensor, first: int) -> Tensor:
+            out = torch.full((rows, width), PAD_ID, dtype=t.dtype)
+            out[: t.size(0), : t.size(1)] = t
+            out[t.size(0) :, 0] = first
+            return out
+
+        return Batch(grow(self.src, EOS_ID), grow(self.tgt_in, BOS_ID), grow(self.tgt_out, PAD_ID), self.n_tokens)
+
     def to(self, device: torch.device) -> "Batch":
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
@@ -47,6 +59,48 @@ def make_batches(
     order = np.lexsort((tie, tgt_lens, src_lens))
     bounds = batch_bounds(np.maximum(src_lens, tgt_lens)[order] + 1, max_tokens)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def bucket_shape(width: int, max_tokens: int, step: int) -> tuple[int, int]:
+    """(rows, padded width) of the bucket for sentences up to ``width`` slots (+ eos/bos): the
+    width rounded up to a multiple of ``step``, and as many rows as ``max_tokens`` allows
+    (at least one)."""
+    padded = -(-width // step) * step
+    return max(1, max_tokens // padded), padded
+
+
+def declared_shapes(max_len: int, max_tokens: int, step: int) -> list[tuple[int, int]]:
+    """Every (rows, width) a bucketed batch can have for pairs of up to ``max_len`` pieces a side."""
+    return [bucket_shape(width, max_tokens, step) for width in range(step, max_len + 1 + step, step)]
+
+
+def make_bucketed_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, step: int, seed: int = 0,
+                          epoch: int = 0, shuffle: bool = True) -> list[np.ndarray]:
+    """Batches whose shape comes from a small declared set (``declared_shapes``), so compiled
+    code and CUDA graphs are built once per shape: pairs are sorted by their wider side,
+    each bucket is cut into batches of its fixed row count, and a bucket's leftover pairs
+    join the next bucket (so few batches an epoch have rows to spare).
+    A batch's shape is ``bucket_shape`` of its widest pair; ``Batch.padded_to`` fills it.
+    Like ``make_batches``, (seed, epoch) fixes the whole epoch."""
+    widths = np.maximum(np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)) + 1
+    rng = np.random.default_rng([seed, epoch])
+    tie = rng.permutation(len(widths)) if shuffle else np.arange(len(widths))
+    order = np.lexsort((tie, widths))
+    buckets = -(-widths[order] // step) * step
+    batches: list[np.ndarray] = []
+    waiting = order[:0]
+    edges = np.flatnonzero(np.diff(buckets)) + 1
+    for members, width in zip(np.split(order, edges), buckets[np.r_[0, edges]] if len(order) else []):
+        rows, _ = bucket_shape(int(width), max_tokens, step)
+        pool = np.concatenate([waiting, members])
+        full = len(pool) // rows * rows
+        batches.extend(np.split(pool[:full], full // rows) if full else [])
+        waiting = pool[full:]
+    if len(waiting):
+        batches.append(waiting)
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches

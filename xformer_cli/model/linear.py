@@ -9,17 +9,37 @@ to bf16 and the padding are one copy), and the three products of forward and bac
 on the padded height: at most 63 wasted rows (about 2% of a training batch), a few dozen
 distinct shapes in a whole run, each compiled once. fp32 (MKL: nothing compiled per shape)
 and other devices take the plain ``F.linear``.
+
+On CUDA, autocast would cast every weight to bf16 at every use, forward and backward: a
+cast kernel per weight per micro-batch. ``HalfWeightCache`` instead keeps bf16 copies of
+the Linear weights, refreshed once per optimizer step (one foreach copy), while the fp32
+weights stay the masters that the optimizer updates; the products and gradients are those
+autocast computes.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROW_MULTIPLE = 64
+_plain_only = False  # set by plain_products(): every device takes F.linear, as CUDA does
+
+
+@contextlib.contextmanager
+def plain_products() -> Iterator[None]:
+    """Inside the block, a CPU takes the plain ``F.linear`` as CUDA does (no padded bf16
+    product): how the op counter runs the GPU's code path on a CPU."""
+    global _plain_only
+    before, _plain_only = _plain_only, True
+    try:
+        yield
+    finally:
+        _plain_only = before
 
 
 def _padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
@@ -65,15 +85,88 @@ class _PaddedLinear(torch.autograd.Function):
 
 def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:
     """A bf16 product on a CPU: bf16 weights (decoding), or bf16 autocast (training)."""
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or _plain_only:
         return False
     if weight.dtype == torch.bfloat16:
         return True
     return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
+class _CachedHalfLinear(torch.autograd.Function):
+    """x W^T + b with W and b already in the half type; gradients as autocast's (half
+    products, cast back to the fp32 masters' and the input's dtypes)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor, half_b: Optional[Tensor]) -> Tensor:
+        xh = x.to(half_w.dtype)
+        ctx.save_for_backward(xh, half_w)
+        ctx.x_dtype, ctx.dtypes = x.dtype, (weight.dtype, None if bias is None else bias.dtype)
+        return F.linear(xh, half_w, half_b)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        xh, w = ctx.saved_tensors
+        g = grad.to(w.dtype).reshape(-1, grad.size(-1))
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (g @ w).view(*xh.shape[:-1], w.size(1)).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (g.t() @ xh.reshape(-1, xh.size(-1))).to(ctx.dtypes[0])
+        if ctx.needs_input_grad[2]:
+            grad_b = g.sum(0).to(ctx.dtypes[1])
+        return grad_x, grad_w, grad_b, None, None
+
+
+class HalfWeightCache:
+    """Half-precision copies of a model's ``Linear`` weights and biases for autocast training,
+    made once per optimizer step: the optimizer's step hook and the model's state-dict load
+    hook mark them stale, and the first training product after that refreshes them all with
+    one foreach copy. Only products under autocast to ``dtype`` with gradients enabled use
+    them (decoding and validation take the usual path). Attach it only where autocast's
+    per-use casts cost launches, i.e. on CUDA."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype = torch.bfloat16):
+        self.dtype = dtype
+        self.linears = [m for m in model.modules() if isinstance(m, Linear)]
+        masters = {id(p): p for m in self.linears for p in (m.weight, m.bias) if p is not None}
+        self.masters = list(masters.values())  # a tied weight once
+        self.halves = [torch.empty_like(p, dtype=dtype) for p in self.masters]
+        self.half_of = {id(p): h for p, h in zip(self.masters, self.halves)}
+        self.stale = True
+        for m in self.linears:
+            m.half_cache = self
+        self._hooks = [optimizer.register_step_post_hook(lambda *_: self.mark_stale()),
+                       model.register_load_state_dict_post_hook(lambda *_: self.mark_stale())]
+
+    def mark_stale(self) -> None:
+        self.stale = True
+
+    def detach(self) -> None:
+        """Back to autocast's casts (the hooks removed, the copies dropped)."""
+        for m in self.linears:
+            m.half_cache = None
+        for hook in self._hooks:
+            hook.remove()
+
+    def applies(self, x: Tensor) -> bool:
+        kind = x.device.type
+        return (torch.is_grad_enabled() and torch.is_autocast_enabled(kind)
+                and torch.get_autocast_dtype(kind) == self.dtype)
+
+    def halves_for(self, m: "Linear") -> tuple[Tensor, Optional[Tensor]]:
+        if self.stale:
+            with torch.no_grad():
+                torch._foreach_copy_(self.halves, self.masters)
+            self.stale = False
+        return self.half_of[id(m.weight)], None if m.bias is None else self.half_of[id(m.bias)]
+
+
 class Linear(nn.Linear):
+    half_cache: Optional[HalfWeightCache] = None
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.half_cache is not None and self.half_cache.applies(x):
+            return _CachedHalfLinear.apply(x, self.weight, self.bias, *self.half_cache.halves_for(self))
         if not _cpu_bf16(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         if not torch.is_grad_enabled():  # decoding (bf16 weights): no graph, just the padded product

@@ -8,17 +8,89 @@ The gradient is written by hand: d loss / d logits = softmax(logits) - q, with q
 smoothed target. Autograd would instead run separate backward passes for log_softmax,
 gather and mean over the (tokens x vocabulary) matrix; on a CPU those memory-bound
 passes cost about a quarter of a small model's training step. The forward pass computes
-loss and gradient together, a few hundred rows at a time so each block stays in the CPU's
-cache (measured 2x faster than whole-matrix passes), in fp32 whatever the logits' dtype;
-the gradient is stored in the logits' dtype and scaled in the backward pass.
+loss and gradient together in fp32 whatever the logits' dtype; the gradient is stored in
+the logits' dtype and scaled in the backward pass.
+
+Two paths compute the same thing. ``blocked`` walks the rows a few hundred at a time so
+each block stays in the CPU's cache (measured 2x faster than whole-matrix passes on a
+CPU). ``one_pass`` treats the whole matrix at once: a fixed dozen kernels whatever the
+batch, which is what a GPU wants (there the blocked walk costs a dozen launches per 256
+rows, the one launch cost that grows with the batch). The device picks the path;
+``forced_path`` overrides it, so a test or the op counter can run the GPU path on a CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator, Optional
+
 import torch
 from torch import Tensor
 
+from xformer_cli.errors import XformerError
+
 _ROWS = 256  # rows per block: 256 x a 6k vocabulary in fp32 is ~6 MB (measured best of 64/256/1024)
+LOSS_PATHS = ("blocked", "one_pass")
+_forced: Optional[str] = None
+
+
+def loss_path(device: torch.device) -> str:
+    """The path the loss takes on ``device``: blocked on a CPU, one pass elsewhere (unless forced)."""
+    if _forced is not None:
+        return _forced
+    return "blocked" if device.type == "cpu" else "one_pass"
+
+
+@contextlib.contextmanager
+def forced_path(path: str) -> Iterator[None]:
+    """Run every loss inside the block on ``path`` (blocked | one_pass), whatever the device."""
+    global _forced
+    if path not in LOSS_PATHS:
+        raise XformerError(f"loss path must be one of {', '.join(LOSS_PATHS)}, not {path!r}")
+    before, _forced = _forced, path
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def _smoothed_rows(rows: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
+                   want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """(n, V) logits, (n, 1) gold -> (loss sum, NLL sum, gradient in ``compute`` or None)."""
+    vocab = rows.size(-1)
+    # Half-precision logits are upcast: the softmax over a large vocabulary needs fp32.
+    lprobs = torch.log_softmax(rows.to(compute), dim=-1)
+    pad = gold == pad_id
+    nll = -lprobs.gather(-1, gold)
+    uniform = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
+    loss = ((1.0 - epsilon) * nll + epsilon * uniform).masked_fill_(pad, 0.0).sum()
+    nll_sum = nll.masked_fill_(pad, 0.0).sum()
+    if not want_grad:
+        return loss, nll_sum, None
+    grad = lprobs.exp_().sub_(epsilon / vocab)  # softmax - eps/V ...
+    grad.scatter_add_(-1, gold, torch.full_like(nll, epsilon - 1.0))  # ... - (1 - eps) on gold
+    return loss, nll_sum, grad.masked_fill_(pad, 0.0)
+
+
+def _blocked(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
+             want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    grad = torch.empty_like(flat) if want_grad else None
+    loss = torch.zeros((), dtype=compute, device=flat.device)
+    nll_sum = torch.zeros((), dtype=compute, device=flat.device)
+    for start in range(0, flat.size(0), _ROWS):
+        rows = slice(start, start + _ROWS)
+        block_loss, block_nll, block_grad = _smoothed_rows(flat[rows], gold[rows], epsilon, pad_id, compute, want_grad)
+        loss += block_loss
+        nll_sum += block_nll
+        if want_grad:
+            grad[rows] = block_grad
+    return loss, nll_sum, grad
+
+
+def _one_pass(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
+              want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    loss, nll_sum, grad = _smoothed_rows(flat, gold, epsilon, pad_id, compute, want_grad)
+    return loss, nll_sum, None if grad is None else grad.to(flat.dtype)  # no copy when already that dtype
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -27,24 +99,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         vocab = logits.size(-1)
         flat, gold = logits.reshape(-1, vocab), target.reshape(-1, 1)
         want_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(flat) if want_grad else None
         compute = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 when given fp64
-        loss = torch.zeros((), dtype=compute, device=logits.device)
-        nll_sum = torch.zeros((), dtype=compute, device=logits.device)
-        for start in range(0, flat.size(0), _ROWS):
-            rows = slice(start, start + _ROWS)
-            # Half-precision logits are upcast: the softmax over a large vocabulary needs fp32.
-            lprobs = torch.log_softmax(flat[rows].to(compute), dim=-1)
-            t = gold[rows]
-            pad = t == pad_id
-            nll = -lprobs.gather(-1, t)
-            uniform = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
-            loss += ((1.0 - epsilon) * nll + epsilon * uniform).masked_fill_(pad, 0.0).sum()
-            nll_sum += nll.masked_fill_(pad, 0.0).sum()
-            if want_grad:
-                block = lprobs.exp_().sub_(epsilon / vocab)  # softmax - eps/V ...
-                block.scatter_add_(-1, t, torch.full_like(nll, epsilon - 1.0))  # ... - (1 - eps) on gold
-                grad[rows] = block.masked_fill_(pad, 0.0)
+        walk = _blocked if loss_path(logits.device) == "blocked" else _one_pass
+        loss, nll_sum, grad = walk(flat, gold, epsilon, pad_id, compute, want_grad)
         ctx.mark_non_differentiable(nll_sum)
         if want_grad:
             ctx.save_for_backward(grad.view(logits.shape))

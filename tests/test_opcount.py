@@ -1,0 +1,62 @@
+"""Aten ops per training step on the code path CUDA takes, counted on a CPU with fake tensors."""
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from xformer_cli.data.batching import Batch
+from xformer_cli.model.transformer import ModelConfig, Transformer
+from xformer_cli.train.loss import forced_path, label_smoothed_nll
+from xformer_cli.train.opcount import count_ops, gpu_code_path, training_step
+
+PAPER_VOCAB = 37000
+
+
+def _batch(tokens: int, vocab: int, length: int = 25) -> Batch:
+    ids = torch.randint(4, vocab, (tokens // length, length))
+    return Batch(ids, ids, ids, ids.numel())
+
+
+def _loss_ops(tokens: int) -> int:
+    with FakeTensorMode(), gpu_code_path():
+        logits = torch.randn(tokens // 25, 25, PAPER_VOCAB, dtype=torch.bfloat16, requires_grad=True)
+        gold = _batch(tokens, PAPER_VOCAB).tgt_out
+
+        def loss_and_grad() -> None:
+            loss, _ = label_smoothed_nll(logits, gold, 0.1, 0)
+            loss.backward()
+
+        return count_ops(loss_and_grad).total
+
+
+def test_the_gpu_loss_costs_the_same_ops_at_4k_and_32k_tokens():
+    assert _loss_ops(4000) == _loss_ops(32000)
+    with FakeTensorMode(), forced_path("blocked"):  # the CPU's walk grows with the rows
+        logits = torch.randn(32000, PAPER_VOCAB)
+        gold = torch.randint(4, PAPER_VOCAB, (32000,))
+        blocked = count_ops(lambda: label_smoothed_nll(logits, gold, 0.1, 0)).total
+    assert blocked > 10 * _loss_ops(32000)
+
+
+def _step_kernels(tokens: int, loss_path: str) -> int:
+    # Two layers a side keep the test fast; the loss's share shrinks with more layers, and
+    # the full paper-base step (6 + 6) is measured by scripts/bench_train.py's op count.
+    with FakeTensorMode(), gpu_code_path(), forced_path(loss_path):
+        cfg = ModelConfig(d_model=512, d_ff=2048, n_heads=8, encoder_layers=2, decoder_layers=2)
+        model = Transformer(cfg, PAPER_VOCAB, 0, 0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+        step = training_step(model, optimizer, [_batch(tokens, PAPER_VOCAB)], 0.1, 0, "bf16")
+        step()  # Adam's state is created on the first step
+        return count_ops(step).kernels
+
+
+def test_a_paper_sized_training_step_launches_far_fewer_kernels_with_the_one_pass_loss():
+    one_pass, blocked = _step_kernels(25000, "one_pass"), _step_kernels(25000, "blocked")
+    assert one_pass == _step_kernels(4000, "one_pass")  # nothing in the step grows with the batch
+    assert one_pass < 0.5 * blocked
+
+
+def test_the_counter_sees_ops_below_autograd_and_leaves_out_views():
+    x = torch.randn(4, 3, requires_grad=True)
+    counter = count_ops(lambda: (x.view(12) * 2).sum().backward())
+    assert counter.ops["mul"] >= 1 and counter.ops["sum"] == 1 and counter.ops["view"] >= 1
+    assert counter.kernels < counter.total
