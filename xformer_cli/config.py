@@ -80,6 +80,9 @@ class TokenizerConfig:
     input_sentence_size: int = 2_000_000  # sentences sampled to train it (bounded memory)
 
 
+BATCHINGS = ("dynamic", "packed")
+
+
 @dataclass
 class TrainConfig:
     max_tokens: int = 4096  # token slots (padding included) per batch, per side
@@ -88,6 +91,10 @@ class TrainConfig:
     # (data/batching.make_bucketed_batches), so compiled code and CUDA graphs are built once
     # per shape. 0 = off: every batch is as wide as its longest pair.
     length_bucket: int = 0
+    # dynamic: batches of similar lengths, as wide as their longest pair (data/batching.py).
+    # packed: one (rows, widths) shape for the whole run, several pairs back to back per row,
+    # attention kept within each pair (data/packing.py): static shapes with little padding.
+    batching: str = "dynamic"
     max_steps: int = 100_000
     max_epochs: int = 0  # 0 = no epoch limit
     max_minutes: float = 0.0  # 0 = no wall-clock limit
@@ -311,6 +318,9 @@ def validate(cfg: Config) -> None:
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     _require(t.max_tokens > 0, "train.max_tokens", "must be positive")
     _require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
+    _require(t.batching in BATCHINGS, "train.batching", f"must be one of {', '.join(BATCHINGS)}")
+    _require(not (t.batching == "packed" and t.length_bucket), "train.length_bucket",
+             "must be 0 with train.batching: packed (packed batches have one shape already)")
     _require(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     _require(t.max_steps > 0, "train.max_steps", "must be positive")
     _require(t.max_epochs >= 0, "train.max_epochs", "must be >= 0")

@@ -63,12 +63,45 @@ class Embedding(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, offset: int = 0, positions: Optional[Tensor] = None) -> Tensor:
+        """``positions`` (B, L): each token's own position (packed rows restart it at every
+        sentence; always below L); None: offset, offset + 1, ... for every row."""
         length = offset + ids.size(1)
         if length > self.positions.size(0):  # grow the table rather than fail on long inputs
             self.positions = sinusoidal_positions(2 * length, self.positions.size(1)).to(self.positions)
-        x = self.tokens(ids) * self.scale + self.positions[offset:length]
+        where = self.positions[offset:length] if positions is None else self.positions[positions]
+        x = self.tokens(ids) * self.scale + where
         return self.dropout(x)
+
+
+# -- Packed rows (training only; not in the paper) --------------------------------------
+
+@dataclass
+class Packing:
+    """Several sentence pairs back to back in each row (``data/packing.py``): segment ids
+    number the pairs of a row from 1 (0 = padding); positions restart at 0 for each pair."""
+
+    src_segments: Tensor  # (B, S)
+    tgt_segments: Tensor  # (B, T)
+    src_positions: Tensor  # (B, S)
+    tgt_positions: Tensor  # (B, T)
+
+    def masks(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(encoder self, decoder self, encoder-decoder) attention masks, (B, 1, Lq, Lk):
+        a token sees only its own pair (and, in the decoder, only earlier positions)."""
+        src, tgt = self.src_segments, self.tgt_segments
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).tril()
+        return _same_pair(src, src), _same_pair(tgt, tgt) & causal, _same_pair(tgt, src)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Packing":
+        return Packing(*(t.to(device, non_blocking=non_blocking) for t in
+                         (self.src_segments, self.tgt_segments, self.src_positions, self.tgt_positions)))
+
+
+def _same_pair(query: Tensor, key: Tensor) -> Tensor:
+    """(B, Lq), (B, Lk) segment ids -> (B, 1, Lq, Lk), True where both are of one pair. Padding
+    queries see every key: no softmax row is empty (NaN), and padding carries no loss."""
+    return ((query[:, :, None] == key[:, None, :]) | (query == 0)[:, :, None])[:, None]
 
 
 # -- 3.2 Attention ---------------------------------------------------------------------
@@ -220,11 +253,13 @@ class DecoderLayer(nn.Module):
         self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
     def forward(
-        self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None, attention: Optional[list] = None
+        self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None, attention: Optional[list] = None,
+        self_mask: Optional[Tensor] = None,
     ) -> Tensor:
-        """``attention``, when a list, receives this layer's encoder-decoder attention weights."""
+        """``attention``, when a list, receives this layer's encoder-decoder attention weights;
+        ``self_mask`` replaces the causal mask (packed rows: causal within each pair)."""
         if cache is None:
-            y = self.sub_self(y, lambda h: self.self_attn(h, causal=True))
+            y = self.sub_self(y, lambda h: self.self_attn(h, mask=self_mask, causal=self_mask is None))
             y = self.sub_cross(y, lambda h: self._cross_attn(h, memory, src_mask, attention))
         else:
             y = self.sub_self(y, lambda h: self._cached_self_attn(h, cache))
@@ -310,23 +345,29 @@ class Transformer(nn.Module):
         """(B, S) ids -> (B, 1, 1, S) mask, True on real tokens."""
         return (src != self.pad_id)[:, None, None, :]
 
-    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None, positions: Optional[Tensor] = None) -> Tensor:
         src_mask = self.padding_mask(src) if src_mask is None else src_mask
-        x = self.src_embed(src)
+        x = self.src_embed(src, positions=positions)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
         return self.encoder_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, self_mask: Optional[Tensor] = None,
+               positions: Optional[Tensor] = None) -> Tensor:
         """Teacher-forced decoder: (B, T) ids -> (B, T, D) hidden states."""
-        y = self.tgt_embed(tgt_in)
+        y = self.tgt_embed(tgt_in, positions=positions)
         for layer in self.decoder_layers:
-            y = layer(y, memory, src_mask)
+            y = layer(y, memory, src_mask, self_mask=self_mask)
         return self.decoder_norm(y)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        src_mask = self.padding_mask(src)
-        return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
+    def forward(self, src: Tensor, tgt_in: Tensor, packing: Optional[Packing] = None) -> Tensor:
+        """Logits (B, T, V) for teacher forcing; with ``packing``, rows hold several pairs each."""
+        if packing is None:
+            src_mask = self.padding_mask(src)
+            return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
+        encoder_mask, decoder_mask, cross_mask = packing.masks()  # built once, shared by every layer
+        memory = self.encode(src, encoder_mask, packing.src_positions)
+        return self.generator(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
         """One incremental step: (B*K, 1) newest tokens of K beams per sentence (sentence-major)

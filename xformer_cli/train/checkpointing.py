@@ -38,11 +38,22 @@ def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = 
 
 # Settings a resumed run must share with the run it continues: they decide the model, the
 # data and its order. Everything else (max_steps, devices, validation cadence...) may change.
-RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq")
+RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq", "train.batching")
+
+
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+    """``saved`` with the keys it lacks (added to the config since it was written) at their defaults."""
+    out = dict(defaults)
+    for key, value in saved.items():
+        nested = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+        out[key] = _with_defaults(value, defaults[key]) if nested else value
+    return out
 
 
 def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
-    """The first of RESUME_KEYS (down to the differing inner key) where two configs differ."""
+    """The first of RESUME_KEYS (down to the differing inner key) where two configs differ;
+    a key the saved config lacks reads as its default."""
+    saved = _with_defaults(saved, Config().to_dict())
     for key in RESUME_KEYS:
         a, b = saved, current
         for part in key.split("."):
