@@ -7,7 +7,6 @@ drains the batcher's queue and stops its worker. The process then exits 0.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 from typing import Any, Callable, Optional
@@ -69,35 +68,18 @@ def run(app: Any, host: str = "127.0.0.1", port: int = 5000, *, access_log: bool
         raise XformerError("the server did not start (see the log above)")
 
 
-def engine_threads(threads: int = 0) -> int:
-    """CPU threads for the engine, set for torch: ``threads``, else $OMP_NUM_THREADS's choice
-    when set, else one fewer than the cores (at least one). The core left over runs HTTP:
-    on two cores, two torch threads that must share them with the event loop spin-wait for
-    each other (BENCHMARKS.md, "Serving": 38 against 52 requests/s at 32 clients)."""
-    import torch
-
-    if threads <= 0 and not os.environ.get("OMP_NUM_THREADS"):
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        threads = min(torch.get_num_threads(), max(1, cores - 1))
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
-
-
-def serve(model: str, *, engine: str = "xformer", device: str = "auto", precision: str = "auto",
+def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: str = "auto",
           source: Optional[str] = None, target: Optional[str] = None, name: Optional[str] = None,
           host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
           limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
           graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print) -> None:
     """``xformer serve``: load the model, build the app, serve until told to stop."""
     require_server_packages()
+    from xformer_cli.decode.factory import decode_threads
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
 
-    threads = engine_threads(threads)
+    threads = decode_threads(threads)  # the rule leaves a core free: on a small machine it runs HTTP
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
                          name=name, threads=threads, log=log)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
