@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_train import cpu_name  # noqa: E402
 
+from xformer_cli.decode.factory import choose_engine  # noqa: E402
 from xformer_cli.decode.translator import Translator  # noqa: E402
-from xformer_cli.device import cpu_flags, resolve_decode_precision  # noqa: E402
+from xformer_cli.device import cpu_flags  # noqa: E402
 
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
 
@@ -165,13 +166,16 @@ def main() -> None:
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_bf16", "avx512_vnni", "amx", "avx_vnni", "avx2")))
-    print(f"cpu flags: {' '.join(flags)}; translate --precision auto -> {resolve_decode_precision('auto', torch.device(args.device))[0]}")
+    auto = choose_engine([Path(args.checkpoint)], device=args.device)
+    print(f"cpu flags: {' '.join(flags)}; translate --precision auto -> {auto.engine} {auto.precision} ({auto.why})")
     print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
           f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}; "
           f"batches of {args.batch_size} sentences (xformer, CTranslate2: and {args.max_tokens} tokens x beam)")
     print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
-    auto = resolve_decode_precision("auto", torch.device(args.device))[0]
-    reference = "(b) xformer bf16" if auto == "bf16" and not args.no_bf16 else "(b) xformer fp32"
+    reference = {("xformer", "bf16"): "(b) xformer bf16", ("ctranslate2", "int8"): "(c) CT2 int8 = xf int8",
+                 ("ctranslate2", "float32"): "(c) CTranslate2 float32"}.get((auto.engine, auto.precision), "(b) xformer fp32")
+    if not any(name == reference for _, name, _, _ in systems):
+        reference = "(b) xformer fp32"
     baseline: dict[int, tuple[float, list[str]]] = {}
     for beam, name, hyps, seconds in systems:
         score = sacrebleu.corpus_bleu(hyps, [ref_lines]).score

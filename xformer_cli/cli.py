@@ -131,6 +131,13 @@ def average(
     typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
 
 
+def _before_torch() -> None:
+    """For the commands that translate: OpenMP threads that sleep at barriers (decode.factory)."""
+    from xformer_cli.decode.factory import prefer_passive_waits
+
+    prefer_passive_waits()
+
+
 def _load_engine(models: List[Path], engine: str = "auto", precision: str = "auto", device: str = "auto",
                  threads: int = 0, needs: tuple[str, ...] = (), compute_type: Optional[str] = None):
     """``decode.factory.load_engine``, logging what it chose; ``compute_type``: the deprecated
@@ -203,6 +210,7 @@ def translate(
     Input streams in chunks, so files of any size translate in bounded memory; a file
     given with --output appears only once it is complete.
     """
+    _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
     needs = tuple(name for name, wanted in (("attention", attention is not None), ("sampling_topk", sampling_topk != 0),
@@ -309,6 +317,7 @@ def eval_bleu(
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
     or --checkpoint C alone (the test set its training config names)."""
+    _before_torch()
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import hypothesis_warnings, make_metrics
 
@@ -438,6 +447,7 @@ def serve(
 
     Requests from all clients are batched together (one engine call at a time). Needs
     pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits."""
+    _before_torch()
     from xformer_cli.serve.protocol import Limits
     from xformer_cli.serve.server import serve as run_server
 

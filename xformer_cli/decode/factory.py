@@ -20,7 +20,9 @@ lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch
 Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
 (torch for xformer, CTranslate2 for ctranslate2), else the CPU.
 
-Threads (``decode_threads``): see ``DEFAULT_THREADS_WHY``.
+Threads (``decode_threads``): what is asked for, else $OMP_NUM_THREADS, else every core when
+OpenMP's threads sleep at barriers (the CLI makes them: ``prefer_passive_waits``), one fewer
+when they spin; ``serve`` leaves one core to HTTP.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
-from xformer_cli.decode.engine import Engine
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
+
+if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI can set OpenMP up first
+    from xformer_cli.decode.engine import Engine
 
 ENGINES = ("auto", "xformer", "ctranslate2")
 TORCH_PRECISIONS = ("fp32", "bf16")
@@ -45,7 +49,6 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8", "int8_float32", "int8_bfloat16", "
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
 # and the rest): with any of them, precision auto stays on PyTorch.
 XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache")
-DEFAULT_THREADS_WHY = "one fewer than the cores, at least one"
 
 Log = Callable[[str], None]
 
@@ -123,17 +126,30 @@ def engine_device(engine: str, device: str = "auto") -> str:
     return device
 
 
-def decode_threads(requested: int = 0, leave_free: int = 0) -> int:
+def decode_threads(requested: int = 0, serving: bool = False) -> int:
     """CPU threads for an engine: ``requested`` when > 0, else $OMP_NUM_THREADS when set, else
-    one fewer than the cores (at least one), and ``leave_free`` fewer still (serve leaves one
-    for HTTP). Two threads on two cores that anything else also runs on spin-wait for each
-    other (BENCHMARKS.md, "Threads"): the core left free keeps a busy machine from collapsing."""
+    every core when OpenMP's threads sleep at a barrier (``OMP_WAIT_POLICY=PASSIVE``, which the
+    CLI sets: ``prefer_passive_waits``), one fewer when they spin (at least one). ``serving``
+    leaves a core to HTTP either way. Spinning threads on a machine that runs anything else
+    wait for each other's time slices: on two shared cores two spinning torch threads made a
+    quarter of one thread's speed, two sleeping ones more than one (BENCHMARKS.md, "Threads")."""
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    return max(1, available_cores() - 1 - leave_free)
+    spare = 1 if serving or not passive_waits() else 0
+    return max(1, available_cores() - spare)
+
+
+def passive_waits() -> bool:
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+
+
+def prefer_passive_waits() -> None:
+    """OpenMP threads that sleep rather than spin at a barrier, unless $OMP_WAIT_POLICY says
+    otherwise. OpenMP reads it once, as it loads: call this before torch is imported."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def available_cores() -> int:
@@ -175,7 +191,7 @@ def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, devi
     if len(paths) != 1:
         raise XformerError("the ctranslate2 engine takes one model, not an ensemble")
     compute_type = "default" if precision == "auto" else CT2_COMPUTE_TYPES.get(precision, precision)
-    why = "the export's own weights" if exported else "float32 weights, exported at start"
+    why = "the export's own weights" if exported else "float32 weights"
     if precision != "auto":
         why = "asked for"
     return EngineChoice("ctranslate2", compute_type, engine_device("ctranslate2", device), why)
@@ -196,8 +212,7 @@ def _device(name: str):
 # -- building ------------------------------------------------------------------------------------
 
 def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto", precision: str = "auto",
-                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), leave_free: int = 0,
-                log: Optional[Log] = None) -> Engine:
+                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), log: Optional[Log] = None) -> Engine:
     """An engine on ``models`` (a checkpoint, several for an ensemble, or an export directory).
 
     ``needs``: what the request will use that only the xformer engine has (``XFORMER_ONLY``),
@@ -209,7 +224,7 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
         if not path.exists():  # said here: precision auto may send a checkpoint down either path
             raise XformerError(f"{'model' if engine == 'ctranslate2' else 'checkpoint'} not found: {path}")
     choice = choose_engine(paths, engine, precision, device, needs)
-    count = decode_threads(threads, leave_free)
+    count = decode_threads(threads)
     if log is not None:
         log(f"{choice.describe(precision)}, {count} thread{'s' if count > 1 else ''}")
     if choice.engine == "xformer":
@@ -223,23 +238,19 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
 
 
 def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
-    """The CTranslate2 engine on an export, or on ``path`` exported at start to a temporary
-    directory (int8 weights when int8 computes; the engine reads its files as it starts)."""
-    import tempfile
-
+    """The CTranslate2 engine on an export, or on ``path`` exported (int8 weights when int8
+    computes; kept for the next run: ``decode/export_cache.py``)."""
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
-    from xformer_cli.export.ctranslate2 import export_ctranslate2
+    from xformer_cli.decode.export_cache import exported_checkpoint
 
     kind, _, index = choice.device.partition(":")
     load = lambda directory: CTranslate2Translator.from_directory(  # noqa: E731
         directory, device=kind, device_index=int(index or 0), compute_type=choice.precision, threads=threads)
     if path.is_dir():
         return load(path)
-    if log is not None:
-        log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
-    with tempfile.TemporaryDirectory(prefix="xformer-ct2-") as tmp:
-        quantization = "int8" if choice.precision.startswith("int8") else None
-        return load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization))
+    quantization = "int8" if choice.precision.startswith("int8") else None
+    with exported_checkpoint(path, quantization, log or (lambda message: None)) as exported:
+        return load(exported)
 
 
 def engine_for_model(model, tokenizer, decode, device, precision: str = "auto") -> Engine:

@@ -79,7 +79,7 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
 
-    threads = decode_threads(threads)  # the rule leaves a core free: on a small machine it runs HTTP
+    threads = decode_threads(threads, serving=True)  # a core left free runs HTTP
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
                          name=name, threads=threads, log=log)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
