@@ -109,7 +109,7 @@ def in_own_process(args: argparse.Namespace, worker: str, beam: int, hyp_file: P
     return hyp_file.read_text(encoding="utf-8").splitlines(), seconds
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--src", default=str(DATA / "multi30k" / "test2016.en"))
@@ -128,7 +128,23 @@ def main() -> None:
     parser.add_argument("--no-int8", action="store_true", help="skip CTranslate2 int8 (= xformer --precision int8)")
     parser.add_argument("--worker", choices=["uncached", "cached", "cached-bf16", "ct2", "ct2-int8"], help=argparse.SUPPRESS)
     parser.add_argument("--hyp-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def workers_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(worker, name) of every system measured in its own process."""
+    workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
+    if not args.no_bf16:
+        workers.append(("cached-bf16", "(b) xformer bf16"))
+    if args.ct2_dir:
+        workers.append(("ct2", "(c) CTranslate2 float32"))
+        if not args.no_int8:
+            workers.append(("ct2-int8", "(c) CT2 int8 = xf int8"))
+    return workers
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         return measure(args)
 
@@ -150,14 +166,7 @@ def main() -> None:
 
             args.ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
         for beam in args.beams:
-            workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
-            if not args.no_bf16:
-                workers.append(("cached-bf16", "(b) xformer bf16"))
-            if args.ct2_dir:
-                workers.append(("ct2", "(c) CTranslate2 float32"))
-                if not args.no_int8:
-                    workers.append(("ct2-int8", "(c) CT2 int8 = xf int8"))
-            for worker, name in workers:
+            for worker, name in workers_of(args):
                 systems.append((beam, name, *in_own_process(args, worker, beam, Path(tmp) / f"{worker}{beam}.hyp")))
             if args.onmt_venv and args.onmt_model:
                 src_file = Path(tmp) / "src.txt"

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -46,15 +47,19 @@ def loaded_ct2(monkeypatch):
     from xformer_cli.decode import ct2_engine
 
     calls = []
-    monkeypatch.setattr(ct2_engine.CTranslate2Translator, "from_directory",
-                        classmethod(lambda cls, path, **kwargs: calls.append(kwargs) or "engine"))
+
+    def record(cls, path, **kwargs):
+        calls.append(kwargs)
+        return types.SimpleNamespace(name="ctranslate2")
+
+    monkeypatch.setattr(ct2_engine.CTranslate2Translator, "from_directory", classmethod(record))
     return calls
 
 
 def test_engine_ctranslate2_runs_on_cuda_when_ctranslate2_sees_a_gpu(tmp_path, monkeypatch, loaded_ct2):
     export = _fake_export(tmp_path / "ct2")
     monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 1)
-    assert load_engine(export, "ctranslate2", device="auto", threads=1) == "engine"
+    assert load_engine(export, "ctranslate2", device="auto", threads=1).threads == 1
     assert loaded_ct2[-1] == dict(device="cuda", device_index=0, compute_type="default", threads=1)
     load_engine(export, "ctranslate2", precision="int8", device="cuda:0", threads=3)
     assert loaded_ct2[-1] == dict(device="cuda", device_index=0, compute_type="int8", threads=3)
@@ -104,11 +109,13 @@ def test_the_log_line_says_what_auto_chose_and_why(tmp_path, monkeypatch, loaded
 def test_threads_rule(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(factory, "_passive_set_here", False)
     monkeypatch.setattr(factory, "available_cores", lambda: 2)
-    assert decode_threads() == 1  # spinning threads: one core left, so a busy machine does not collapse
+    assert decode_threads() == 1  # spinning torch threads: one core left, so a busy machine does not collapse
+    assert decode_threads(engine="ctranslate2") == 2  # its OpenMP's default waits: every core
     assert decode_threads(2) == 2  # asked for
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
-    assert decode_threads() == 2  # sleeping threads: every core
+    assert decode_threads() == 2  # sleeping torch threads: every core
     assert decode_threads(serving=True) == 1  # serve leaves one core to HTTP
     monkeypatch.setattr(factory, "available_cores", lambda: 16)
     assert decode_threads() == 16 and decode_threads(serving=True) == 15
@@ -116,11 +123,13 @@ def test_threads_rule(monkeypatch):
     assert decode_threads() == 4
 
 
-def test_the_cli_makes_openmp_threads_sleep_before_torch_loads():
+def test_the_cli_makes_torch_threads_sleep_and_leaves_ctranslate2_its_default():
     code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli import _before_torch; "
-            "_before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)")
+            "_before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules); "
+            "from xformer_cli.decode import factory; factory._default_waits_for_ctranslate2(); "
+            "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), factory.torch_waits_passive())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["PASSIVE", "False"]
+    assert done.stdout.split() == ["PASSIVE", "False", "unset", "True"]
 
 
 def test_a_translator_is_always_a_translator(tmp_path):

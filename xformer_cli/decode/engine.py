@@ -32,6 +32,7 @@ class Engine:
     tokenizer: Tokenizer
     decode: DecodeConfig
     truncated_lines: int = 0
+    threads: int = 0  # CPU threads it computes with (set by decode.factory.load_engine; 0: not set)
     unsupported: tuple[str, ...] = ()
 
     def options(self, **given) -> SearchOptions:

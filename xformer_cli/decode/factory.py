@@ -20,9 +20,9 @@ lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch
 Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
 (torch for xformer, CTranslate2 for ctranslate2), else the CPU.
 
-Threads (``decode_threads``): what is asked for, else $OMP_NUM_THREADS, else every core when
-OpenMP's threads sleep at barriers (the CLI makes them: ``prefer_passive_waits``), one fewer
-when they spin; ``serve`` leaves one core to HTTP.
+Threads (``decode_threads``): what is asked for, else $OMP_NUM_THREADS, else every core; one
+fewer for PyTorch when its OpenMP threads spin at barriers (the CLI makes them sleep:
+``prefer_passive_waits``), and ``serve`` leaves one core to HTTP.
 """
 
 from __future__ import annotations
@@ -126,30 +126,46 @@ def engine_device(engine: str, device: str = "auto") -> str:
     return device
 
 
-def decode_threads(requested: int = 0, serving: bool = False) -> int:
+def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = False) -> int:
     """CPU threads for an engine: ``requested`` when > 0, else $OMP_NUM_THREADS when set, else
-    every core when OpenMP's threads sleep at a barrier (``OMP_WAIT_POLICY=PASSIVE``, which the
-    CLI sets: ``prefer_passive_waits``), one fewer when they spin (at least one). ``serving``
-    leaves a core to HTTP either way. Spinning threads on a machine that runs anything else
-    wait for each other's time slices: on two shared cores two spinning torch threads made a
-    quarter of one thread's speed, two sleeping ones more than one (BENCHMARKS.md, "Threads")."""
+    every core, one fewer for PyTorch when its OpenMP threads spin rather than sleep at a
+    barrier (``torch_waits_passive``), and one fewer when ``serving`` (that core runs HTTP).
+    Spinning torch threads on a machine that runs anything else wait for each other's time
+    slices: on two shared cores two of them made a quarter of one thread's speed, two
+    sleeping ones more than one (BENCHMARKS.md, "Threads")."""
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    spare = 1 if serving or not passive_waits() else 0
-    return max(1, available_cores() - spare)
+    spinning = engine == "xformer" and not torch_waits_passive()
+    return max(1, available_cores() - int(spinning) - int(serving))
 
 
-def passive_waits() -> bool:
-    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+_passive_set_here = False  # whether prefer_passive_waits set OMP_WAIT_POLICY (not the user)
 
 
 def prefer_passive_waits() -> None:
-    """OpenMP threads that sleep rather than spin at a barrier, unless $OMP_WAIT_POLICY says
-    otherwise. OpenMP reads it once, as it loads: call this before torch is imported."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """torch's OpenMP threads sleep rather than spin at a barrier, unless $OMP_WAIT_POLICY says
+    otherwise. OpenMP reads it once, as it loads: the CLI calls this before torch is imported."""
+    global _passive_set_here
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        _passive_set_here = True
+
+
+def torch_waits_passive() -> bool:
+    return _passive_set_here or os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+
+
+def _default_waits_for_ctranslate2() -> None:
+    """CTranslate2 loads an OpenMP of its own, which reads $OMP_WAIT_POLICY as it loads. Sleeping
+    waits made it slower on a quiet machine (they help PyTorch everywhere), so unless the user
+    set the policy, CTranslate2 gets OpenMP's default (spin a while, then sleep)."""
+    import sys
+
+    if _passive_set_here and "ctranslate2" not in sys.modules:
+        os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def available_cores() -> int:
@@ -212,19 +228,21 @@ def _device(name: str):
 # -- building ------------------------------------------------------------------------------------
 
 def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto", precision: str = "auto",
-                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), log: Optional[Log] = None) -> Engine:
+                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), serving: bool = False,
+                log: Optional[Log] = None) -> Engine:
     """An engine on ``models`` (a checkpoint, several for an ensemble, or an export directory).
 
     ``needs``: what the request will use that only the xformer engine has (``XFORMER_ONLY``),
     so that precision auto does not pick an engine that must then refuse it. ``threads``: 0 =
-    ``decode_threads``'s rule; PyTorch's count is set for the whole process. ``log`` gets the
-    line that says what was chosen and why."""
+    ``decode_threads``'s rule (``serving``: a core left to HTTP); PyTorch's count is set for the
+    whole process; the engine's ``threads`` says it. ``log`` gets the line that says what was
+    chosen and why."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(m) for m in models]
     for path in paths:
         if not path.exists():  # said here: precision auto may send a checkpoint down either path
             raise XformerError(f"{'model' if engine == 'ctranslate2' else 'checkpoint'} not found: {path}")
     choice = choose_engine(paths, engine, precision, device, needs)
-    count = decode_threads(threads)
+    count = decode_threads(threads, choice.engine, serving)
     if log is not None:
         log(f"{choice.describe(precision)}, {count} thread{'s' if count > 1 else ''}")
     if choice.engine == "xformer":
@@ -233,8 +251,11 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
         from xformer_cli.decode.translator import Translator
 
         torch.set_num_threads(count)
-        return Translator.from_checkpoint(paths, device=choice.device, precision=choice.precision)
-    return _ctranslate2_engine(paths[0], choice, count, log)
+        built: Engine = Translator.from_checkpoint(paths, device=choice.device, precision=choice.precision)
+    else:
+        built = _ctranslate2_engine(paths[0], choice, count, log)
+    built.threads = count
+    return built
 
 
 def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
@@ -243,6 +264,7 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
     from xformer_cli.decode.export_cache import exported_checkpoint
 
+    _default_waits_for_ctranslate2()
     kind, _, index = choice.device.partition(":")
     load = lambda directory: CTranslate2Translator.from_directory(  # noqa: E731
         directory, device=kind, device_index=int(index or 0), compute_type=choice.precision, threads=threads)

@@ -31,6 +31,7 @@ class ServedModel:
     source: str  # language codes
     target: str
     beam_size: Optional[int]  # the model's default beam, None if unknown
+    threads: int = 0  # CPU threads the engine computes with
 
     def translate(self, texts: list[str], beam_size: Optional[int] = None) -> list[str]:
         return self.translator.translate(texts, beam_size=beam_size or self.beam_size)
@@ -49,14 +50,16 @@ def load_served_model(
     target: Optional[str] = None,
     name: Optional[str] = None,
     threads: int = 0,
+    serving: bool = False,
     log: Callable[[str], None] = lambda message: None,
 ) -> ServedModel:
     """Load ``model`` for serving; ``source``/``target`` override the recorded language codes;
-    ``threads``: the engine's CPU threads (0: ``decode.factory.decode_threads``'s rule)."""
+    ``threads``: the engine's CPU threads (0: ``decode.factory.decode_threads``'s rule, with a
+    core left to HTTP when ``serving``)."""
     path = Path(model)
     if not path.exists():
         raise XformerError(f"model not found: {path}")
-    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, log=log)
+    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving, log=log)
     recorded = export_languages(path) if path.is_dir() else checkpoint_languages(path)
     if recorded is None and not (source and target):
         log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
@@ -69,6 +72,7 @@ def load_served_model(
         source=source or src,
         target=target or tgt,
         beam_size=translator.decode.beam_size,
+        threads=translator.threads,
     )
 
 

@@ -75,14 +75,12 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
           graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print) -> None:
     """``xformer serve``: load the model, build the app, serve until told to stop."""
     require_server_packages()
-    from xformer_cli.decode.factory import decode_threads
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
 
-    threads = decode_threads(threads, serving=True)  # a core left free runs HTTP
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
-                         name=name, threads=threads, log=log)
+                         name=name, threads=threads, serving=True, log=log)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
     banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "
-              f"{threads} thread{'s' if threads > 1 else ''}): ")
+              f"{loaded.threads} thread{'s' if loaded.threads > 1 else ''}): ")
     run(app, host, port, access_log=access_log, graceful_timeout=graceful_timeout, log=log, banner=banner)
