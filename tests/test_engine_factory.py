@@ -23,8 +23,8 @@ ZEN3 = {"avx2", "fma", "sse4_2"}
 
 @pytest.mark.parametrize("flags, installed, blockers, expected", [
     (SAPPHIRE_RAPIDS, True, (), ("xformer", "bf16")),  # AMX: PyTorch bf16 beats CTranslate2
-    (ZEN4, True, (), ("ctranslate2", "int8")),
-    (ZEN3, True, (), ("ctranslate2", "float32")),  # no VNNI: int8 would be emulated
+    (ZEN4, True, (), ("ctranslate2", "float32")),  # int8: faster still, but more than 0.2 BLEU lost
+    (ZEN3, True, (), ("ctranslate2", "float32")),
     (ZEN4, False, (), ("xformer", "bf16")),  # CTranslate2 not installed: PyTorch's own rule
     (ZEN3, False, (), ("xformer", "fp32")),
     (ZEN4, True, ("ensemble",), ("xformer", "bf16")),  # what CTranslate2 cannot do keeps PyTorch
@@ -80,7 +80,7 @@ def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
         chosen = choose_engine(list(paths), *args, device="cpu", **kw)
         return chosen.engine, chosen.precision, chosen.device
 
-    assert choose(flags=ZEN4)[:3] == ("ctranslate2", "int8", "cpu")
+    assert choose(flags=ZEN4) == ("ctranslate2", "float32", "cpu")
     assert choose(flags=SAPPHIRE_RAPIDS)[:2] == ("xformer", "bf16")
     assert choose(needs=["attention"], flags=ZEN4)[:2] == ("xformer", "bf16")
     assert choose("xformer", flags=ZEN4)[:2] == ("xformer", "bf16")  # an engine asked for is kept

@@ -14,8 +14,8 @@ Precision, one list for both engines: ``fp32`` and ``bf16`` (either engine), ``i
 CTranslate2 engine, int8 weights), or any other CTranslate2 compute type (``int8_float32``,
 ``int8_bfloat16``, ``float16``, ...), which selects the CTranslate2 engine. ``auto`` (the
 default) picks the engine too (``auto_choice``): on CUDA and on a CPU with AMX, PyTorch in
-bf16; on other CPUs CTranslate2 when it is installed and the request needs nothing it
-lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch.
+bf16; on other CPUs CTranslate2 float32 when it is installed and the request needs nothing
+it lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch.
 
 Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
 (torch for xformer, CTranslate2 for ctranslate2), else the CPU.
@@ -87,10 +87,10 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
     """``--precision auto`` on a CPU with ``flags``: (engine, precision, why).
 
     The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (BENCHMARKS.md, "Choosing
-    the engine"): PyTorch bf16 where AMX computes it; elsewhere CTranslate2, when installed and
-    no ``blockers`` (what the request needs that CTranslate2 lacks), with int8 weights where the
-    CPU has int8 dot products (VNNI) and float32 otherwise; else PyTorch with its own rule."""
-    from xformer_cli.device import INT8_DOT_FLAGS, first_flag, torch_cpu_precision
+    the engine"): PyTorch bf16 where AMX computes it; elsewhere CTranslate2 float32 (its int8
+    was faster still at beam 5 but lost more than 0.2 BLEU), when it is installed and the
+    request needs nothing it lacks (``blockers``); else PyTorch with its own rule."""
+    from xformer_cli.device import torch_cpu_precision
 
     flags = frozenset(flags)
     torch_precision, torch_why = torch_cpu_precision(flags)
@@ -100,10 +100,7 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
         return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)}"
     if not ct2_available:
         return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for the faster engine"
-    vnni = first_flag(INT8_DOT_FLAGS, flags)
-    if vnni:
-        return "ctranslate2", "int8", f"no AMX; CTranslate2 int8 is the fastest engine on this CPU ({vnni})"
-    return "ctranslate2", "float32", "no AMX nor int8 dot products: CTranslate2 float32 is the fastest engine"
+    return "ctranslate2", "float32", "no AMX: CTranslate2 float32 is the fastest engine on this CPU within 0.2 BLEU of fp32"
 
 
 def engine_device(engine: str, device: str = "auto") -> str:
