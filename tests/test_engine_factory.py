@@ -2,7 +2,6 @@
 --precision auto, device, threads) run here on faked CPU flags, GPUs and cores."""
 
 import json
-import os
 import subprocess
 import sys
 import types
@@ -146,31 +145,3 @@ def test_validation_engine_on_an_in_memory_model(trained_run):
     with pytest.raises(XformerError, match="fp32 or bf16"):
         engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu, precision="int8")
 
-
-def test_a_checkpoint_is_exported_once_and_again_when_it_changes(tmp_path, monkeypatch):
-    from xformer_cli.decode import export_cache
-    from xformer_cli.export import ctranslate2 as exporter
-
-    made = []
-
-    def fake_export(checkpoint, output, quantization=None, force=False):
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "model.bin").write_bytes(b"")
-        (output / EXPORT_INFO).write_text("{}", encoding="utf-8")
-        made.append(output)
-        return output
-
-    monkeypatch.setattr(exporter, "export_ctranslate2", fake_export)
-    monkeypatch.setenv("XFORMER_CACHE", str(tmp_path / "cache"))
-    checkpoint = tmp_path / "best.pt"
-    checkpoint.write_bytes(b"weights")
-    with export_cache.exported_checkpoint(checkpoint, "int8") as first:
-        assert first.parent == tmp_path / "cache" / "ct2" and "int8" in first.name
-    with export_cache.exported_checkpoint(checkpoint, "int8") as again:
-        assert again == first and len(made) == 1  # reused, not exported again
-    os.utime(checkpoint, ns=(1, 1))  # retrained: another version of the file
-    with export_cache.exported_checkpoint(checkpoint, "int8") as newer:
-        assert newer != first and len(made) == 2
-    assert not first.exists()  # the older export of the same checkpoint is gone
-    with export_cache.exported_checkpoint(checkpoint, None) as float32:
-        assert float32 != newer and newer.exists()  # another weight type is another export

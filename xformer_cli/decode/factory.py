@@ -256,10 +256,13 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
 
 
 def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
-    """The CTranslate2 engine on an export, or on ``path`` exported (int8 weights when int8
-    computes; kept for the next run: ``decode/export_cache.py``)."""
+    """The CTranslate2 engine on an export, or on ``path`` exported at start to a temporary
+    directory (int8 weights when int8 computes), removed once the engine has read it. Not
+    cached: exporting costs a fraction of loading (BENCHMARKS.md, "Choosing the engine")."""
+    import tempfile
+
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
-    from xformer_cli.decode.export_cache import exported_checkpoint
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
 
     _default_waits_for_ctranslate2()
     kind, _, index = choice.device.partition(":")
@@ -267,9 +270,11 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
         directory, device=kind, device_index=int(index or 0), compute_type=choice.precision, threads=threads)
     if path.is_dir():
         return load(path)
-    quantization = "int8" if choice.precision.startswith("int8") else None
-    with exported_checkpoint(path, quantization, log or (lambda message: None)) as exported:
-        return load(exported)
+    if log is not None:
+        log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
+    with tempfile.TemporaryDirectory(prefix="xformer-ct2-") as tmp:
+        quantization = "int8" if choice.precision.startswith("int8") else None
+        return load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization))
 
 
 def engine_for_model(model, tokenizer, decode, device, precision: str = "auto") -> Engine:
