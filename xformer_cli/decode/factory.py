@@ -235,10 +235,10 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
     whole process; the engine's ``threads`` says it. ``log`` gets the line that says what was
     chosen and why."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(m) for m in models]
+    choice = choose_engine(paths, engine, precision, device, needs)  # bad options first, then files
     for path in paths:
         if not path.exists():  # said here: precision auto may send a checkpoint down either path
             raise XformerError(f"{'model' if engine == 'ctranslate2' else 'checkpoint'} not found: {path}")
-    choice = choose_engine(paths, engine, precision, device, needs)
     count = decode_threads(threads, choice.engine, serving)
     if log is not None:
         log(f"{choice.describe(precision)}, {count} thread{'s' if count > 1 else ''}")
