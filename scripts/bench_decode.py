@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_train import cpu_name  # noqa: E402
 
+from xformer_cli.decode.factory import choose_engine  # noqa: E402
 from xformer_cli.decode.translator import Translator  # noqa: E402
-from xformer_cli.device import cpu_flags, resolve_decode_precision  # noqa: E402
+from xformer_cli.device import cpu_flags  # noqa: E402
 
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
 
@@ -108,7 +109,7 @@ def in_own_process(args: argparse.Namespace, worker: str, beam: int, hyp_file: P
     return hyp_file.read_text(encoding="utf-8").splitlines(), seconds
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--src", default=str(DATA / "multi30k" / "test2016.en"))
@@ -127,7 +128,23 @@ def main() -> None:
     parser.add_argument("--no-int8", action="store_true", help="skip CTranslate2 int8 (= xformer --precision int8)")
     parser.add_argument("--worker", choices=["uncached", "cached", "cached-bf16", "ct2", "ct2-int8"], help=argparse.SUPPRESS)
     parser.add_argument("--hyp-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def workers_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(worker, name) of every system measured in its own process."""
+    workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
+    if not args.no_bf16:
+        workers.append(("cached-bf16", "(b) xformer bf16"))
+    if args.ct2_dir:
+        workers.append(("ct2", "(c) CTranslate2 float32"))
+        if not args.no_int8:
+            workers.append(("ct2-int8", "(c) CT2 int8 = xf int8"))
+    return workers
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         return measure(args)
 
@@ -149,14 +166,7 @@ def main() -> None:
 
             args.ct2_dir = args.ct2_dir or export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
         for beam in args.beams:
-            workers = ([] if args.no_uncached else [("uncached", "(a) xformer, no cache")]) + [("cached", "(b) xformer fp32")]
-            if not args.no_bf16:
-                workers.append(("cached-bf16", "(b) xformer bf16"))
-            if args.ct2_dir:
-                workers.append(("ct2", "(c) CTranslate2 float32"))
-                if not args.no_int8:
-                    workers.append(("ct2-int8", "(c) CT2 int8 = xf int8"))
-            for worker, name in workers:
+            for worker, name in workers_of(args):
                 systems.append((beam, name, *in_own_process(args, worker, beam, Path(tmp) / f"{worker}{beam}.hyp")))
             if args.onmt_venv and args.onmt_model:
                 src_file = Path(tmp) / "src.txt"
@@ -165,13 +175,16 @@ def main() -> None:
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_bf16", "avx512_vnni", "amx", "avx_vnni", "avx2")))
-    print(f"cpu flags: {' '.join(flags)}; translate --precision auto -> {resolve_decode_precision('auto', torch.device(args.device))[0]}")
+    auto = choose_engine([Path(args.checkpoint)], device=args.device)
+    print(f"cpu flags: {' '.join(flags)}; translate --precision auto -> {auto.engine} {auto.precision} ({auto.why})")
     print(f"model: {args.checkpoint} ({translator.model.count_parameters():,} parameters); "
           f"{len(src_lines)} sentences of {args.src}; length penalty {translator.decode.length_penalty}; "
           f"batches of {args.batch_size} sentences (xformer, CTranslate2: and {args.max_tokens} tokens x beam)")
     print(f"{'beam':>4}  {'system':<24} {'seconds':>8} {'sent/s':>8} {'tgt tok/s':>10} {'BLEU':>6}")
-    auto = resolve_decode_precision("auto", torch.device(args.device))[0]
-    reference = "(b) xformer bf16" if auto == "bf16" and not args.no_bf16 else "(b) xformer fp32"
+    reference = {("xformer", "bf16"): "(b) xformer bf16", ("ctranslate2", "int8"): "(c) CT2 int8 = xf int8",
+                 ("ctranslate2", "float32"): "(c) CTranslate2 float32"}.get((auto.engine, auto.precision), "(b) xformer fp32")
+    if not any(name == reference for _, name, _, _ in systems):
+        reference = "(b) xformer fp32"
     baseline: dict[int, tuple[float, list[str]]] = {}
     for beam, name, hyps, seconds in systems:
         score = sacrebleu.corpus_bleu(hyps, [ref_lines]).score

@@ -142,7 +142,7 @@ def test_missing_ctranslate2_is_a_clear_error(exported, tmp_path, monkeypatch):
 
 
 def test_both_engines_answer_one_interface(exported):
-    from xformer_cli.decode.engine import load_engine
+    from xformer_cli.decode.factory import load_engine
 
     checkpoint, out, sentences = exported
     engines = [load_engine(checkpoint, device="cpu", precision="fp32"), load_engine(out, engine="ctranslate2")]

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Translator", "__version__"]
+__all__ = ["Translator", "load_engine", "__version__"]
 
 
 def __getattr__(name: str):
@@ -11,4 +11,8 @@ def __getattr__(name: str):
         from xformer_cli.decode.translator import Translator
 
         return Translator
+    if name == "load_engine":  # any engine, chosen as the CLI chooses (decode/factory.py)
+        from xformer_cli.decode.factory import load_engine
+
+        return load_engine
     raise AttributeError(name)

@@ -59,6 +59,10 @@ def user_errors(fn):
     return wrapper
 
 
+def _log(message: str) -> None:
+    typer.echo(message, err=True)  # stderr: stdout is for data
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"xformer {__version__}")
@@ -79,6 +83,7 @@ def train(
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a key: --set model.d_model=256 (repeatable)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start afresh, deleting the checkpoints in run_dir (default: resume from last.pt)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (train.threads; 0 = torch's default)."),
 ) -> None:
     """Train a tokenizer and a Transformer as the config says; checkpoints go to run_dir.
 
@@ -87,9 +92,8 @@ def train(
     from xformer_cli.config import load_config
     from xformer_cli.train.trainer import train as run_training
 
-    cfg = load_config(config, overrides)
-    log = lambda message: typer.echo(message, err=True)  # noqa: E731 - keeps stdout for data
-    result = run_training(cfg, overwrite=overwrite, log=log, progress=not quiet)
+    cfg = load_config(config, overrides + ([f"train.threads={threads}"] if threads is not None else []))
+    result = run_training(cfg, overwrite=overwrite, log=_log, progress=not quiet)
     if result.stopped_because == "interrupted":
         raise typer.Exit(130)
 
@@ -127,10 +131,27 @@ def average(
     typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
 
 
-def _translator(checkpoints: List[Path], device: str, precision: str = "auto"):
-    from xformer_cli.decode.engine import load_engine
+def _before_torch() -> None:
+    """For the commands that translate: OpenMP threads that sleep at barriers (decode.factory)."""
+    from xformer_cli.decode.factory import prefer_passive_waits
 
-    return load_engine(checkpoints, device=device, precision=precision)
+    prefer_passive_waits()
+
+
+def _load_engine(models: List[Path], engine: str = "auto", precision: str = "auto", device: str = "auto",
+                 threads: int = 0, needs: tuple[str, ...] = (), compute_type: Optional[str] = None):
+    """``decode.factory.load_engine``, logging what it chose; ``compute_type``: the deprecated
+    --compute-type, now a spelling of --precision that selects the CTranslate2 engine."""
+    from xformer_cli.decode.factory import load_engine
+
+    if compute_type is not None:
+        if engine == "xformer":
+            raise XformerError("--compute-type is for --engine ctranslate2 (and deprecated: use --precision)")
+        if precision != "auto":
+            raise XformerError("give --precision or the deprecated --compute-type, not both")
+        _log("warning: --compute-type is deprecated; --precision takes CTranslate2's compute types")
+        engine, precision = "ctranslate2", "auto" if compute_type == "default" else compute_type
+    return load_engine(models, engine, precision=precision, device=device, threads=threads, needs=needs, log=_log)
 
 
 def _warn_cut_lines(translator, max_input_len: Optional[int] = None) -> None:
@@ -147,14 +168,17 @@ _len_a = typer.Option(None, "--max-len-a", help="Max output length = a * source 
 _len_b = typer.Option(None, "--max-len-b", help="Max output length = a * source length + b.")
 _min_len = typer.Option(None, "--min-len", help="Output pieces before eos at least (default 1: no empty translations).")
 _batch = typer.Option(None, "--batch-size", help="Sentences per decoding batch.")
-_device = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
-_precision = typer.Option("auto", "--precision", help="auto (bf16 where the hardware computes it natively, else fp32), fp32, bf16, or int8 (CTranslate2 int8 weights; needs the ctranslate2 extra).")
+_device = typer.Option("auto", "--device", help="auto (CUDA when the engine sees a GPU, else the CPU), cpu, cuda or cuda:N.")
+_engine = typer.Option("auto", "--engine", help="auto (--precision decides; an export directory: ctranslate2), xformer (PyTorch), or ctranslate2 (a directory written by xformer export, or a checkpoint exported at start; needs the ctranslate2 extra).")
+_precision = typer.Option("auto", "--precision", help="auto (the fastest engine and precision this machine has whose BLEU stays within 0.2 of fp32; a line on stderr says which and why), fp32, bf16, int8 (CTranslate2 int8 weights), or another CTranslate2 compute type (int8_float32, float16, ...).")
+_threads = typer.Option(0, "--threads", help="CPU threads; 0 = $OMP_NUM_THREADS if set, else every core (PyTorch's threads sleep while they wait: OMP_WAIT_POLICY=PASSIVE unless set).")
+_compute_type = typer.Option(None, "--compute-type", hidden=True, help="Deprecated: --precision takes CTranslate2's compute types.")
 
 
 @app.command()
 @user_errors
 def translate(
-    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train; repeat for an ensemble. With --engine ctranslate2: a directory written by xformer export."),
+    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train; repeat for an ensemble. Or a directory written by xformer export (the ctranslate2 engine)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source text, one sentence per line (default stdin)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations (default stdout)."),
     beam_size: Optional[int] = _beam,
@@ -171,11 +195,12 @@ def translate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible draws)."),
     chunk_lines: int = typer.Option(2000, "--chunk-lines", help="Lines read, sorted and translated at a time (bounds memory)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when reading a file and stderr is a terminal)."),
-    engine: str = typer.Option("xformer", "--engine", help="xformer (PyTorch) or ctranslate2 (a model from xformer export)."),
-    compute_type: str = typer.Option("default", "--compute-type", help="With --engine ctranslate2: default (the exported float32), int8, int8_float32, float16, bfloat16, ... (CTranslate2's quantization)."),
+    engine: str = _engine,
+    compute_type: Optional[str] = _compute_type,
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every decoder position at each step (slow; for comparison)."),
     device: str = _device,
     precision: str = _precision,
+    threads: int = _threads,
     attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
     attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
@@ -185,44 +210,61 @@ def translate(
     Input streams in chunks, so files of any size translate in bounded memory; a file
     given with --output appears only once it is complete.
     """
-    from tqdm import tqdm
-
-    from xformer_cli.decode.engine import load_engine, translate_lines
-    from xformer_cli.textio import count_lines, iter_lines, open_output
-
+    _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
-    translator = load_engine(checkpoints, engine, device, precision, compute_type)
+    needs = tuple(name for name, wanted in (("attention", attention is not None), ("sampling_topk", sampling_topk != 0),
+                                            ("temperature", temperature != 1.0), ("seed", seed is not None),
+                                            ("use_cache", no_cache)) if wanted)
+    translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine in fp32 or bf16, not {translator.name}")
     options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
                                  max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,
                                  temperature=temperature, seed=seed, use_cache=not no_cache)
+    wanted = max(attention_sentences, 1) if attention is not None else 0
+    plotted = _translate_stream(translator, options, input, output, progress, chunk_lines, wanted)
+    _warn_cut_lines(translator, max_input_len)
+    if attention is not None:
+        _plot_attention(translator, plotted, attention, beam_size, attention_heads)
+
+
+def _translate_stream(translator, options, input: Optional[Path], output: Optional[Path], progress: Optional[bool],
+                      chunk_lines: int, keep: int) -> list[str]:
+    """Translate ``input`` (stdin when None or "-") to ``output`` (stdout when None), with a
+    progress bar when asked or when a file is read on a terminal; returns the first ``keep``
+    non-empty input lines (for an attention plot), kept as the input streams by."""
+    from tqdm import tqdm
+
+    from xformer_cli.decode.engine import translate_lines
+    from xformer_cli.textio import count_lines, iter_lines, open_output
+
     from_file = input is not None and str(input) != "-"
     show = progress if progress is not None else (from_file and sys.stderr.isatty())
     total = count_lines(input) if show and from_file else None
-    wanted = max(attention_sentences, 1) if attention is not None else 0
-    plotted: list[str] = []  # the first non-empty lines, kept as the input streams by
+    kept: list[str] = []
 
     def remember(lines):
         for line in lines:
-            if len(plotted) < wanted and line.strip():
-                plotted.append(line)
+            if len(kept) < keep and line.strip():
+                kept.append(line)
             yield line
 
     with open_output(output) as out, tqdm(total=total, unit="line", disable=not show, file=sys.stderr) as bar:
         for text in translate_lines(translator, remember(iter_lines(input)), options, chunk_lines):
             out.write(text + "\n")
-            bar.update(1 if nbest == 1 else 1 / nbest)
-    _warn_cut_lines(translator, max_input_len)
-    if attention is not None:
-        from xformer_cli.plots import plot_attention
+            bar.update(1 if options.nbest == 1 else 1 / options.nbest)
+    return kept
 
-        if not plotted:
-            raise XformerError("--attention needs a non-empty input line")
-        plot_attention(translator.attention(plotted, beam_size=beam_size), attention, per_head=attention_heads)
-        typer.echo(f"attention plot: {attention}", err=True)
+
+def _plot_attention(translator, lines: list[str], target: Path, beam_size: Optional[int], per_head: bool) -> None:
+    from xformer_cli.plots import plot_attention
+
+    if not lines:
+        raise XformerError("--attention needs a non-empty input line")
+    plot_attention(translator.attention(lines, beam_size=beam_size), target, per_head=per_head)
+    typer.echo(f"attention plot: {target}", err=True)
 
 
 @app.command()
@@ -255,7 +297,7 @@ def export(
 def eval_bleu(
     refs: List[Path] = typer.Option([], "--ref", "-r", help="Reference file; repeat for several references. With --checkpoint and neither --src nor --ref: the checkpoint config's data.test."),
     hyps: List[Path] = typer.Option([], "--hyp", help="Hypotheses (detokenized). Several: the first is the baseline of a paired test."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint, then score."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint (or export directory), then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also save the translations here."),
     metrics: str = typer.Option("bleu,chrf", "--metrics", help="Comma-separated: bleu, chrf, ter."),
@@ -268,39 +310,32 @@ def eval_bleu(
     beam_size: Optional[int] = _beam,
     length_penalty: Optional[float] = _alpha,
     batch_size: Optional[int] = _batch,
+    engine: str = _engine,
     device: str = _device,
     precision: str = _precision,
+    threads: int = _threads,
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
     or --checkpoint C alone (the test set its training config names)."""
+    _before_torch()
     from xformer_cli.data.sources import read_lines
-    from xformer_cli.evaluate import compare_systems, hypothesis_warnings, make_metrics, score_lines
+    from xformer_cli.evaluate import hypothesis_warnings, make_metrics
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give either --hyp, or --checkpoint with --src")
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
-    source_lines: Optional[list[str]] = None
-    if checkpoint is not None and src is None and not refs:  # the test set of the checkpoint's own config
-        from xformer_cli.data.prepare import checkpoint_test_set
-
-        test = checkpoint_test_set(checkpoint, log=lambda message: typer.echo(message, err=True))
-        source_lines, ref_lines, ref_names, src = test.src, [test.tgt], [test.origin], Path(test.origin)
-    else:
-        if not refs:
-            raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
-        ref_lines = [list(read_lines(r)) for r in refs]
-        ref_names = [str(r) for r in refs]
+    source_lines, ref_lines, ref_names, src = _references(checkpoint, src, refs)
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        from xformer_cli.textio import iter_lines, write_lines
-
-        translator = _translator([checkpoint], device, precision)
-        lines = source_lines if source_lines is not None else list(iter_lines(src))
+        translator = _load_engine([checkpoint], engine, precision, device, threads)
+        lines = source_lines if source_lines is not None else _read_source(src)
         translated = translator.translate(lines, beam_size, length_penalty, batch_size=batch_size)
         _warn_cut_lines(translator)
         if output is not None:
+            from xformer_cli.textio import write_lines
+
             write_lines(translated, output)
         systems = [(f"translation of {src}", translated)]
     else:
@@ -308,17 +343,53 @@ def eval_bleu(
     for name, lines in systems:
         for warning in hypothesis_warnings(lines, name):
             typer.echo(f"warning: {warning}", err=True)
+    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names)
     if len(systems) == 1:
-        name, lines = systems[0]
-        scores = score_lines(lines, ref_lines, chosen, lowercase, tokenize, confidence, name, ref_names)
-        if as_json:
-            typer.echo(json.dumps({sc.name: sc.to_dict() for sc in scores}))
-        else:
-            for sc in scores:
-                typer.echo(sc.text)
-                typer.echo(f"  signature: {sc.signature}")
+        _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
+    else:
+        _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
+
+
+def _references(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path]):
+    """(source lines or None, reference lines per reference, their names, the source's path):
+    with --checkpoint alone, the test set of the checkpoint's own config; else --ref."""
+    from xformer_cli.data.sources import read_lines
+
+    if checkpoint is not None and src is None and not refs:
+        from xformer_cli.data.prepare import checkpoint_test_set
+
+        test = checkpoint_test_set(checkpoint, log=_log)
+        return test.src, [test.tgt], [test.origin], Path(test.origin)
+    if not refs:
+        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
+    return None, [list(read_lines(r)) for r in refs], [str(r) for r in refs], src
+
+
+def _read_source(src: Path) -> list[str]:
+    from xformer_cli.textio import iter_lines
+
+    return list(iter_lines(src))
+
+
+def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json) -> None:
+    """One system's scores: text with signatures, or one JSON object."""
+    from xformer_cli.evaluate import score_lines
+
+    name, lines = system
+    scores = score_lines(lines, ref_lines, metrics, lowercase, tokenize, confidence, name, ref_names)
+    if as_json:
+        typer.echo(json.dumps({sc.name: sc.to_dict() for sc in scores}))
         return
-    rows, signatures = compare_systems(systems, ref_lines, chosen, lowercase, tokenize, paired_test, samples, ref_names)
+    for sc in scores:
+        typer.echo(sc.text)
+        typer.echo(f"  signature: {sc.signature}")
+
+
+def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json) -> None:
+    """Several systems against the first: a significance table with signatures, or one JSON object."""
+    from xformer_cli.evaluate import compare_systems
+
+    rows, signatures = compare_systems(systems, ref_lines, metrics, lowercase, tokenize, paired_test, samples, ref_names)
     if as_json:
         typer.echo(json.dumps({
             "test": paired_test, "baseline": systems[0][0], "signatures": signatures,
@@ -352,11 +423,11 @@ def _significance_table(names: list[str], rows, test: str) -> str:
 @app.command()
 @user_errors
 def serve(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train; with --engine ctranslate2 also a directory written by xformer export (a checkpoint is then exported at start)."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-m", help="A checkpoint written by xformer train, or a directory written by xformer export (the ctranslate2 engine)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(5000, "--port", help="Port to listen on (0: any free one; the log line says which)."),
-    engine: str = typer.Option("xformer", "--engine", help="xformer (PyTorch) or ctranslate2."),
-    precision: str = typer.Option("auto", "--precision", help="As in xformer translate: auto (bf16 where the hardware computes it natively, else fp32), fp32, bf16, or int8 (CTranslate2 int8 weights). With --engine ctranslate2: its compute type (auto: the export's own)."),
+    engine: str = _engine,
+    precision: str = _precision,
     device: str = _device,
     source: Optional[str] = typer.Option(None, "--source", help="Source language code (default: the checkpoint's data.src_lang)."),
     target: Optional[str] = typer.Option(None, "--target", help="Target language code (default: the checkpoint's data.tgt_lang)."),
@@ -376,6 +447,7 @@ def serve(
 
     Requests from all clients are batched together (one engine call at a time). Needs
     pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits."""
+    _before_torch()
     from xformer_cli.serve.protocol import Limits
     from xformer_cli.serve.server import serve as run_server
 
@@ -383,13 +455,12 @@ def serve(
         raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at least 1; --max-wait-ms at least 0")
     if max_texts > max_queue:
         raise XformerError(f"--max-texts ({max_texts}) cannot exceed --max-queue ({max_queue})")
-    log = lambda message: typer.echo(message, err=True)  # noqa: E731
     run_server(str(checkpoint), engine=engine, device=device, precision=precision, source=source, target=target,
                name=name, host=host, port=port, api_key=api_key, threads=threads,
                limits=Limits(max_chars=max_chars, max_texts=max_texts),
                batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
                             max_queued=max_queue),
-               access_log=access_log, graceful_timeout=graceful_timeout, log=log)
+               access_log=access_log, graceful_timeout=graceful_timeout, log=_log)
 
 
 @app.command()

@@ -115,11 +115,20 @@ def autocast(device: torch.device, precision: str = "fp32"):
 DECODE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 
+def torch_cpu_precision(flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
+    """The PyTorch engine's precision for translating on a CPU with ``flags``: (bf16 | fp32, why).
+    bf16 where the CPU computes it natively (faster than fp32 there, BLEU within 0.2), else fp32."""
+    bf16_flag = first_flag(NATIVE_BF16_FLAGS, flags)
+    if bf16_flag:
+        return "bf16", f"the CPU computes bf16 natively ({bf16_flag})"
+    return "fp32", "the CPU has no native bf16"
+
+
 def resolve_decode_precision(requested: str, device: torch.device, flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
     """Translation precision: ``requested`` (auto | fp32 | bf16 | int8) -> (precision, why).
 
-    auto: bf16 weights on CUDA and on a CPU with native bf16 (on such a CPU the fastest mode
-    whose BLEU stays within 0.2 of fp32: BENCHMARKS.md), fp32 otherwise. int8 runs through
+    auto: bf16 weights on CUDA and on a CPU with native bf16 (``torch_cpu_precision``), fp32
+    otherwise; which engine auto picks is ``decode.factory``'s business. int8 runs through
     the CTranslate2 engine, whose int8 kernels want VNNI or AMX."""
     if requested not in DECODE_PRECISIONS:
         raise XformerError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, not {requested!r}")
@@ -131,11 +140,8 @@ def resolve_decode_precision(requested: str, device: torch.device, flags: Option
         return "fp32", "asked for" if requested == "fp32" else f"{device.type} device"
     if device.type == "cuda":
         return "bf16", "CUDA" if requested == "auto" else "asked for"
-    bf16_flag = first_flag(NATIVE_BF16_FLAGS, flags)
     if requested == "auto":
-        if bf16_flag:
-            return "bf16", f"the CPU computes bf16 natively ({bf16_flag})"
-        return "fp32", "the CPU has no native bf16"
-    if not bf16_flag:
+        return torch_cpu_precision(flags)
+    if not first_flag(NATIVE_BF16_FLAGS, flags):
         return "bf16", "asked for, but this CPU has no native bf16: expect it to be slower than fp32"
     return "bf16", "asked for"

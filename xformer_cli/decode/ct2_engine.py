@@ -18,7 +18,8 @@ from xformer_cli.decode.inputs import source_batches
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
-from xformer_cli.export.ctranslate2 import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, import_ctranslate2, _vocabulary
+from xformer_cli.export.ctranslate2 import import_ctranslate2
+from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
 from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 
 # The note on beam search. xformer ranks finished hypotheses by GNMT's length penalty,
@@ -42,21 +43,25 @@ class CTranslate2Translator(Engine):
     name = "ctranslate2"
     unsupported = ("sampling_topk", "temperature", "seed", "use_cache")
 
-    def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int):
+    def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
+                 precision: str = "float32"):
         self.translator = translator
+        self.precision = precision  # the compute type it runs in
         self.tokenizer = tokenizer
         self.decode = decode
         self.max_positions = max_positions
         self.truncated_lines = 0  # input lines cut to decode.max_input_len
-        self.src_pieces = _vocabulary(tokenizer.src)
-        self.tgt_ids = {piece: i for i, piece in enumerate(_vocabulary(tokenizer.tgt))}
+        self.src_pieces = piece_list(tokenizer.src)
+        self.tgt_ids = {piece: i for i, piece in enumerate(piece_list(tokenizer.tgt))}
         self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(BOS_ID)]]
 
     @classmethod
     def from_directory(
-        cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0
+        cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0, device_index: int = 0
     ) -> "CTranslate2Translator":
-        """Load a directory written by ``export_ctranslate2``; ``threads`` 0 = CTranslate2's default."""
+        """Load a directory written by ``export_ctranslate2`` on ``device`` (cpu | cuda) number
+        ``device_index``; ``threads`` 0 = CTranslate2's default. ``decode.factory.load_engine``
+        chooses all three by the project's rules."""
         ctranslate2 = import_ctranslate2()
         path = Path(path)
         info_path = path / EXPORT_INFO
@@ -71,10 +76,12 @@ class CTranslate2Translator(Engine):
                 tokenizer = Tokenizer((path / JOINT_SPM).read_bytes())
             else:
                 tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes())
-            translator = ctranslate2.Translator(str(path), device=device, compute_type=compute_type, intra_threads=threads)
+            translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
+                                                compute_type=compute_type, intra_threads=threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
-        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)))
+        weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
+        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights)
 
     def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like

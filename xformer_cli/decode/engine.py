@@ -3,9 +3,9 @@
 Two engines: ``Translator`` (this package's PyTorch model, ``decode/translator.py``) and
 ``CTranslate2Translator`` (a model written by ``xformer export``, ``decode/ct2_engine.py``).
 Both take the same ``SearchOptions`` and give the same ``Hypothesis`` lists, so the CLI,
-evaluation and serving never ask which one they hold:
+evaluation and serving never ask which one they hold. ``decode/factory.py`` builds them:
 
-    engine = load_engine(["runs/multi30k/best.pt"])
+    engine = load_engine(["runs/multi30k/best.pt"])   # decode.factory.load_engine
     opts = engine.options(beam_size=5)          # the checkpoint's defaults, checked
     engine.search(lines, opts)                  # n-best hypotheses per line
     engine.translate(lines, beam_size=5)        # one string per line
@@ -13,7 +13,6 @@ evaluation and serving never ask which one they hold:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig
@@ -22,8 +21,6 @@ from xformer_cli.decode.options import SearchOptions, resolve_options
 from xformer_cli.decode.search import Hypothesis
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
-
-ENGINES = ("xformer", "ctranslate2")
 
 
 class Engine:
@@ -35,6 +32,7 @@ class Engine:
     tokenizer: Tokenizer
     decode: DecodeConfig
     truncated_lines: int = 0
+    threads: int = 0  # CPU threads it computes with (set by decode.factory.load_engine; 0: not set)
     unsupported: tuple[str, ...] = ()
 
     def options(self, **given) -> SearchOptions:
@@ -99,25 +97,3 @@ def translate_lines(engine: Engine, lines: Iterable[str], opts: SearchOptions, c
             yield from nbest_lines(index, hyps, opts.nbest, engine.detokenize)
         else:
             yield engine.detokenize(hyps[0]) if hyps else ""
-
-
-def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "xformer", device: str = "auto",
-                precision: str = "auto", compute_type: str = "default") -> Engine:
-    """An engine on checkpoint(s) (``xformer``; several: an ensemble; ``precision`` int8: the
-    CTranslate2 engine on an int8 export made on the fly) or on an export directory
-    (``ctranslate2``, with CTranslate2's ``compute_type``)."""
-    paths = [models] if isinstance(models, (str, Path)) else list(models)
-    if engine == "ctranslate2":
-        from xformer_cli.decode.ct2_engine import CTranslate2Translator
-
-        if len(paths) != 1:
-            raise XformerError("--engine ctranslate2 takes one exported model, not an ensemble")
-        return CTranslate2Translator.from_directory(paths[0], device="cuda" if device.startswith("cuda") else "cpu",
-                                                    compute_type=compute_type)
-    if engine != "xformer":
-        raise XformerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    if compute_type != "default":
-        raise XformerError("--compute-type is for --engine ctranslate2")
-    from xformer_cli.decode.translator import Translator
-
-    return Translator.from_checkpoint(paths, device=device, precision=precision)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import copy
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -27,6 +26,8 @@ from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import BOS_ID, Tokenizer
+
+INT8_ELSEWHERE = "int8 translation runs on the CTranslate2 engine: decode.factory.load_engine(path, precision='int8')"
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Translator(Engine):
 
     ``precision``: fp32, or bf16 (weights and activations in bf16, the search's log-softmax
     in fp32), or auto (bf16 on hardware that computes it natively). int8 runs on the
-    CTranslate2 engine: ``Translator.from_checkpoint(..., precision="int8")``."""
+    CTranslate2 engine: ``decode.factory.load_engine(path, precision="int8")``."""
 
     name = "xformer"
 
@@ -59,7 +60,7 @@ class Translator(Engine):
                  precision: str = "fp32"):
         self.precision, self.precision_reason = resolve_decode_precision(precision, device)
         if self.precision == "int8":
-            raise XformerError("int8 translation runs on CTranslate2: use Translator.from_checkpoint(path, precision='int8')")
+            raise XformerError(INT8_ELSEWHERE)
         model = model.to(device).eval()
         self.model = for_inference(model, torch.bfloat16 if self.precision == "bf16" else torch.float32)
         self.tokenizer = tokenizer
@@ -68,15 +69,16 @@ class Translator(Engine):
         self.truncated_lines = 0  # input lines cut to decode.max_input_len, over this translator's life
 
     @classmethod
-    def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto", precision: str = "fp32"):
+    def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto",
+                        precision: str = "fp32") -> "Translator":
         """One checkpoint, or a list of them decoded as an ensemble (same tokenizer required);
-        decode defaults come from the first. With ``precision`` int8 it returns the CTranslate2
-        engine on an int8 export of the checkpoint (same ``translate``)."""
+        decode defaults come from the first. ``precision``: fp32, bf16 or auto (int8 and the
+        choice between engines: ``decode.factory.load_engine``)."""
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise XformerError("no checkpoint given")
-        if resolve_decode_precision(precision, pick_device(device))[0] == "int8":
-            return int8_translator(paths, device)
+        if precision == "int8":
+            raise XformerError(INT8_ELSEWHERE)
         loaded = [load_model(p) for p in paths]
         model, tokenizer, config = loaded[0]
         for other_path, (_, other_tokenizer, _) in zip(paths[1:], loaded[1:]):
@@ -119,17 +121,3 @@ class Translator(Engine):
                 weights=weights,
             ))
         return maps
-
-
-def int8_translator(paths: Sequence["str | Path"], device: str = "auto"):
-    """The CTranslate2 engine on an int8 export of one checkpoint, made in a temporary
-    directory (the engine reads its files when it starts, so they are removed at once)."""
-    if len(paths) != 1:
-        raise XformerError("int8 translation takes one checkpoint, not an ensemble")
-    from xformer_cli.decode.ct2_engine import CTranslate2Translator
-    from xformer_cli.export.ctranslate2 import export_ctranslate2
-
-    ct2_device = "cuda" if pick_device(device).type == "cuda" else "cpu"
-    with tempfile.TemporaryDirectory(prefix="xformer-int8-") as tmp:
-        exported = export_ctranslate2(paths[0], Path(tmp) / "ct2", quantization="int8")
-        return CTranslate2Translator.from_directory(exported, device=ct2_device, compute_type="int8")

@@ -25,12 +25,10 @@ from typing import Any, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
+from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
 from xformer_cli.tokenizer import Tokenizer
 
 MISSING_CT2 = "CTranslate2 export needs the ctranslate2 package: pip install 'xformer[ctranslate2]'"
-EXPORT_INFO = "xformer_export.json"
-JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm.model"
-MIN_POSITIONS = 1024  # rows of the exported position table at least (CTranslate2 cannot grow it)
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; CTranslate2's own default is not the same
 
 
@@ -70,10 +68,6 @@ def export_ctranslate2(
     return write_directory(output, write)
 
 
-def _vocabulary(sp) -> list[str]:
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-
-
 def _build_spec(model, tokenizer: Tokenizer):
     """A ``TransformerSpec`` filled with the model's weights and the tokenizer's pieces."""
     from ctranslate2.specs import transformer_spec
@@ -94,8 +88,8 @@ def _build_spec(model, tokenizer: Tokenizer):
     spec.config.decoder_start_token = special["bos"]  # xformer's target starts with bos (id 2)
     spec.config.add_source_eos = True  # xformer's source ends with eos (id 3)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
-    spec.register_source_vocabulary(_vocabulary(tokenizer.src))
-    spec.register_target_vocabulary(_vocabulary(tokenizer.tgt))
+    spec.register_source_vocabulary(piece_list(tokenizer.src))
+    spec.register_target_vocabulary(piece_list(tokenizer.tgt))
     return spec
 
 

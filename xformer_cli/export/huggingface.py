@@ -70,11 +70,10 @@ from typing import Any
 
 from xformer_cli.errors import XformerError
 from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
+from xformer_cli.export.format import EXPORT_INFO, MIN_POSITIONS
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 MISSING_HF = "Hugging Face export needs transformers and safetensors: pip install 'xformer[hf]'"
-EXPORT_INFO = "xformer_export.json"
-MIN_POSITIONS = 1024  # rows of Marian's position table at least (it cannot grow it, xformer can)
 # Hugging Face's length_penalty for xformer's GNMT alpha. No setting makes |Y| ** lp equal
 # ((5 + |Y|) / 6) ** alpha; ranking hypotheses of nearby lengths alike needs equal slopes in
 # log-length, alpha / (5 + |Y|) = lp / |Y|, i.e. lp = alpha * |Y| / (5 + |Y|): 0.75 alpha at

@@ -31,12 +31,7 @@ def create_app(
 ):
     """``engine``: a ``serve.engine.ServedModel`` (or anything with its fields and ``translate``);
     ``batcher``: keyword arguments of ``Batcher`` (max_wait, max_sentences, ...)."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse
-    from starlette.exceptions import HTTPException
-
-    from xformer_cli.serve.page import render_page
+    from fastapi import FastAPI
 
     limits = limits or Limits()
     queue = Batcher(lambda texts, options: engine.translate(texts, **options), **(batcher or {}))
@@ -54,9 +49,23 @@ def create_app(
     app = FastAPI(title="xformer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher = queue
     app.state.engine = engine
+    add_error_handlers(app)
+    add_translate_route(app, engine, queue, limits, api_key, log)
+    add_info_routes(app, engine, queue, served_info(engine, limits, api_key))
+    return app
 
-    def error(status: int, message: str, headers: Optional[dict[str, str]] = None):
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+def error(status: int, message: str, headers: Optional[dict[str, str]] = None):
+    """Every error's shape: ``{"error": message}``."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def add_error_handlers(app) -> None:
+    """Our own errors, FastAPI's (404, 405, ...) and invalid requests, all as ``{"error": ...}``."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -70,12 +79,12 @@ def create_app(
     async def _invalid(request, exc: RequestValidationError):
         return error(400, "Invalid request")
 
-    def info() -> dict[str, Any]:
-        return {
-            "model": engine.name, "engine": engine.engine, "precision": engine.precision,
-            "source": engine.source, "target": engine.target, "beam_size": engine.beam_size,
-            "api_key_required": bool(api_key), "max_chars": limits.max_chars, "max_texts": limits.max_texts,
-        }
+
+def add_translate_route(app, engine: Any, queue: Batcher, limits: Limits, api_key: Optional[str],
+                        log: Callable[[str], None]) -> None:
+    """POST /translate: parse and check the request, queue its texts, answer when they are done."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -97,6 +106,22 @@ def create_app(
         return JSONResponse(translate_response(req, result.texts, engine.source),
                             headers={"Server-Timing": timing, "X-Batch-Texts": str(result.batch_texts)})
 
+
+def served_info(engine: Any, limits: Limits, api_key: Optional[str]) -> dict[str, Any]:
+    """What /health and the page show about the model and the limits."""
+    return {
+        "model": engine.name, "engine": engine.engine, "precision": engine.precision,
+        "source": engine.source, "target": engine.target, "beam_size": engine.beam_size,
+        "api_key_required": bool(api_key), "max_chars": limits.max_chars, "max_texts": limits.max_texts,
+    }
+
+
+def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> None:
+    """GET /languages, GET /health (503 while stopping) and the page at /."""
+    from fastapi.responses import HTMLResponse, JSONResponse
+
+    from xformer_cli.serve.page import render_page
+
     @app.get("/languages")
     async def get_languages():
         return JSONResponse(languages(engine.source, engine.target))
@@ -104,18 +129,16 @@ def create_app(
     @app.get("/health")
     async def health():
         status = "stopping" if queue.stopping else "ok"
-        body = {"status": status, **info(), "queued": queue.queued, "batches": queue.batches,
+        body = {"status": status, **info, "queued": queue.queued, "batches": queue.batches,
                 "texts": queue.texts_done, "requests": queue.jobs_done, "rejected": queue.rejected,
                 "truncated_lines": engine.truncated_lines}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    page = render_page(info())
+    page = render_page(info)
 
     @app.get("/")
     async def index():
         return HTMLResponse(page)
-
-    return app
 
 
 async def read_body(request, limit: int) -> bytes:

@@ -7,7 +7,6 @@ drains the batcher's queue and stops its worker. The process then exits 0.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 from typing import Any, Callable, Optional
@@ -69,25 +68,7 @@ def run(app: Any, host: str = "127.0.0.1", port: int = 5000, *, access_log: bool
         raise XformerError("the server did not start (see the log above)")
 
 
-def engine_threads(threads: int = 0) -> int:
-    """CPU threads for the engine, set for torch: ``threads``, else $OMP_NUM_THREADS's choice
-    when set, else one fewer than the cores (at least one). The core left over runs HTTP:
-    on two cores, two torch threads that must share them with the event loop spin-wait for
-    each other (BENCHMARKS.md, "Serving": 38 against 52 requests/s at 32 clients)."""
-    import torch
-
-    if threads <= 0 and not os.environ.get("OMP_NUM_THREADS"):
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        threads = min(torch.get_num_threads(), max(1, cores - 1))
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
-
-
-def serve(model: str, *, engine: str = "xformer", device: str = "auto", precision: str = "auto",
+def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: str = "auto",
           source: Optional[str] = None, target: Optional[str] = None, name: Optional[str] = None,
           host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
           limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
@@ -97,10 +78,9 @@ def serve(model: str, *, engine: str = "xformer", device: str = "auto", precisio
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
 
-    threads = engine_threads(threads)
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
-                         name=name, threads=threads, log=log)
+                         name=name, threads=threads, serving=True, log=log)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
     banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "
-              f"{threads} thread{'s' if threads > 1 else ''}): ")
+              f"{loaded.threads} thread{'s' if loaded.threads > 1 else ''}): ")
     run(app, host, port, access_log=access_log, graceful_timeout=graceful_timeout, log=log, banner=banner)

@@ -1,0 +1,147 @@
+"""decode.factory: the one place engines are built. Its rules (engine and precision for
+--precision auto, device, threads) run here on faked CPU flags, GPUs and cores."""
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from xformer_cli.decode import factory
+from xformer_cli.decode.factory import auto_choice, choose_engine, decode_threads, engine_for_model, load_engine
+from xformer_cli.decode.translator import Translator
+from xformer_cli.errors import XformerError
+from xformer_cli.export.format import EXPORT_INFO
+
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
+ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}  # the AMD EPYC BENCHMARKS.md measured on
+ZEN3 = {"avx2", "fma", "sse4_2"}
+
+
+@pytest.mark.parametrize("flags, installed, blockers, expected", [
+    (SAPPHIRE_RAPIDS, True, (), ("xformer", "bf16")),  # AMX: PyTorch bf16 beats CTranslate2
+    (ZEN4, True, (), ("ctranslate2", "float32")),  # int8: faster still, but more than 0.2 BLEU lost
+    (ZEN3, True, (), ("ctranslate2", "float32")),
+    (ZEN4, False, (), ("xformer", "bf16")),  # CTranslate2 not installed: PyTorch's own rule
+    (ZEN3, False, (), ("xformer", "fp32")),
+    (ZEN4, True, ("ensemble",), ("xformer", "bf16")),  # what CTranslate2 cannot do keeps PyTorch
+])
+def test_precision_auto_follows_the_cpu_flags_and_what_is_installed(flags, installed, blockers, expected):
+    engine, precision, why = auto_choice(flags, installed, blockers)
+    assert (engine, precision) == expected
+    assert why and ("ensemble" in why) == bool(blockers)
+
+
+def _fake_export(directory):
+    directory.mkdir()
+    (directory / EXPORT_INFO).write_text(json.dumps({"format": "xformer-ctranslate2"}), encoding="utf-8")
+    return directory
+
+
+@pytest.fixture
+def loaded_ct2(monkeypatch):
+    """CTranslate2Translator.from_directory replaced by a recorder of its arguments."""
+    from xformer_cli.decode import ct2_engine
+
+    calls = []
+
+    def record(cls, path, **kwargs):
+        calls.append(kwargs)
+        return types.SimpleNamespace(name="ctranslate2")
+
+    monkeypatch.setattr(ct2_engine.CTranslate2Translator, "from_directory", classmethod(record))
+    return calls
+
+
+def test_engine_ctranslate2_runs_on_cuda_when_ctranslate2_sees_a_gpu(tmp_path, monkeypatch, loaded_ct2):
+    export = _fake_export(tmp_path / "ct2")
+    monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 1)
+    assert load_engine(export, "ctranslate2", device="auto", threads=1).threads == 1
+    assert loaded_ct2[-1] == dict(device="cuda", device_index=0, compute_type="default", threads=1)
+    load_engine(export, "ctranslate2", precision="int8", device="cuda:0", threads=3)
+    assert loaded_ct2[-1] == dict(device="cuda", device_index=0, compute_type="int8", threads=3)
+    with pytest.raises(XformerError, match="CTranslate2 sees 1 GPU"):
+        load_engine(export, "ctranslate2", device="cuda:1")
+    monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 0)
+    load_engine(export, device="auto", threads=2)  # engine auto: an export directory is CTranslate2's
+    assert loaded_ct2[-1]["device"] == "cpu"
+
+
+def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"")
+    monkeypatch.setattr(factory, "ctranslate2_installed", lambda: True)
+    monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 0)
+
+    def choose(*args, paths=(checkpoint,), **kw):
+        chosen = choose_engine(list(paths), *args, device="cpu", **kw)
+        return chosen.engine, chosen.precision, chosen.device
+
+    assert choose(flags=ZEN4) == ("ctranslate2", "float32", "cpu")
+    assert choose(flags=SAPPHIRE_RAPIDS)[:2] == ("xformer", "bf16")
+    assert choose(needs=["attention"], flags=ZEN4)[:2] == ("xformer", "bf16")
+    assert choose("xformer", flags=ZEN4)[:2] == ("xformer", "bf16")  # an engine asked for is kept
+    assert choose("auto", "fp32")[:2] == ("xformer", "fp32")
+    assert choose("xformer", "int8")[:2] == ("ctranslate2", "int8")  # int8 is CTranslate2's, as before
+    assert choose("ctranslate2", "fp32")[:2] == ("ctranslate2", "float32")
+    assert choose(paths=[checkpoint, checkpoint], flags=ZEN4)[:2] == ("xformer", "bf16")  # an ensemble
+    with pytest.raises(XformerError, match="--precision must be one of"):
+        choose("auto", "fp64")
+    with pytest.raises(XformerError, match="--engine must be one of"):
+        choose("onnx")
+    with pytest.raises(XformerError, match="--engine ctranslate2"):  # a directory that is no export
+        choose_engine([tmp_path], device="cpu")
+    with pytest.raises(XformerError, match="not an ensemble"):
+        choose_engine([checkpoint, checkpoint], "ctranslate2", device="cpu")
+
+
+def test_the_log_line_says_what_auto_chose_and_why(tmp_path, monkeypatch, loaded_ct2):
+    export = _fake_export(tmp_path / "ct2")
+    monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 0)
+    lines = []
+    load_engine(export, threads=1, log=lines.append)
+    assert lines == ["precision: auto -> ctranslate2 default on cpu (the export's own weights), 1 thread"]
+
+
+def test_threads_rule(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(factory, "_passive_set_here", False)
+    monkeypatch.setattr(factory, "available_cores", lambda: 2)
+    assert decode_threads() == 1  # spinning torch threads: one core left, so a busy machine does not collapse
+    assert decode_threads(engine="ctranslate2") == 2  # its OpenMP's default waits: every core
+    assert decode_threads(2) == 2  # asked for
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert decode_threads() == 2  # sleeping torch threads: every core
+    assert decode_threads(serving=True) == 1  # serve leaves one core to HTTP
+    monkeypatch.setattr(factory, "available_cores", lambda: 16)
+    assert decode_threads() == 16 and decode_threads(serving=True) == 15
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert decode_threads() == 4
+
+
+def test_the_cli_makes_torch_threads_sleep_and_leaves_ctranslate2_its_default():
+    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli import _before_torch; "
+            "_before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules); "
+            "from xformer_cli.decode import factory; factory._default_waits_for_ctranslate2(); "
+            "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), factory.torch_waits_passive())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["PASSIVE", "False", "unset", "True"]
+
+
+def test_a_translator_is_always_a_translator(tmp_path):
+    with pytest.raises(XformerError, match="load_engine"):
+        Translator.from_checkpoint(tmp_path / "best.pt", device="cpu", precision="int8")
+
+
+def test_validation_engine_on_an_in_memory_model(trained_run):
+    fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
+    cpu = torch.device("cpu")
+    engine = engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu, precision="fp32")
+    assert isinstance(engine, Translator) and engine.precision == "fp32" and engine.model is fp32.model
+    assert engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu).precision in ("fp32", "bf16")
+    with pytest.raises(XformerError, match="fp32 or bf16"):
+        engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu, precision="int8")
+

@@ -1,0 +1,290 @@
+"""The one place a translation engine is built: (model path(s), engine, precision, device,
+threads) -> an ``Engine``, with one device rule and one threads rule. ``xformer translate``,
+``eval-bleu``, ``serve`` and the trainer's validation (``engine_for_model``) all come here.
+
+    from xformer_cli.decode.factory import load_engine
+    engine = load_engine("runs/multi30k/best.pt")            # engine, precision, device: auto
+    engine.translate(["A man rides a bike."], beam_size=5)
+
+Engines: ``xformer`` (PyTorch, ``decode/translator.py``: a checkpoint, or several as an
+ensemble) and ``ctranslate2`` (``decode/ct2_engine.py``: a directory written by ``xformer
+export``, or a checkpoint exported at start).
+
+Precision, one list for both engines: ``fp32`` and ``bf16`` (either engine), ``int8`` (the
+CTranslate2 engine, int8 weights), or any other CTranslate2 compute type (``int8_float32``,
+``int8_bfloat16``, ``float16``, ...), which selects the CTranslate2 engine. ``auto`` (the
+default) picks the engine too (``auto_choice``): on CUDA and on a CPU with AMX, PyTorch in
+bf16; on other CPUs CTranslate2 float32 when it is installed and the request needs nothing
+it lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch.
+
+Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
+(torch for xformer, CTranslate2 for ctranslate2), else the CPU.
+
+Threads (``decode_threads``): what is asked for, else $OMP_NUM_THREADS, else every core; one
+fewer for PyTorch when its OpenMP threads spin at barriers (the CLI makes them sleep:
+``prefer_passive_waits``), and ``serve`` leaves one core to HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
+
+from xformer_cli.errors import XformerError
+from xformer_cli.export.format import is_export_directory
+
+if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI can set OpenMP up first
+    from xformer_cli.decode.engine import Engine
+
+ENGINES = ("auto", "xformer", "ctranslate2")
+TORCH_PRECISIONS = ("fp32", "bf16")
+# xformer's precision names in CTranslate2's terms; any other name goes to CTranslate2 as is.
+CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+# Every precision name: xformer's, then CTranslate2's own compute types (which select it).
+PRECISIONS = ("auto", "fp32", "bf16", "int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16",
+              "float32", "bfloat16", "float16")
+# What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
+# and the rest): with any of them, precision auto stays on PyTorch.
+XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache")
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What ``load_engine`` builds, and why."""
+
+    engine: str  # xformer | ctranslate2
+    precision: str  # xformer: fp32 | bf16; ctranslate2: its compute type ("default": the export's weights)
+    device: str  # xformer: a torch device; ctranslate2: cpu | cuda | cuda:N
+    why: str
+
+    def describe(self, requested: str = "auto") -> str:
+        """The log line: what was chosen, and for precision auto why."""
+        chosen = f"{self.engine} {self.precision} on {self.device}"
+        return f"precision: auto -> {chosen} ({self.why})" if requested == "auto" else f"precision: {chosen} ({self.why})"
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+def ctranslate2_installed() -> bool:
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
+def ctranslate2_gpus() -> int:
+    """GPUs CTranslate2 sees; 0 when it is not installed (tests replace this function)."""
+    if not ctranslate2_installed():
+        return 0
+    import ctranslate2
+
+    return int(ctranslate2.get_cuda_device_count())
+
+
+def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[str] = ()) -> tuple[str, str, str]:
+    """``--precision auto`` on a CPU with ``flags``: (engine, precision, why).
+
+    The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (BENCHMARKS.md, "Choosing
+    the engine"): PyTorch bf16 where AMX computes it; elsewhere CTranslate2 float32 (its int8
+    was faster still at beam 5 but lost more than 0.2 BLEU), when it is installed and the
+    request needs nothing it lacks (``blockers``); else PyTorch with its own rule."""
+    from xformer_cli.device import torch_cpu_precision
+
+    flags = frozenset(flags)
+    torch_precision, torch_why = torch_cpu_precision(flags)
+    if "amx_bf16" in flags:
+        return "xformer", "bf16", "AMX computes bf16: PyTorch bf16 is the fastest engine on this CPU"
+    if blockers:
+        return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)}"
+    if not ct2_available:
+        return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for the faster engine"
+    return "ctranslate2", "float32", "no AMX: CTranslate2 float32 is the fastest engine on this CPU within 0.2 BLEU of fp32"
+
+
+def engine_device(engine: str, device: str = "auto") -> str:
+    """The one device rule: ``auto`` is CUDA when the engine's own runtime sees a GPU (torch for
+    xformer, CTranslate2 for ctranslate2), else the CPU; a named device is checked."""
+    from xformer_cli.device import pick_device
+
+    if engine == "xformer":
+        return str(pick_device(device))
+    if device == "cpu":
+        return "cpu"
+    gpus = ctranslate2_gpus()
+    if device == "auto":
+        return "cuda" if gpus else "cpu"
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not (index == "" or index.isdigit()):
+        raise XformerError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+    if int(index or 0) >= gpus:
+        raise XformerError(f"device '{device}' was asked for but CTranslate2 sees {gpus} GPU(s)")
+    return device
+
+
+def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = False) -> int:
+    """CPU threads for an engine: ``requested`` when > 0, else $OMP_NUM_THREADS when set, else
+    every core, one fewer for PyTorch when its OpenMP threads spin rather than sleep at a
+    barrier (``torch_waits_passive``), and one fewer when ``serving`` (that core runs HTTP).
+    Spinning torch threads on a machine that runs anything else wait for each other's time
+    slices: on two shared cores two of them made a quarter of one thread's speed, two
+    sleeping ones more than one (BENCHMARKS.md, "Threads")."""
+    if requested > 0:
+        return requested
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    spinning = engine == "xformer" and not torch_waits_passive()
+    return max(1, available_cores() - int(spinning) - int(serving))
+
+
+_passive_set_here = False  # whether prefer_passive_waits set OMP_WAIT_POLICY (not the user)
+
+
+def prefer_passive_waits() -> None:
+    """torch's OpenMP threads sleep rather than spin at a barrier, unless $OMP_WAIT_POLICY says
+    otherwise. OpenMP reads it once, as it loads: the CLI calls this before torch is imported."""
+    global _passive_set_here
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        _passive_set_here = True
+
+
+def torch_waits_passive() -> bool:
+    return _passive_set_here or os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+
+
+def _default_waits_for_ctranslate2() -> None:
+    """CTranslate2 loads an OpenMP of its own, which reads $OMP_WAIT_POLICY as it loads. Sleeping
+    waits made it slower on a quiet machine (they help PyTorch everywhere), so unless the user
+    set the policy, CTranslate2 gets OpenMP's default (spin a while, then sleep)."""
+    import sys
+
+    if _passive_set_here and "ctranslate2" not in sys.modules:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# -- choosing ------------------------------------------------------------------------------------
+
+def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = "auto", device: str = "auto",
+                  needs: Iterable[str] = (), flags: Optional[Iterable[str]] = None) -> EngineChoice:
+    """What ``load_engine`` will build; ``flags`` overrides the CPU's (tests)."""
+    from xformer_cli.device import cpu_flags, resolve_decode_precision
+
+    if engine not in ENGINES:
+        raise XformerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine != "ctranslate2" and precision not in PRECISIONS:  # CTranslate2 checks its own names
+        raise XformerError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if not paths:
+        raise XformerError("no model given")
+    exported = len(paths) == 1 and paths[0].is_dir()
+    if exported or engine == "ctranslate2" or precision not in ("auto", *TORCH_PRECISIONS):
+        return _ctranslate2_choice(paths, engine, precision, device, exported)
+    if engine == "xformer" or precision != "auto" or _torch_sees_cuda(device):
+        torch_device = engine_device("xformer", device)
+        chosen, why = resolve_decode_precision(precision, _device(torch_device))
+        return EngineChoice("xformer", chosen, torch_device, why)
+    blockers = [need for need in XFORMER_ONLY if need in set(needs) or (need == "ensemble" and len(paths) > 1)]
+    chosen_engine, chosen, why = auto_choice(cpu_flags() if flags is None else flags, ctranslate2_installed(), blockers)
+    return EngineChoice(chosen_engine, chosen, engine_device(chosen_engine, device), why)
+
+
+def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, device: str, exported: bool) -> EngineChoice:
+    if exported and engine != "ctranslate2" and (engine == "xformer" or not is_export_directory(paths[0])):
+        raise XformerError(f"{paths[0]} is a directory: give a checkpoint file, or a directory written by "
+                           "xformer export (with --engine ctranslate2)")
+    if len(paths) != 1:
+        raise XformerError("the ctranslate2 engine takes one model, not an ensemble")
+    compute_type = "default" if precision == "auto" else CT2_COMPUTE_TYPES.get(precision, precision)
+    why = "the export's own weights" if exported else "float32 weights"
+    if precision != "auto":
+        why = "asked for"
+    return EngineChoice("ctranslate2", compute_type, engine_device("ctranslate2", device), why)
+
+
+def _torch_sees_cuda(device: str) -> bool:
+    import torch
+
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def _device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
+# -- building ------------------------------------------------------------------------------------
+
+def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto", precision: str = "auto",
+                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), serving: bool = False,
+                log: Optional[Log] = None) -> Engine:
+    """An engine on ``models`` (a checkpoint, several for an ensemble, or an export directory).
+
+    ``needs``: what the request will use that only the xformer engine has (``XFORMER_ONLY``),
+    so that precision auto does not pick an engine that must then refuse it. ``threads``: 0 =
+    ``decode_threads``'s rule (``serving``: a core left to HTTP); PyTorch's count is set for the
+    whole process; the engine's ``threads`` says it. ``log`` gets the line that says what was
+    chosen and why."""
+    paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(m) for m in models]
+    choice = choose_engine(paths, engine, precision, device, needs)  # bad options first, then files
+    for path in paths:
+        if not path.exists():  # said here: precision auto may send a checkpoint down either path
+            raise XformerError(f"{'model' if engine == 'ctranslate2' else 'checkpoint'} not found: {path}")
+    count = decode_threads(threads, choice.engine, serving)
+    if log is not None:
+        log(f"{choice.describe(precision)}, {count} thread{'s' if count > 1 else ''}")
+    if choice.engine == "xformer":
+        import torch
+
+        from xformer_cli.decode.translator import Translator
+
+        torch.set_num_threads(count)
+        built: Engine = Translator.from_checkpoint(paths, device=choice.device, precision=choice.precision)
+    else:
+        built = _ctranslate2_engine(paths[0], choice, count, log)
+    built.threads = count
+    return built
+
+
+def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
+    """The CTranslate2 engine on an export, or on ``path`` exported at start to a temporary
+    directory (int8 weights when int8 computes), removed once the engine has read it. Not
+    cached: exporting costs a fraction of loading (BENCHMARKS.md, "Choosing the engine")."""
+    import tempfile
+
+    from xformer_cli.decode.ct2_engine import CTranslate2Translator
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+
+    _default_waits_for_ctranslate2()
+    kind, _, index = choice.device.partition(":")
+    load = lambda directory: CTranslate2Translator.from_directory(  # noqa: E731
+        directory, device=kind, device_index=int(index or 0), compute_type=choice.precision, threads=threads)
+    if path.is_dir():
+        return load(path)
+    if log is not None:
+        log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
+    with tempfile.TemporaryDirectory(prefix="xformer-ct2-") as tmp:
+        quantization = "int8" if choice.precision.startswith("int8") else None
+        return load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization))
+
+
+def engine_for_model(model, tokenizer, decode, device, precision: str = "auto") -> Engine:
+    """The xformer engine on an in-memory model (the trainer's validation), in the precision
+    ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule (bf16
+    on CUDA and where the CPU computes it natively). The model's own weights stay as they are."""
+    from xformer_cli.decode.translator import Translator
+    from xformer_cli.device import resolve_decode_precision
+
+    chosen = resolve_decode_precision(precision, device)[0]
+    if chosen not in TORCH_PRECISIONS:
+        raise XformerError(f"validation decodes with the xformer engine: precision fp32 or bf16, not {precision!r}")
+    return Translator(model, tokenizer, decode, device, precision=chosen)

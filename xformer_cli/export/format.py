@@ -1,0 +1,39 @@
+"""The names an xformer export directory is made of, read by the exporters that write one
+and by the engines and the server that load one: one definition each.
+
+Both formats (``export/ctranslate2.py``, ``export/huggingface.py``) write ``EXPORT_INFO``,
+a JSON file with xformer's decode settings, version and language codes, beside the files
+their own runtime reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EXPORT_INFO = "xformer_export.json"
+# Rows of an exported position table at least: CTranslate2 and Marian cannot grow theirs
+# (xformer can), so an export must cover inputs longer than the training data's.
+MIN_POSITIONS = 1024
+# The sentencepiece model(s) of a CTranslate2 export: one when the vocabulary is joint.
+JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm.model"
+
+
+def piece_list(sp) -> list[str]:
+    """A sentencepiece model's pieces in id order: the vocabulary an export lists, and the
+    id <-> piece mapping an engine reading that export needs."""
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def read_export_info(directory: "str | Path") -> dict:
+    """``EXPORT_INFO`` of an export directory; {} when it is missing or unreadable."""
+    try:
+        info = json.loads((Path(directory) / EXPORT_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def is_export_directory(path: "str | Path") -> bool:
+    """Whether ``path`` holds an xformer export (its ``EXPORT_INFO``)."""
+    return (Path(path) / EXPORT_INFO).is_file()
