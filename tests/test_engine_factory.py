@@ -136,6 +136,7 @@ def test_a_translator_is_always_a_translator(tmp_path):
         Translator.from_checkpoint(tmp_path / "best.pt", device="cpu", precision="int8")
 
 
+@pytest.mark.slow
 def test_validation_engine_on_an_in_memory_model(trained_run):
     fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
     cpu = torch.device("cpu")
