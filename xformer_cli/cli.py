@@ -48,7 +48,7 @@ def user_errors(fn):
         except MemoryError:
             _fail("out of memory; lower train.max_tokens or decode.batch_size")
         except (OSError, RuntimeError) as exc:
-            from xformer_cli.errors import disk_full
+            from xformer_cli.fileio import disk_full
 
             if not disk_full(exc):
                 raise
