@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from xformer_cli import __version__
+from xformer_cli.version import __version__
 from xformer_cli.errors import XformerError
 
 app = typer.Typer(
