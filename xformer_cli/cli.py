@@ -215,7 +215,7 @@ def translate(
         raise XformerError("--chunk-lines must be at least 1")
     needs = tuple(name for name, wanted in (("attention", attention is not None), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
-                                            ("use_cache", no_cache)) if wanted)
+                                            ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
     translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine in fp32 or bf16, not {translator.name}")
@@ -329,7 +329,8 @@ def eval_bleu(
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        translator = _load_engine([checkpoint], engine, precision, device, threads)
+        needs = ("beam_search",) if beam_size != 1 else ()
+        translator = _load_engine([checkpoint], engine, precision, device, threads, needs)
         lines = source_lines if source_lines is not None else _read_source(src)
         translated = translator.translate(lines, beam_size, length_penalty, batch_size=batch_size)
         _warn_cut_lines(translator)

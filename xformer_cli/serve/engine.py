@@ -59,7 +59,9 @@ def load_served_model(
     path = Path(model)
     if not path.exists():
         raise XformerError(f"model not found: {path}")
-    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving, log=log)
+    # Requests choose their beam, so the engine must search as xformer does.
+    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving,
+                             needs=("beam_search",), log=log)
     recorded = export_languages(path) if path.is_dir() else checkpoint_languages(path)
     if recorded is None and not (source and target):
         log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")

@@ -26,7 +26,8 @@ from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch, make_batches, shard
 from xformer_cli.data.prepare import build_data, check_inputs
 from xformer_cli.decode.translator import Translator
-from xformer_cli.device import autocast, configure_threads, pick_device, resolve_decode_precision, resolve_precision
+from xformer_cli.device import autocast, configure_threads, pick_device, resolve_precision
+from xformer_cli.decode.factory import engine_for_model
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import PAD_ID
 from xformer_cli.train import after_training, checkpointing, validation
@@ -65,7 +66,6 @@ class Trainer:
         self._prepare_data(overwrite)
         self._build_model()
         # Validation decodes the way `xformer translate --precision auto` does on this device.
-        self.decode_precision = resolve_decode_precision("auto", self.device)[0]
         self.step = self.epoch = self.batches_done = 0
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
         self.best_bleu: Optional[float] = None
@@ -135,9 +135,8 @@ class Trainer:
         self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
 
     def valid_translator(self) -> Translator:
-        """The model decoding the way `xformer translate --precision auto` does on this device."""
-        return Translator(self.model, self.tokenizer, self.config.decode_settings(), self.device,
-                          precision=self.decode_precision)
+        """The model decoding the way `xformer translate --engine xformer` does on this device."""
+        return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device)
 
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
