@@ -61,7 +61,7 @@ def test_environment_variables_expand_in_paths(monkeypatch):
     [
         ("model.d_modle=256", "unknown config key 'model.d_modle' (did you mean 'model.d_model'?)"),
         ("model.n_heads=5", "config key 'model.d_model': 256 is not divisible by model.n_heads=5"),
-        ("train.max_tokens=lots", "config key 'train.max_tokens': expected int, got 'lots'"),
+        ("train.max_tokens=lots", "config key 'train.max_tokens': expected int or 'auto', got 'lots'"),
         ("model.dropout=1.5", "config key 'model.dropout': must be in [0, 1)"),
         ("decode.beam_size=0", "config key 'decode.beam_size': must be at least 1"),
         ("bogus.key=1", "unknown config key 'bogus'"),

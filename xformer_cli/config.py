@@ -194,17 +194,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None and len(arms) < len(typing.get_args(tp)):
             return None
-        for arm in arms[:-1]:
+        for arm in arms:
             try:
                 return _coerce(value, arm, key)
             except XformerError:
                 continue
-        return _coerce(value, arms[-1], key)
+        names = [repr(c) for a in arms for c in typing.get_args(a)] if len(arms) > 1 else []
+        if not names:
+            return _coerce(value, arms[0], key)  # its own message
+        kinds = [a.__name__ for a in arms if typing.get_origin(a) is not Literal] + names
+        raise XformerError(f"config key '{key}': expected {' or '.join(kinds)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value in choices:
             return value
-        raise XformerError(f"config key '{key}': expected a number or {' or '.join(map(repr, choices))}, got {value!r}")
+        raise XformerError(f"config key '{key}': expected {' or '.join(map(repr, choices))}, got {value!r}")
     if origin is list:
         (inner,) = typing.get_args(tp)
         items = value if isinstance(value, list) else [value]  # a single item stands for a list of one
