@@ -255,6 +255,8 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.set)
+    if cfg.train.max_tokens == "auto":  # the probe belongs to a training run; a benchmark names its batch
+        raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
     corpus = load_corpus(cfg.data.train[0], cfg.data.src_lang, cfg.data.tgt_lang, "train")
     corpus.src, corpus.tgt = corpus.src[: args.pairs], corpus.tgt[: args.pairs]
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)

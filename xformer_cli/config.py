@@ -86,8 +86,8 @@ class TrainConfig:
     # GPU memory, probed once at the start (train/batch_size.py; config.yaml keeps the value).
     max_tokens: Union[int, Literal["auto"]] = 4096
     update_freq: int = 1  # batches accumulated per optimizer step
-    # Target tokens per optimizer step; > 0 derives update_freq (the fewest batches of at most
-    # max_tokens) and max_tokens (equal shares). 0 = off: update_freq as given.
+    # Token slots per optimizer step; > 0 sets update_freq (the fewest batches of at most
+    # max_tokens, in place of the value given) and max_tokens (equal shares). 0 = off.
     tokens_per_update: int = 0
     # Static batch shapes: lengths rounded up to a multiple of this, rows fixed per length
     # (data/batching.make_bucketed_batches), so compiled code and CUDA graphs are built once
@@ -332,8 +332,6 @@ def validate(cfg: Config) -> None:
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     _require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
     _require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
-    _require(not (t.tokens_per_update and t.update_freq != 1), "train.update_freq",
-             "is derived from train.tokens_per_update: leave it at 1, or set train.tokens_per_update: 0")
     _require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
     _require(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     _require(t.max_steps > 0, "train.max_steps", "must be positive")

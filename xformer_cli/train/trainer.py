@@ -120,7 +120,9 @@ class Trainer:
         if self.resume_state is not None:
             self.config = checkpointing.resumed_config(self.config, self.resume_state)
             return
-        probe = gpu_probe(self.config, self.tokenizer, self.device, self.precision, widest_pair(self.train_data))
+        probe = None
+        if before.max_tokens == "auto":
+            probe = gpu_probe(self.config, self.tokenizer, self.device, self.precision, widest_pair(self.train_data))
         if probe is not None and self.dist.enabled:  # every rank probes; all take the smallest
             rank_probe = probe
             probe = lambda: min(self.dist.gather(rank_probe()))  # noqa: E731
