@@ -237,7 +237,7 @@ def onmt_trainer_rate(venv: str, cfg, steps: int, every: int) -> tuple[float, li
     return statistics.median(rates), rates, per_batch
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/multi30k.yaml")
     parser.add_argument("--steps", type=int, default=20, help="batches per round")
@@ -252,20 +252,24 @@ def main() -> None:
     parser.add_argument("--length-bucket", type=int, default=0,
                         help="batches of declared shapes, as train.length_bucket (with --compile on CUDA: CUDA graphs)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    cfg = load_config(args.config, args.set)
-    if cfg.train.max_tokens == "auto":  # the probe belongs to a training run; a benchmark names its batch
-        raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
+
+def load_batches(cfg, args, device: torch.device):
+    """(tokenizer, batch plan, batches on ``device``): the first --pairs pairs, batched as the trainer does."""
     corpus = load_corpus(cfg.data.train[0], cfg.data.src_lang, cfg.data.tgt_lang, "train")
     corpus.src, corpus.tgt = corpus.src[: args.pairs], corpus.tgt[: args.pairs]
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)
     plan = plan_for(data, cfg.train.max_tokens, args.length_bucket, seed=1)  # the trainer's batches
-    device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
-    batches = [plan.load(idx).to(device) for idx in plan.batches(0)[: args.steps]]
+    return tokenizer, plan, [plan.load(idx).to(device) for idx in plan.batches(0)[: args.steps]]
 
-    auto, why = resolve_precision("auto", device)
+
+def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):
+    """[(name, label, timed loss_of, eager loss_of (FLOP count), model, optimizer)] and xformer's model.
+    Ours is the trainer's step: its half-weight cache (CUDA, bf16, eager) and its forward-and-loss
+    function, compiled as train.compile compiles it (CUDA graphs with --length-bucket on CUDA).
+    One model trains in both precisions: the weights stay fp32 either way, only the autocast differs."""
     torch.manual_seed(0)
     ours = build_model(cfg, tokenizer).train().to(device)
     m = cfg.model
@@ -274,41 +278,34 @@ def main() -> None:
     eps = cfg.train.label_smoothing
     opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    # The trainer's step: its half-weight cache (CUDA, bf16, eager) and its forward-and-loss
-    # function, compiled as train.compile compiles it (CUDA graphs with --length-bucket on CUDA).
     attach_half_weights(ours, opt_ours, device, auto, compiled=args.compile)
     ours_eager = {p: forward_loss(ours, device, p, eps) for p in ("fp32", auto)}
     shapes = 2 * len(plan.declared(cfg.data.max_len))  # each shape in both precisions: one compilation each
     ours_timed = {p: compiled(fn, device, plan.static_shapes, shapes) if args.compile else fn for p, fn in ours_eager.items()}
-    before = compilations()
-    # (name, label, timed loss_of, eager loss_of (FLOP count), model, optimizer); one model trains
-    # in both precisions: the weights stay fp32 either way, only the autocast differs.
     systems = [("ours-fp32", "xformer fp32          ", ours_timed["fp32"], ours_eager["fp32"], ours, opt_ours),
                ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_timed[auto], ours_eager[auto], ours, opt_ours),
                ("theirs", "torch.nn.Transformer  ", *[baseline_loss(theirs, device, "fp32", eps)] * 2, theirs, opt_theirs)]
     if auto == "fp32":
         systems.pop(1)
+    return systems, ours
+
+
+def time_systems(systems, batches, device: torch.device, rounds: int) -> dict[str, list[float]]:
+    """Target tokens/s of each system per round, rounds alternating so machine noise hits them alike."""
     for _, _, loss_of, _, _, opt in systems:
         run(loss_of, batches, opt, device)  # warm-up: every batch shape compiled (and its CUDA graph captured)
     rates: dict[str, list[float]] = {name: [] for name, *_ in systems}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, _, loss_of, _, _, opt in systems:
             rates[name].append(run(loss_of, batches, opt, device))
+    return rates
+
+
+def report_model_loop(systems, rates, batches, device: torch.device) -> None:
+    """tokens/s, counted-FLOP MFU against matmuls timed here, and conventional MFU (spec peak)."""
     real = sum(b.n_tokens for b in batches)
     peaks = {"fp32": peak_matmul_flops(device, torch.float32), "bf16": peak_matmul_flops(device, torch.bfloat16)}
     flops_per_token = {name: step_flops(model, eager, batches) / real for name, _, _, eager, model, _ in systems}
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
-    print(f"machine: {where}, torch {torch.__version__}")
-    if device.type == "cpu":
-        flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
-        print(f"cpu flags: {' '.join(flags)}")
-    shapes = len({(*b.src.shape, b.tgt_in.size(1)) for b in batches})
-    print(f"precision auto -> {auto} ({why})"
-          + (f"; model and loss under torch.compile (mode {compile_mode(device, plan.static_shapes)[0] or 'default'}): "
-             f"{compilations() - before} compilations for {shapes} batch shapes x {len(systems) - 1} precisions"
-             if args.compile else ""))
-    print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
-          f"  ({real / len(batches):.0f} target tokens per batch)")
     side = peak_matmul_size(device)
     print(f"peak matmul ({side}^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
     for name, label, *_ in systems:
@@ -318,17 +315,15 @@ def main() -> None:
               f" {achieved / peaks['bf16']:5.1%} of bf16 peak  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
               f" {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
     peak = spec_bf16_peak(device)
-    n_matmul = matmul_params(ours)
+    n_matmul = matmul_params(systems[0][4])
     for name, label, *_ in systems[:-1]:
         rate = max(rates[name])
         mfu = f"{6 * n_matmul * rate / peak:5.1%} of the spec bf16 peak" if peak else "n/a (no spec peak for this device)"
         print(f"conventional MFU {label.strip()}: 6 x {n_matmul / 1e6:.1f}M matmul params x {rate:.0f} tokens/s = {mfu}")
-    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
-    print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
-    for name, label, *_ in systems[:-1]:
-        print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
-    if not args.trainer_steps:
-        return
+
+
+def report_trainers(args, cfg, auto: str) -> None:
+    """Whole trainers: xformer train in fp32 and auto, and OpenNMT-py's onmt_train with --onmt-venv."""
     print(f"whole trainers, {args.trainer_steps} steps, tokens/s reported every {args.report_every} steps (median, first dropped):")
     trainer_rates = {}
     for precision in dict.fromkeys(["fp32", auto]):
@@ -342,6 +337,38 @@ def main() -> None:
         for precision, rate in trainer_rates.items():
             print(f"ratio xformer {precision} / OpenNMT-py: {rate / onmt_rate:.2f}x")
 
+
+def main() -> None:
+    args = parse_args()
+    cfg = load_config(args.config, args.set)
+    if cfg.train.max_tokens == "auto":  # the probe belongs to a training run; a benchmark names its batch
+        raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
+    device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
+    tokenizer, plan, batches = load_batches(cfg, args, device)
+    auto, why = resolve_precision("auto", device)
+    systems, ours = build_systems(cfg, args, tokenizer, plan, device, auto)
+    before = compilations()
+    rates = time_systems(systems, batches, device, args.rounds)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
+    print(f"machine: {where}, torch {torch.__version__}")
+    if device.type == "cpu":
+        flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
+        print(f"cpu flags: {' '.join(flags)}")
+    shapes = len({(*b.src.shape, b.tgt_in.size(1)) for b in batches})
+    print(f"precision auto -> {auto} ({why})"
+          + (f"; model and loss under torch.compile (mode {compile_mode(device, plan.static_shapes)[0] or 'default'}): "
+             f"{compilations() - before} compilations for {shapes} batch shapes x {len(systems) - 1} precisions"
+             if args.compile else ""))
+    real = sum(b.n_tokens for b in batches)
+    print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
+          f"  ({real / len(batches):.0f} target tokens per batch)")
+    report_model_loop(systems, rates, batches, device)
+    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
+    print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
+    for name, label, *_ in systems[:-1]:
+        print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
+    if args.trainer_steps:
+        report_trainers(args, cfg, auto)
 
 if __name__ == "__main__":
     main()
