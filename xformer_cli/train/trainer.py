@@ -4,9 +4,12 @@
 ``config.yaml`` (the resolved config), ``tokenizer/``, ``metrics.jsonl``, ``last.pt``
 and ``best.pt`` (highest validation BLEU).
 
-The loop is here; beside it: checkpointing.py (what a checkpoint holds, when files are
-written, resuming), validation.py, after_training.py (averaging, the length-penalty search),
-metrics.py (metrics.jsonl, TensorBoard), prefetch.py and signals.py.
+The loop is here; beside it: batch_plan.py (an epoch's batches and their shapes: token
+budgets or length buckets), batch_size.py and memory_probe.py (train.max_tokens: auto,
+train.tokens_per_update), forward_loss.py (forward + loss as one function, what
+train.compile compiles; the half-weight cache), checkpointing.py (what a checkpoint holds,
+when files are written, resuming), validation.py, after_training.py (averaging, the
+length-penalty search), metrics.py (metrics.jsonl, TensorBoard), prefetch.py and signals.py.
 """
 
 from __future__ import annotations
