@@ -49,6 +49,16 @@ def test_compiled_bucketed_epoch_compiles_at_most_once_per_batch_shape(small_cor
     assert 1 <= trainer.compilations() <= len(trainer.shapes_seen)
 
 
+def test_a_compiled_packed_epoch_compiles_once(small_corpus, tmp_path):
+    """train.batching: packed gives every batch one shape: a whole compiled epoch builds one graph."""
+    sets = {"train.max_epochs": 1, "train.max_steps": 10_000, "train.batching": "packed", "train.max_tokens": 1500,
+            "train.compile": "true", "train.valid_every": 100_000, "model.dropout": 0.0}
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "run", **sets), log=quiet, progress=False)
+    result = trainer.run()
+    assert result.stopped_because == "epochs" and result.steps > 5
+    assert len(trainer.shapes_seen) == 1 and trainer.compilations() == 1
+
+
 def test_fp16_with_a_gradient_scaler_skips_an_overflowing_step(small_corpus, tmp_path, monkeypatch):
     real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}

@@ -334,6 +334,26 @@ def test_bucketed_training_resumes_bit_identically(small_corpus, tmp_path, preci
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_packed_training_has_one_shape_learns_and_resumes_bit_identically(small_corpus, tmp_path, precision):
+    """train.batching: packed: every batch has the plan's one shape, the loss falls, and a run
+    stopped mid-epoch and resumed gives the uninterrupted run's losses and weights bit for bit."""
+    sets = {"train.batching": "packed", "train.precision": precision, "train.log_every": 1}
+    whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    assert whole.run().steps == 12
+    assert whole.shapes_seen == set(whole.plan.declared(whole.config.data.max_len))
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 13)) and a[12] < a[1]
+    for step in range(7, 13):
+        assert b[step] == a[step], step
+    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.mark.slow
 def test_resuming_with_another_length_bucket_is_refused_and_old_checkpoints_read_it_as_off(small_corpus, tmp_path):
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=quiet, progress=False)
     with pytest.raises(XformerError, match="train.length_bucket"):

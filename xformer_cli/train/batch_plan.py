@@ -4,7 +4,8 @@ The loop asks a plan for an epoch's batches (index arrays; (seed, epoch) fix the
 position in the list is resumable) and for each batch's host tensors. ``TokenBudgetPlan``
 is the default: batches as wide as their longest pair. ``BucketPlan`` (``train.length_bucket``)
 pads every batch to one of a small declared set of shapes, so compiled code and CUDA graphs
-are built once per shape. Another plan (packing) plugs in by giving the same two methods.
+are built once per shape. ``PackedPlan`` (``train.batching: packed``) gives every batch ONE
+shape, several pairs back to back in a row (``data/packing.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional, Protocol
 import numpy as np
 
 from xformer_cli.data.batching import Batch, bucket_shape, declared_shapes, make_batches, make_bucketed_batches
+from xformer_cli.data.packing import PackedBatch, PackShape, collate_packed, make_packed_batches, pack_shape
 
 
 class TrainingData(Protocol):
@@ -79,8 +81,30 @@ class BucketPlan:
         return declared_shapes(max_len, self.max_tokens, self.step)
 
 
-def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int) -> BatchPlan:
-    """The plan the config asks for: buckets when ``length_bucket`` > 0, else token budgets."""
+class PackedPlan:
+    """``make_packed_batches``: rows of several pairs, every batch (rows, source width, target width)."""
+
+    static_shapes = True
+
+    def __init__(self, data, max_tokens: int, seed: int):
+        self.data, self.seed = data, seed
+        self.shape: PackShape = pack_shape(data.src_lens, data.tgt_lens, max_tokens)
+
+    def batches(self, epoch: int) -> list:
+        return make_packed_batches(self.data.src_lens, self.data.tgt_lens, self.shape, self.seed, epoch)
+
+    def load(self, rows) -> PackedBatch:
+        d = self.data
+        return collate_packed(d.src_ids, d.src_offsets, d.tgt_ids, d.tgt_offsets, rows, self.shape)
+
+    def declared(self, max_len: int) -> list[tuple[int, int]]:
+        return [(self.shape.rows, self.shape.src_width, self.shape.tgt_width)]
+
+
+def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int, batching: str = "dynamic") -> BatchPlan:
+    """The plan the config asks for: packed rows, buckets when ``length_bucket`` > 0, else token budgets."""
+    if batching == "packed":
+        return PackedPlan(data, max_tokens, seed)
     if length_bucket > 0:
         return BucketPlan(data, max_tokens, length_bucket, seed)
     return TokenBudgetPlan(data, max_tokens, seed)

@@ -70,7 +70,7 @@ class Trainer:
         self._prepare_data(overwrite)
         self._resolve_batch_size()
         tc = self.config.train
-        self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed)
+        self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         self._build_model()
         # Validation decodes the way `xformer translate --precision auto` does on this device.
         self.step = self.epoch = self.batches_done = 0
@@ -191,7 +191,7 @@ class Trainer:
             for i, batch in enumerate(group):
                 defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
                 with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
-                    loss = self.loss_of(batch.src, batch.tgt_in, batch.tgt_out)
+                    loss = self.loss_of(batch.src, batch.tgt_in, batch.tgt_out, getattr(batch, "packing", None))
                     self.shapes_seen.add((*batch.src.shape, batch.tgt_in.size(1)))
                     self.scaler.scale(loss / per_rank_tokens).backward()
                 total += loss.detach()
