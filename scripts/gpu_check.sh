@@ -33,6 +33,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   1) ONLY="tests train_bf16 train_fp16 train_compile train_compile_buckets train_max_tokens_auto train_torchrun_nccl bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled" ;;
   2) ONLY="train_wmt_news bleu_newstest2014 bench_decode" ;;
   3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~9 minutes: the 8-minute run, averaging, tuning, test2016
+  4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -123,6 +124,26 @@ for log in bench_train_base bench_train_base_25k bench_train_big bench_train_bas
   [[ -f "$OUT/$log.log" ]] || continue
   echo "-- $log" >> "$SUMMARY"
   grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config|conventional|kernels|aten|precision)" "$OUT/$log.log" >> "$SUMMARY"
+done
+
+# 3a. packed vs dynamic batches in the real trainer (issue 20: one static shape), paper-base model on
+# WMT-news, the same minutes each; the summary gets the median target tokens/s of each run.
+BATCHING_MINUTES="${GPU_CHECK_BATCHING_MINUTES:-1.5}"
+BATCHING_SETS=(--set "train.device=$DEVICE" --set "train.max_minutes=$BATCHING_MINUTES" --set train.valid_every=100000
+               --set train.average_last=0 --set train.max_tokens=8000 --set model.d_model=512 --set model.d_ff=2048
+               --set model.n_heads=8)
+[[ "$QUICK" == 1 ]] && BATCHING_SETS+=("${WMT_SETS[@]}" --set train.max_tokens=1000)
+for variant in dynamic packed packed_compiled; do
+  batching="${variant%_compiled}"
+  compile=$([[ "$variant" == *_compiled ]] && echo true || echo false)
+  step "batching_$variant" xformer train -c configs/wmt-news.yaml --quiet --overwrite "${BATCHING_SETS[@]}" \
+    --set "run_dir=$OUT/batching_$variant" --set "train.batching=$batching" --set "train.compile=$compile"
+  python - "$OUT/batching_$variant/metrics.jsonl" "$variant" >> "$SUMMARY" 2>/dev/null <<'PY'
+import json, statistics, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+print(f"batching {sys.argv[2]}: median {statistics.median(r['tokens_per_s'] for r in rows[1:] or rows):.0f} target tokens/s "
+      f"over {len(rows)} log lines, step {rows[-1]['step'] if rows else 0}")
+PY
 done
 
 # 3b. the Multi30k GPU config (issue 20's target: test2016 sacreBLEU >= 40, beam 4, within 10 minutes)
