@@ -85,13 +85,16 @@ class Masked:
     targets: list[str]  # placeholder i+1 -> the text it stands for in the output
     spans: list[tuple[int, int]]  # placeholder i+1's span in ``text``
     edits: "Edits"  # the unmasked text -> ``text``
+    placeholders: bool = True  # False: the terms were left in ``text``; ``spans`` are theirs
 
 
-def mask_terms(text: str, glossary: Optional[Glossary]) -> Masked:
+def mask_terms(text: str, glossary: Optional[Glossary], placeholders: bool = True) -> Masked:
     """Replace glossary terms (longest first, whole words) and automatic do-not-translate
     matches by placeholders X1, X2, ... (a placeholder-like word already in the text is
     masked too, so the output's placeholders are all ours)."""
     found = _matches(text, glossary)
+    if not placeholders:
+        return Masked(text, [target for _, _, target in found], [(start, end) for start, end, _ in found], Edits(), False)
     out, targets, spans, at = [], [], [], 0
     edits = Edits()
     for start, end, target in found:
@@ -125,7 +128,10 @@ def _matches(text: str, glossary: Optional[Glossary]) -> list[tuple[int, int, st
 
 
 def missing_placeholders(target: str, masked: Masked) -> list[int]:
-    """Indices (0-based) of the placeholders the translation ``target`` lost."""
+    """Indices (0-based) of the placeholders the translation ``target`` lost (terms left in
+    the source: those whose target term it lacks)."""
+    if not masked.placeholders:
+        return [i for i, term in enumerate(masked.targets) if not re.search(rf"(?<!\w){re.escape(term)}(?!\w)", target)]
     seen = {int(m.group(1)) for m in _placeholders_in(target)}
     return [i for i in range(len(masked.targets)) if i + 1 not in seen]
 
@@ -134,6 +140,8 @@ def restore_terms(target: str, masked: Masked, placed: dict[int, int]) -> tuple[
     """``target`` with each placeholder replaced by its term, and each lost one's term inserted
     at ``placed[index]`` (a word boundary of ``target``); and the edits that made it."""
     edits = Edits()
+    if not masked.placeholders:
+        return _replace_aligned(target, masked, placed)
     for match in _placeholders_in(target):
         number = int(match.group(1))
         if 1 <= number <= len(masked.targets):
@@ -150,3 +158,30 @@ def restore_terms(target: str, masked: Masked, placed: dict[int, int]) -> tuple[
 
 def _placeholders_in(text: str):
     return re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)
+
+
+def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, int] | int"]) -> tuple[str, Edits]:
+    """Terms left in the source: the target words aligned to a term (``placed``: their span)
+    replaced by its target term; an empty or already used span gets the term inserted."""
+    edits = Edits()
+    taken: list[tuple[int, int]] = []
+    body = len(target.rstrip(".!?;:,\"')»“” "))
+    for index, span in sorted(placed.items(), key=lambda item: item[1] if isinstance(item[1], int) else item[1][0]):
+        start, end = (span, span) if isinstance(span, int) else span
+        term = masked.targets[index]
+        source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
+        if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
+            end = start
+        if end > start and not any(start < e and s < end for s, e in taken):
+            edits.add(start, end - start, term)
+            taken.append((start, end))
+            continue
+        at = min(start, body)
+        for s, e in taken:
+            if s <= at <= e:
+                at = e
+        if at >= body or (at and not target[at - 1].isspace()):
+            edits.add(at, 0, f" {term}" if at else term)
+        else:
+            edits.add(at, 0, f"{term} ")
+    return edits.apply(target), edits

@@ -31,6 +31,7 @@ class TextOptions:
     glossary: Optional[Glossary] = None  # also turns on do-not-translate for URLs, e-mails, numbers
     alternatives: int = 0  # extra translations per text, from the n-best lists
     aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
+    placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Planner:
             begin = normalized.find(part, at)
             begin = at if begin < 0 else begin
             located.append((len(self.units), begin, begin + len(part)))
-            self.units.append(mask_terms(part, self.opts.glossary))
+            self.units.append(mask_terms(part, self.opts.glossary, self.opts.placeholders))
             at = begin + len(part)
         return _Sentence(start, end, norm_map, located)
 
@@ -159,10 +160,16 @@ def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligne
         return "", {index: 0 for index, _, _ in wanted}
     target = engine.detokenize(hyp)
     lost = missing_placeholders(target, masked)
-    positions = [(masked.spans[i][0], "start") for i in lost] + [(offset, side) for _, offset, side in wanted]
+    if masked.placeholders:  # a lost placeholder: its term goes where the placeholder aligns
+        term_positions = [(masked.spans[i][0], "start") for i in lost]
+    else:  # a term left in the source: its target replaces what the term's words align to
+        term_positions = [(masked.spans[i][side == "end"], side) for i in lost for side in ("start", "end")]
+    positions = term_positions + [(offset, side) for _, offset, side in wanted]
     aligned = aligner(masked.text, target, hyp.tokens, positions) if positions else []
-    restored, edits = restore_terms(target, masked, dict(zip(lost, aligned)))
-    placed = {index: edits.map(at, side) for (index, _, side), at in zip(wanted, aligned[len(lost):])}
+    terms = aligned[:len(term_positions)]
+    spots = dict(zip(lost, terms)) if masked.placeholders else {i: (terms[2 * n], terms[2 * n + 1]) for n, i in enumerate(lost)}
+    restored, edits = restore_terms(target, masked, spots)
+    placed = {index: edits.map(at, side) for (index, _, side), at in zip(wanted, aligned[len(term_positions):])}
     return restored, placed
 
 
@@ -250,3 +257,17 @@ def translate_text_stream(engine: Engine, lines: Iterable[str], opts: TextOption
     for chunk in chunked(lines, chunk_lines):
         for result in translate_texts(engine, chunk, opts, search):
             yield TextResult(one_line(result.text), [one_line(text) for text in result.alternatives], result.scores)
+
+
+def result_lines(results: Iterable[TextResult], nbest: int = 1) -> Iterator[str]:
+    """``xformer translate``'s output: one line per text, or ``nbest`` rows per text as
+    ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` (the score summed over its sentences)."""
+    for line_no, result in enumerate(results, start=1):
+        if nbest <= 1:
+            yield result.text
+            continue
+        texts = [result.text, *result.alternatives]
+        for rank in range(1, nbest + 1):
+            text = texts[rank - 1] if rank <= len(texts) else ""
+            score = result.scores[rank - 1] if rank <= len(result.scores) else 0.0
+            yield f"{line_no}\t{rank}\t{score:.4f}\t{text}"
