@@ -92,7 +92,7 @@ def add_translate_route(app, engine: Any, queue: Batcher, limits: Limits, api_ke
         check_api_key(api_key, fields.get("api_key"), request.headers)
         req = parse_translate(fields, engine.source, engine.target, limits)
         try:
-            future = queue.submit(req.texts, beam_size=req.beam_size or engine.beam_size)
+            future = queue.submit(req.texts, **{**req.options(), "beam_size": req.beam_size or engine.beam_size})
         except QueueFull:
             raise ApiError(503, "the server is busy (its queue is full); retry shortly", {"Retry-After": "1"}) from None
         except Stopped:
