@@ -73,6 +73,7 @@ class Trainer:
         self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         self._build_model()
         # Validation decodes the way `xformer translate --precision auto` does on this device.
+        self.decode_precision = "auto"  # validation's, as `xformer translate --engine xformer` decides it
         self.step = self.epoch = self.batches_done = 0
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
         self.best_bleu: Optional[float] = None
@@ -167,7 +168,8 @@ class Trainer:
 
     def valid_translator(self) -> Translator:
         """The model decoding the way `xformer translate --engine xformer` does on this device."""
-        return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device)
+        return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device,
+                                self.decode_precision)
 
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
