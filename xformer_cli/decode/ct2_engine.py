@@ -42,7 +42,8 @@ class CTranslate2Translator(Engine):
     name = "ctranslate2"
     unsupported = ("sampling_topk", "temperature", "seed", "use_cache")
 
-    def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int):
+    def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
+                 bos_id: int = BOS_ID):
         self.translator = translator
         self.tokenizer = tokenizer
         self.decode = decode
@@ -50,7 +51,7 @@ class CTranslate2Translator(Engine):
         self.truncated_lines = 0  # input lines cut to decode.max_input_len
         self.src_pieces = _vocabulary(tokenizer.src)
         self.tgt_ids = {piece: i for i, piece in enumerate(_vocabulary(tokenizer.tgt))}
-        self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(BOS_ID)]]
+        self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(bos_id)]]
 
     @classmethod
     def from_directory(
@@ -67,14 +68,17 @@ class CTranslate2Translator(Engine):
         try:
             info = json.loads(info_path.read_text(encoding="utf-8"))
             decode = DecodeConfig(**info["decode"])
+            vocabularies = info.get("vocabularies") or {}  # an imported MarianMT model's
             if info["joint_vocab"]:
-                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes())
+                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes(), None, vocabularies.get("vocab"))
             else:
-                tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes())
+                tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
+                                      vocabularies.get("vocab"), vocabularies.get("tgt_vocab"))
             translator = ctranslate2.Translator(str(path), device=device, compute_type=compute_type, intra_threads=threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
-        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)))
+        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)),
+                   int(info.get("bos_id", BOS_ID)))
 
     def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like

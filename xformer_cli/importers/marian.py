@@ -17,9 +17,11 @@ trains itself:
   target.spm share one id space (``Tokenizer``'s vocabulary kind).
 - swish, ``final_logits_bias``, embedding scaling, shared or untied embeddings: the
   model options of the same names.
-- Decode defaults from the generation config: ``num_beams``; ``max_length`` (decoder start
-  and eos included) as max_len_a 0, max_len_b max_length - 2; ``length_penalty`` as GNMT
-  alpha = length_penalty / HF_LENGTH_PENALTY_SCALE, the exporter's mapping inverted.
+- Decode defaults from the generation config: ``num_beams``; ``max_new_tokens`` (eos
+  included) or ``max_length`` (decoder start and eos included) as one limit, max_len_a 0 and
+  max_len_b the pieces before eos; ``min_new_tokens``; ``length_penalty`` as GNMT alpha =
+  length_penalty / HF_LENGTH_PENALTY_SCALE, the exporter's mapping inverted (no setting
+  makes the two penalties rank alike at every length: see export/huggingface.py).
 
 Refused in one line naming the key or tensor (``importers/marian_files.py``): another
 model_type (BART, T5, mBART), an activation xformer lacks, ``add_bias_logits``, pre-norm or
@@ -110,13 +112,16 @@ def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
     path = directory / "generation_config.json"
     gen = {**hf, **(read_json(path) if path.is_file() else {})}
     defaults = DecodeConfig()
-    max_length = gen.get("max_length")
+    # Pieces before eos at most: max_new_tokens counts eos, max_length also the start token.
+    limit = int(gen["max_new_tokens"]) - 1 if gen.get("max_new_tokens") else (
+        int(gen["max_length"]) - 2 if gen.get("max_length") else 0)
     positions = int(hf.get("max_position_embeddings", 1024))
     return DecodeConfig(
         beam_size=int(gen.get("num_beams") or 1),
         length_penalty=round(float(gen.get("length_penalty", 1.0)) / HF_LENGTH_PENALTY_SCALE, 4),
-        max_len_a=0.0 if max_length else defaults.max_len_a,
-        max_len_b=max(int(max_length) - 2, 1) if max_length else defaults.max_len_b,
+        max_len_a=0.0 if limit > 0 else defaults.max_len_a,
+        max_len_b=limit if limit > 0 else defaults.max_len_b,
+        min_len=int(gen.get("min_new_tokens") or defaults.min_len),
         max_input_len=positions - 1,  # + eos: Marian's position table cannot grow
     )
 
