@@ -28,15 +28,19 @@ How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
   LayerNorm). The permuted model computes exactly what xformer's does; only its residual
   stream lists the same features in another order.
 - xformer's fused ``kv_proj`` holds k then v: it is split into ``k_proj`` and ``v_proj``.
-- Embeddings are scaled by sqrt(d_model) (``scale_embedding``); LayerNorm eps is 1e-5 on
-  both sides (torch's default); the activation is ReLU; the generator has no bias, so
-  ``final_logits_bias`` is zeros.
-- Vocabularies: one joint vocabulary with tied embeddings is Marian's shared embedding
-  (``share_encoder_decoder_embeddings``); separate vocabularies (or untied embeddings) give
-  separate encoder and decoder embeddings, and ``tie_word_embeddings`` says whether the
-  output matrix is the decoder embedding, as in xformer.
-- Ids: pad 0, unk 1, bos 2, eos 3. The decoder starts with bos (``decoder_start_token_id``
-  2); ``MarianTokenizer`` appends eos to the source as xformer does.
+- Embeddings are scaled by sqrt(d_model) unless ``model.scale_embedding`` is false
+  (``scale_embedding``); LayerNorm eps is 1e-5 on both sides (torch's default); the
+  activation is ``model.activation`` (relu, swish, gelu); ``final_logits_bias`` is the
+  model's logits bias (``model.final_logits_bias``, an imported MarianMT model's), else zeros.
+- Vocabularies: one source/target embedding matrix is Marian's shared embedding
+  (``share_encoder_decoder_embeddings``; with untied output also written as the encoder's and
+  decoder's, which transformers then reads); separate ones give separate encoder and decoder
+  embeddings, and ``tie_word_embeddings`` says whether the output matrix is the decoder
+  embedding, as in xformer. A tokenizer with one vocabulary list over two sentencepiece
+  models (an imported OPUS-MT model) writes that list as vocab.json.
+- Ids: pad 0, unk 1, eos 3. The decoder starts with ``model.bos_id`` (``decoder_start_token_id``):
+  bos 2 for models xformer trains, pad 0 for imported OPUS-MT models, as Marian itself;
+  ``MarianTokenizer`` appends eos to the source as xformer does.
 
 Refused, with one line saying why: pre-norm stacks (Marian's layers are post-norm and it
 has no final LayerNorm), special pieces that differ between the source and target
