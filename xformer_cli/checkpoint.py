@@ -122,7 +122,7 @@ def load_model(path: str | Path, state: Optional[dict] = None) -> tuple[Transfor
     try:
         config = config_from_dict(state["config"])
         tok = state["tokenizer"]
-        tokenizer = Tokenizer(tok["src"], tok.get("tgt"))
+        tokenizer = Tokenizer.from_state(tok)
         model = build_model(config, tokenizer)
         model.load_state_dict(state["model"])
     except (KeyError, TypeError, RuntimeError) as exc:

@@ -310,6 +310,18 @@ def export(
     typer.echo(f"exported {checkpoint} -> {written}", err=True)
 
 
+@app.command("import")
+@user_errors
+def import_(
+    source: str = typer.Argument(..., help="A MarianMT model directory (config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json) or a Hub id such as Helsinki-NLP/opus-mt-en-de (needs internet)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the xformer checkpoint."),
+) -> None:
+    """Import a Hugging Face MarianMT (OPUS-MT) model as an xformer checkpoint: translate, fine-tune (train.init_from) and export it like any other."""
+    from xformer_cli.importers.marian import import_marian
+
+    typer.echo(f"imported {source} -> {import_marian(source, output)}", err=True)
+
+
 @app.command("eval-bleu")
 @user_errors
 def eval_bleu(

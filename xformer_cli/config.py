@@ -22,7 +22,7 @@ import yaml
 
 from xformer_cli.device import PRECISIONS
 from xformer_cli.errors import XformerError
-from xformer_cli.model.transformer import ModelConfig
+from xformer_cli.model.transformer import ACTIVATIONS, ModelConfig
 
 
 @dataclass
@@ -334,6 +334,8 @@ def validate(cfg: Config) -> None:
     _require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         _require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+    _require(m.activation in ACTIVATIONS, "model.activation", f"must be one of {', '.join(ACTIVATIONS)}")
+    _require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
     _require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
     _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")

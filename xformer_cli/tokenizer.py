@@ -4,6 +4,10 @@ Ids are fixed so the model can rely on them: pad 0, unk 1, bos 2, eos 3. A joint
 tokenizer uses one sentencepiece model for both languages (and allows three-way
 embedding tying); a separate one holds a model per side. Models travel as bytes so a
 checkpoint alone can translate.
+
+An imported MarianMT model (``importers/marian.py``) brings a third kind: a sentencepiece
+model per side whose pieces take their ids from a vocabulary list (Marian's vocab.json, one
+id space for both sides, or one list per side), pad, unk and eos at xformer's ids.
 """
 
 from __future__ import annotations
@@ -68,14 +72,97 @@ def _load(model_bytes: bytes, what: str) -> spm.SentencePieceProcessor:
     return sp
 
 
-class Tokenizer:
-    """Source and target sentencepiece models (the same object when joint)."""
+class VocabPieces:
+    """A sentencepiece model whose pieces are numbered by ``pieces`` (position = id) instead
+    of its own ids; a piece not in the list is unk. It answers the calls xformer makes on a
+    ``SentencePieceProcessor``, so the rest of the code need not know which kind it has."""
 
-    def __init__(self, src_model: bytes, tgt_model: Optional[bytes] = None):
+    def __init__(self, sp: spm.SentencePieceProcessor, pieces: Sequence[str], what: str):
+        self.sp = sp
+        self.pieces = list(pieces)
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        if len(self.ids) != len(self.pieces) or len(self.pieces) <= EOS_ID:
+            raise XformerError(f"{what}: the vocabulary needs distinct pieces and more than {EOS_ID + 1} of them")
+
+    def encode(self, lines, out_type=int, **kwargs):
+        pieces = self.sp.encode(lines, out_type=str, **kwargs)
+        if out_type is str:
+            return pieces
+        if isinstance(lines, str):
+            return [self.ids.get(p, UNK_ID) for p in pieces]
+        return [[self.ids.get(p, UNK_ID) for p in line] for line in pieces]
+
+    def decode(self, ids):
+        if ids and isinstance(ids[0], int):
+            return self.sp.decode_pieces([self.pieces[i] for i in ids])
+        return [self.sp.decode_pieces([self.pieces[i] for i in line]) for line in ids]
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.ids.get(piece, UNK_ID)
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    def bos_id(self) -> int:
+        return BOS_ID
+
+
+def _load_mapped(model_bytes: bytes, what: str, pieces: Sequence[str]) -> VocabPieces:
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(model_bytes)
+    except Exception:
+        raise XformerError(f"{what} is not a sentencepiece model") from None
+    return VocabPieces(sp, pieces, what)
+
+
+class Tokenizer:
+    """Source and target sentencepiece models (the same object when joint); with ``vocab``
+    (and ``tgt_vocab`` for a target id space of its own), pieces numbered by those lists."""
+
+    def __init__(self, src_model: bytes, tgt_model: Optional[bytes] = None, vocab: Optional[Sequence[str]] = None,
+                 tgt_vocab: Optional[Sequence[str]] = None):
         self.src_model_bytes = src_model
         self.tgt_model_bytes = tgt_model
-        self.src = _load(src_model, "source tokenizer")
-        self.tgt = self.src if tgt_model is None else _load(tgt_model, "target tokenizer")
+        self.vocab = list(vocab) if vocab is not None else None
+        self.tgt_vocab = list(tgt_vocab) if tgt_vocab is not None else None
+        if self.vocab is None:
+            self.src = _load(src_model, "source tokenizer")
+            self.tgt = self.src if tgt_model is None else _load(tgt_model, "target tokenizer")
+        else:
+            self.src = _load_mapped(src_model, "source tokenizer", self.vocab)
+            self.tgt = self.src if tgt_model is None else _load_mapped(
+                tgt_model, "target tokenizer", self.tgt_vocab or self.vocab)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the tokenizer (``from_state`` reads it back)."""
+        state: dict = {"src": self.src_model_bytes, "tgt": self.tgt_model_bytes}
+        if self.vocab is not None:
+            state["vocab"] = self.vocab
+            if self.tgt_vocab is not None:
+                state["tgt_vocab"] = self.tgt_vocab
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Tokenizer":
+        return cls(state["src"], state.get("tgt"), state.get("vocab"), state.get("tgt_vocab"))
+
+    @property
+    def one_id_space(self) -> bool:
+        """Both sides number their pieces alike (a joint model, or one vocabulary list)."""
+        return self.joint or (self.vocab is not None and self.tgt_vocab is None)
 
     @property
     def joint(self) -> bool:

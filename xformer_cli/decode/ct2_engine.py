@@ -44,7 +44,7 @@ class CTranslate2Translator(Engine):
     unsupported = ("sampling_topk", "temperature", "seed", "use_cache")
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
-                 precision: str = "float32"):
+                 precision: str = "float32", bos_id: int = BOS_ID):
         self.translator = translator
         self.precision = precision  # the compute type it runs in
         self.tokenizer = tokenizer
@@ -53,7 +53,7 @@ class CTranslate2Translator(Engine):
         self.truncated_lines = 0  # input lines cut to decode.max_input_len
         self.src_pieces = piece_list(tokenizer.src)
         self.tgt_ids = {piece: i for i, piece in enumerate(piece_list(tokenizer.tgt))}
-        self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(BOS_ID)]]
+        self.suppress = [[tokenizer.tgt.id_to_piece(PAD_ID)], [tokenizer.tgt.id_to_piece(bos_id)]]
 
     @classmethod
     def from_directory(
@@ -72,16 +72,19 @@ class CTranslate2Translator(Engine):
         try:
             info = json.loads(info_path.read_text(encoding="utf-8"))
             decode = DecodeConfig(**info["decode"])
+            vocabularies = info.get("vocabularies") or {}  # an imported MarianMT model's
             if info["joint_vocab"]:
-                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes())
+                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes(), None, vocabularies.get("vocab"))
             else:
-                tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes())
+                tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
+                                      vocabularies.get("vocab"), vocabularies.get("tgt_vocab"))
             translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
                                                 compute_type=compute_type, intra_threads=threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
-        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights)
+        return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
+                   int(info.get("bos_id", BOS_ID)))
 
     def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xformer_cli.model.transformer import Transformer, reorder_cache
-from xformer_cli.tokenizer import BOS_ID, EOS_ID
+from xformer_cli.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
     from xformer_cli.decode.options import SearchOptions
@@ -270,10 +270,10 @@ def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions",
     """The ``opts.nbest`` best hypotheses per sentence of ``src``: greedy search (or
     sampling) for beam size 1, beam search otherwise."""
     if opts.beam_size == 1:
-        found = greedy_search(model, src, BOS_ID, EOS_ID, max_len_a=opts.max_len_a, max_len_b=opts.max_len_b,
+        found = greedy_search(model, src, model.cfg.bos_id, EOS_ID, max_len_a=opts.max_len_a, max_len_b=opts.max_len_b,
                               use_cache=opts.use_cache, sampling_topk=opts.sampling_topk, temperature=opts.temperature,
                               generator=generator, min_len=opts.min_len)
         return [[hyp] for hyp in found]
-    return beam_search(model, src, BOS_ID, EOS_ID, beam_size=opts.beam_size, alpha=opts.length_penalty,
+    return beam_search(model, src, model.cfg.bos_id, EOS_ID, beam_size=opts.beam_size, alpha=opts.length_penalty,
                        max_len_a=opts.max_len_a, max_len_b=opts.max_len_b, nbest=opts.nbest,
                        use_cache=opts.use_cache, min_len=opts.min_len)

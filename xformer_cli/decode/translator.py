@@ -25,7 +25,7 @@ from xformer_cli.decode.search import Hypothesis, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import Transformer
-from xformer_cli.tokenizer import BOS_ID, Tokenizer
+from xformer_cli.tokenizer import Tokenizer
 
 INT8_ELSEWHERE = "int8 translation runs on the CTranslate2 engine: decode.factory.load_engine(path, precision='int8')"
 
@@ -126,7 +126,7 @@ class Translator(Engine):
             hyp = hyps[0]
             src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
             src = encode_source_batch([src_ids]).to(self.device)
-            tgt_in = pad([hyp.tokens], prefix=(BOS_ID,)).to(self.device)
+            tgt_in = pad([hyp.tokens], prefix=(self.model.cfg.bos_id,)).to(self.device)
             weights = torch.stack([w[0] for w in self.model.cross_attention(src, tgt_in)]).float().cpu()
             maps.append(AttentionMap(
                 source=self.tokenizer.src_pieces(normalize_line(line)) + ["</s>"],

@@ -28,12 +28,13 @@ def load_for_export(checkpoint: str | Path, target: str) -> tuple[Transformer, T
     return load_model(checkpoint, state)
 
 
-def special_pieces(tokenizer: Tokenizer, where: str, why: str = "") -> dict[str, str]:
-    """The unk/bos/eos/pad piece names. Both export formats name each role once for both
-    sides, so the source and target tokenizers must agree; else one line: ``where``, the
-    role and both pieces, then ``why`` (``{role}`` is filled in)."""
+def special_pieces(tokenizer: Tokenizer, where: str, why: str = "", bos_id: int = BOS_ID) -> dict[str, str]:
+    """The unk/bos/eos/pad piece names (bos: the decoder's start token, ``model.bos_id``).
+    Both export formats name each role once for both sides, so the source and target
+    tokenizers must agree; else one line: ``where``, the role and both pieces, then ``why``
+    (``{role}`` is filled in)."""
     names = {}
-    for role, src_id, tgt_id in (("unk", tokenizer.src.unk_id(), tokenizer.tgt.unk_id()), ("bos", BOS_ID, BOS_ID),
+    for role, src_id, tgt_id in (("unk", tokenizer.src.unk_id(), tokenizer.tgt.unk_id()), ("bos", bos_id, bos_id),
                                  ("eos", EOS_ID, EOS_ID), ("pad", PAD_ID, PAD_ID)):
         src, tgt = tokenizer.src.id_to_piece(src_id), tokenizer.tgt.id_to_piece(tgt_id)
         if src != tgt:

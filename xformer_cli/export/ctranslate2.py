@@ -70,22 +70,24 @@ def export_ctranslate2(
 
 def _build_spec(model, tokenizer: Tokenizer):
     """A ``TransformerSpec`` filled with the model's weights and the tokenizer's pieces."""
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
     if cfg.d_model % cfg.n_heads:
         raise XformerError(f"cannot export to CTranslate2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                  "silu": common_spec.Activation.SWISH, "gelu": common_spec.Activation.GELU}[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm, activation=activation
     )
     positions = _position_table(cfg)
     _set_encoder(spec.encoder, model, positions)
     _set_decoder(spec.decoder, model, positions)
-    special = special_pieces(tokenizer, "cannot export to CTranslate2")
+    special = special_pieces(tokenizer, "cannot export to CTranslate2", bos_id=cfg.bos_id)
     spec.config.unk_token = special["unk"]
     spec.config.bos_token = special["bos"]
     spec.config.eos_token = special["eos"]
-    spec.config.decoder_start_token = special["bos"]  # xformer's target starts with bos (id 2)
+    spec.config.decoder_start_token = special["bos"]  # the target starts with model.bos_id (2; Marian's pad, 0)
     spec.config.add_source_eos = True  # xformer's source ends with eos (id 3)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.register_source_vocabulary(piece_list(tokenizer.src))
@@ -141,7 +143,7 @@ def _set_ffn(spec, ffn, norm) -> None:
 def _set_inputs(spec, embeddings_spec, embed, positions) -> None:
     """Token embeddings times sqrt(d_model) (xformer's Embedding) plus xformer's own table."""
     embeddings_spec.weight = _np(embed.tokens.weight)
-    spec.scale_embeddings = True
+    spec.scale_embeddings = embed.scale != 1.0
     spec.position_encodings.encodings = positions
 
 
@@ -156,7 +158,9 @@ def _set_encoder(spec, model, positions) -> None:
 
 def _set_decoder(spec, model, positions) -> None:
     _set_inputs(spec, spec.embeddings, model.tgt_embed, positions)
-    spec.projection.weight = _np(model.generator.weight)  # no bias, like xformer's generator
+    spec.projection.weight = _np(model.generator.weight)
+    if model.cfg.final_logits_bias:  # else no bias, like xformer's generator
+        spec.projection.bias = _np(model.logits_bias)
     for layer_spec, layer in zip(spec.layer, model.decoder_layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.sub_self.norm)
         _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.sub_cross.norm)
@@ -183,5 +187,8 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
         "decode": asdict(config.decode_settings()),
+        "bos_id": model_cfg.bos_id,  # the start token, never emitted
     }
+    if tokenizer.vocab is not None:  # pieces numbered by a vocabulary (an imported MarianMT model)
+        info["vocabularies"] = {"vocab": tokenizer.vocab, "tgt_vocab": tokenizer.tgt_vocab}
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

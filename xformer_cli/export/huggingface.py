@@ -28,15 +28,19 @@ How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
   LayerNorm). The permuted model computes exactly what xformer's does; only its residual
   stream lists the same features in another order.
 - xformer's fused ``kv_proj`` holds k then v: it is split into ``k_proj`` and ``v_proj``.
-- Embeddings are scaled by sqrt(d_model) (``scale_embedding``); LayerNorm eps is 1e-5 on
-  both sides (torch's default); the activation is ReLU; the generator has no bias, so
-  ``final_logits_bias`` is zeros.
-- Vocabularies: one joint vocabulary with tied embeddings is Marian's shared embedding
-  (``share_encoder_decoder_embeddings``); separate vocabularies (or untied embeddings) give
-  separate encoder and decoder embeddings, and ``tie_word_embeddings`` says whether the
-  output matrix is the decoder embedding, as in xformer.
-- Ids: pad 0, unk 1, bos 2, eos 3. The decoder starts with bos (``decoder_start_token_id``
-  2); ``MarianTokenizer`` appends eos to the source as xformer does.
+- Embeddings are scaled by sqrt(d_model) unless ``model.scale_embedding`` is false
+  (``scale_embedding``); LayerNorm eps is 1e-5 on both sides (torch's default); the
+  activation is ``model.activation`` (relu, swish, gelu); ``final_logits_bias`` is the
+  model's logits bias (``model.final_logits_bias``, an imported MarianMT model's), else zeros.
+- Vocabularies: one source/target embedding matrix is Marian's shared embedding
+  (``share_encoder_decoder_embeddings``; with untied output also written as the encoder's and
+  decoder's, which transformers then reads); separate ones give separate encoder and decoder
+  embeddings, and ``tie_word_embeddings`` says whether the output matrix is the decoder
+  embedding, as in xformer. A tokenizer with one vocabulary list over two sentencepiece
+  models (an imported OPUS-MT model) writes that list as vocab.json.
+- Ids: pad 0, unk 1, eos 3. The decoder starts with ``model.bos_id`` (``decoder_start_token_id``):
+  bos 2 for models xformer trains, pad 0 for imported OPUS-MT models, as Marian itself;
+  ``MarianTokenizer`` appends eos to the source as xformer does.
 
 Refused, with one line saying why: pre-norm stacks (Marian's layers are post-norm and it
 has no final LayerNorm), special pieces that differ between the source and target
@@ -116,10 +120,10 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
     model, tokenizer, config = load_for_export(checkpoint, "Hugging Face")
     _check_expressible(model, checkpoint)
     specials = special_pieces(tokenizer, f"{checkpoint}: cannot export to Hugging Face",
-                              "; MarianTokenizer has one {role} token")
+                              "; MarianTokenizer has one {role} token", bos_id=model.cfg.bos_id)
     decode = config.decode_settings()
     marian_config = _marian_config(transformers, model)
-    generation_config = _generation_config(transformers, decode)
+    generation_config = _generation_config(transformers, decode, model.cfg.bos_id)
     weights = marian_state_dict(model)
 
     def write(staging: Path) -> None:
@@ -145,7 +149,7 @@ def _check_expressible(model, checkpoint) -> None:
 
 def _marian_config(transformers, model):
     cfg = model.cfg
-    shared = model.joint_vocab and cfg.tie_embeddings  # xformer shares the embedding only then
+    shared = model.src_embed.tokens is model.tgt_embed.tokens
     return transformers.MarianConfig(
         vocab_size=model.src_vocab,
         decoder_vocab_size=model.tgt_vocab,
@@ -158,31 +162,31 @@ def _marian_config(transformers, model):
         decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff,
         decoder_ffn_dim=cfg.d_ff,
-        activation_function="relu",
+        activation_function=cfg.activation,
         dropout=cfg.dropout,
         attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.activation_dropout,
         max_position_embeddings=max(cfg.max_positions, MIN_POSITIONS),
-        scale_embedding=True,
+        scale_embedding=cfg.scale_embedding,
         pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
+        bos_token_id=cfg.bos_id,
         eos_token_id=EOS_ID,
         forced_eos_token_id=EOS_ID,
-        decoder_start_token_id=BOS_ID,
+        decoder_start_token_id=cfg.bos_id,
         architectures=["MarianMTModel"],
         dtype="float32",
     )
 
 
-def _generation_config(transformers, decode):
+def _generation_config(transformers, decode, bos_id: int = BOS_ID):
     max_source = (decode.max_input_len or 1024) + 1  # + eos
     return transformers.GenerationConfig(
-        decoder_start_token_id=BOS_ID,
-        bos_token_id=BOS_ID,
+        decoder_start_token_id=bos_id,
+        bos_token_id=bos_id,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID,  # at the length limit only eos may follow (xformer's rule)
-        suppress_tokens=[PAD_ID, BOS_ID],  # xformer never emits pad or bos
+        suppress_tokens=sorted({PAD_ID, bos_id}),  # xformer never emits pad or its start token
         min_new_tokens=decode.min_len,  # pieces before eos at least, as xformer counts them
         max_new_tokens=xformer_max_new_tokens(max_source, decode.max_len_a, decode.max_len_b),
         num_beams=decode.beam_size,
@@ -198,7 +202,7 @@ def _write_tokenizer(directory: Path, tokenizer: Tokenizer, specials: dict[str, 
     (directory / "source.spm").write_bytes(tokenizer.src_model_bytes)
     (directory / "target.spm").write_bytes(tokenizer.tgt_model_bytes or tokenizer.src_model_bytes)
     _write_json(directory / "vocab.json", _vocabulary(tokenizer.src))
-    if not tokenizer.joint:
+    if not tokenizer.one_id_space:
         _write_json(directory / "target_vocab.json", _vocabulary(tokenizer.tgt))
     _write_json(directory / "tokenizer_config.json", {
         "tokenizer_class": "MarianTokenizer",
@@ -208,7 +212,7 @@ def _write_tokenizer(directory: Path, tokenizer: Tokenizer, specials: dict[str, 
         "bos_token": specials["bos"],  # never added to the source; marks it special for decoding
         "eos_token": specials["eos"],
         "pad_token": specials["pad"],
-        "separate_vocabs": not tokenizer.joint,
+        "separate_vocabs": not tokenizer.one_id_space,
         # With truncation=True: decode.max_input_len pieces + eos, xformer's own cut.
         "model_max_length": (decode.max_input_len or 1024) + 1,
         "clean_up_tokenization_spaces": False,
@@ -278,7 +282,8 @@ def marian_state_dict(model) -> dict:
         weights.layer_norm(f"{p}.encoder_attn_layer_norm", layer.sub_cross.norm)
         weights.ffn(p, layer.ffn, layer.sub_ffn.norm)
     weights.embeddings(model)
-    weights.out["final_logits_bias"] = torch.zeros(1, model.tgt_vocab)  # xformer's generator has no bias
+    bias = model.logits_bias if model.cfg.final_logits_bias else torch.zeros(model.tgt_vocab)
+    weights.out["final_logits_bias"] = _float32(bias).reshape(1, -1)  # a bias-free generator: zeros
     return weights.out
 
 
@@ -332,9 +337,12 @@ class _MarianWeights:
 
     def embeddings(self, model) -> None:
         src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight
-        if model.joint_vocab and self.cfg.tie_embeddings:  # one matrix: embeddings and output
+        shared = model.src_embed.tokens is model.tgt_embed.tokens
+        if shared and self.cfg.tie_embeddings:  # one matrix: embeddings and output
             self.out["model.shared.weight"] = self.reads(src_embedding)
         else:
+            if shared:  # transformers ties the stacks to model.shared only with tied output; both read it
+                self.out["model.shared.weight"] = self.reads(src_embedding)
             self.out["model.encoder.embed_tokens.weight"] = self.reads(src_embedding)
             self.out["model.decoder.embed_tokens.weight"] = self.reads(tgt_embedding)
             if not self.cfg.tie_embeddings:

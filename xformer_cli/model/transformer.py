@@ -39,6 +39,13 @@ class ModelConfig:
     pre_norm: bool = False  # False = post-norm as in the paper
     tie_embeddings: bool = True  # share src/tgt embeddings and the pre-softmax matrix (3.4)
     max_positions: int = 1024
+    # Options an imported MarianMT model needs (``importers/marian.py``); the defaults are the
+    # paper's model, and a checkpoint written before they existed reads them as the defaults.
+    activation: str = "relu"  # the FFN's: relu, swish (= silu) or gelu
+    final_logits_bias: bool = False  # a fixed (not trained) bias added to the logits, as Marian's
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model) (3.4)
+    share_embeddings: Optional[bool] = None  # one source/target embedding matrix; None: as tie_embeddings
+    bos_id: int = 2  # the decoder's start token (tokenizer.BOS_ID; Marian starts with pad, 0)
 
 
 # -- 3.5 Positional encoding ---------------------------------------------------------
@@ -56,10 +63,10 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
 class Embedding(nn.Module):
     """Token embedding times sqrt(d_model) plus sinusoidal position, then dropout (3.4, 3.5, 5.4)."""
 
-    def __init__(self, tokens: nn.Embedding, d_model: int, max_positions: int, dropout: float):
+    def __init__(self, tokens: nn.Embedding, d_model: int, max_positions: int, dropout: float, scale: bool = True):
         super().__init__()
         self.tokens = tokens
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
 
@@ -186,17 +193,21 @@ class MultiHeadAttention(nn.Module):
 
 # -- 3.3 Position-wise feed-forward network -------------------------------------------
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "silu": F.silu, "gelu": F.gelu}
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2; ``activation`` replaces the max(0, .) (ACTIVATIONS)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
         self.dropout = Dropout(activation_dropout)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.dropout(F.relu(self.w1(x))))
+        return self.w2(self.dropout(self.activation(self.w1(x))))
 
 
 class Sublayer(nn.Module):
@@ -224,7 +235,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sub_attn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
@@ -247,7 +258,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sub_self = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.sub_cross = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
@@ -312,10 +323,10 @@ class Transformer(nn.Module):
         self.joint_vocab = self.tgt_vocab == src_vocab
         d = cfg.d_model
         src_tokens = nn.Embedding(src_vocab, d, padding_idx=pad_id)
-        share = cfg.tie_embeddings and self.joint_vocab
+        share = (cfg.tie_embeddings if cfg.share_embeddings is None else cfg.share_embeddings) and self.joint_vocab
         tgt_tokens = src_tokens if share else nn.Embedding(self.tgt_vocab, d, padding_idx=pad_id)
-        self.src_embed = Embedding(src_tokens, d, cfg.max_positions, cfg.dropout)
-        self.tgt_embed = Embedding(tgt_tokens, d, cfg.max_positions, cfg.dropout)
+        self.src_embed = Embedding(src_tokens, d, cfg.max_positions, cfg.dropout, cfg.scale_embedding)
+        self.tgt_embed = Embedding(tgt_tokens, d, cfg.max_positions, cfg.dropout, cfg.scale_embedding)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm outputs are already normalised.
@@ -325,6 +336,13 @@ class Transformer(nn.Module):
         self._reset_parameters()
         if cfg.tie_embeddings:  # the pre-softmax matrix is the target embedding (3.4)
             self.generator.weight = tgt_tokens.weight
+        if cfg.final_logits_bias:  # a buffer: Marian's is not trained either
+            self.register_buffer("logits_bias", torch.zeros(self.tgt_vocab))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The pre-softmax linear transformation (3.4), plus the logits bias where there is one."""
+        out = self.generator(hidden)
+        return out + self.logits_bias.to(out.dtype) if self.cfg.final_logits_bias else out
 
     def _reset_parameters(self) -> None:
         for name, p in self.named_parameters():
@@ -364,10 +382,10 @@ class Transformer(nn.Module):
         """Logits (B, T, V) for teacher forcing; with ``packing``, rows hold several pairs each."""
         if packing is None:
             src_mask = self.padding_mask(src)
-            return self.generator(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
+            return self.logits(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
         encoder_mask, decoder_mask, cross_mask = packing.masks()  # built once, shared by every layer
         memory = self.encode(src, encoder_mask, packing.src_positions)
-        return self.generator(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
+        return self.logits(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
         """One incremental step: (B*K, 1) newest tokens of K beams per sentence (sentence-major)
@@ -381,12 +399,12 @@ class Transformer(nn.Module):
         if cache is None:
             beams = last_tokens.size(0) // memory.size(0)
             memory, src_mask = memory.repeat_interleave(beams, dim=0), src_mask.repeat_interleave(beams, dim=0)
-            return self.generator(self.decode(last_tokens, memory, src_mask)[:, -1]).float()
+            return self.logits(self.decode(last_tokens, memory, src_mask)[:, -1]).float()
         offset = cache[0]["k"].size(2) if "k" in cache[0] else 0
         y = self.tgt_embed(last_tokens, offset=offset)
         for layer, layer_cache in zip(self.decoder_layers, cache):
             y = layer(y, memory, src_mask, layer_cache)
-        return self.generator(self.decoder_norm(y))[:, -1].float()
+        return self.logits(self.decoder_norm(y))[:, -1].float()
 
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:

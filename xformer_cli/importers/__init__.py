@@ -1,0 +1,1 @@
+"""Importers of models trained elsewhere (MarianMT / OPUS-MT: ``marian.py``)."""
