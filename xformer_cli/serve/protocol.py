@@ -84,6 +84,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
         fields = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"Invalid request: the body is not valid JSON ({str(exc)[:80]})") from None
+    except RecursionError:  # {"q": [[[[...]]]]} nested past Python's stack
+        raise ApiError(400, "Invalid request: the JSON is nested too deeply") from None
     if not isinstance(fields, dict):
         raise ApiError(400, "Invalid request: the body must be a JSON object")
     return fields
