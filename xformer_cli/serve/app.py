@@ -47,7 +47,7 @@ def create_app(
     files wait for their download."""
     from fastapi import FastAPI
 
-    from xformer_cli.serve.cors import CorsMiddleware
+    from xformer_cli.serve.cors import CorsMiddleware, check_origin
     from xformer_cli.serve.extras import add_detect_route, add_file_routes, add_settings_route
 
     limits = limits or Limits()
@@ -70,8 +70,8 @@ def create_app(
     app.state.batcher = queue
     app.state.engine = engine
     app.state.files = store
-    if cors:
-        app.add_middleware(CorsMiddleware, origins=list(cors))
+    if cors:  # checked now: starlette builds its middleware at the first request
+        app.add_middleware(CorsMiddleware, origins=[check_origin(origin) for origin in cors])
     add_error_handlers(app, log)
     translate_fields = translation_call(engine, queue, log)
     add_translate_route(app, engine, limits, api_key, translate_fields)
