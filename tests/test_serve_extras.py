@@ -10,9 +10,10 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
+
+from serve_helpers import real_server
 
 pytest.importorskip("fastapi")
 from starlette.testclient import TestClient  # noqa: E402
@@ -251,29 +252,6 @@ def test_an_unexpected_exception_is_a_json_500():
 
     with TestClient(app, raise_server_exceptions=False) as client:
         assert_json_error(client.get("/boom"), 500, "internal error (KeyError)")
-
-
-@contextmanager
-def real_server(app):
-    """``app`` under uvicorn in a thread, on a free port: its base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def get_json(url: str, body=None, timeout: float = 10):
