@@ -326,3 +326,11 @@ def test_libretranslate_py_and_deep_translator_work_unchanged():
         # the JSON shape most other clients post
         assert httpx.post(base + "translate", json={"q": ["a", "b"], "source": "en", "target": "de", "format": "text",
                                                     "api_key": ""}).json() == {"translatedText": ["A", "B"]}
+
+
+@pytest.mark.slow
+def test_serve_option_errors_are_one_line(tmp_path):
+    from helpers import assert_one_line_error, xformer
+
+    assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--cors", "example.org"), "--cors 'example.org'")
+    assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--max-file-bytes", "0"), "--max-file-bytes")
