@@ -20,6 +20,8 @@
     python scripts/bench_train.py --steps 15 --trainer-steps 60 --onmt-venv /tmp/onmt-venv
     python scripts/bench_train.py --steps 6 --set model.d_model=512 model.d_ff=2048 \
         model.n_heads=8 model.encoder_layers=6 model.decoder_layers=6   # paper-base sizes
+    python scripts/bench_train.py --device cuda --compile --length-bucket 8 --set ...
+        # the trainer's compiled step (train/forward_loss.py) on bucketed batches: CUDA graphs
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ import torch
 import torch.nn.functional as F
 
 from xformer_cli.config import load_config
-from xformer_cli.data.batching import make_batches
 from xformer_cli.data.sources import load_corpus
 from xformer_cli.device import autocast, cpu_flags, pick_device, resolve_precision
 from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.loss import label_smoothed_nll
+from xformer_cli.train.batch_plan import plan_for
+from xformer_cli.train.forward_loss import attach_half_weights, compilations, compile_mode, compiled, forward_loss
 from xformer_cli.train.opcount import count_ops, gpu_code_path, training_step
 from xformer_cli.data.encoded import encode_corpus
 
@@ -106,18 +108,26 @@ def peak_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32) 
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def step_flops(model, loss_fn, batches, precision: str = "fp32") -> float:
+def step_flops(model, loss_of, batches) -> float:
     """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
         for batch in batches:
-            with autocast(next(model.parameters()).device, precision):
-                logits = model(batch.src, batch.tgt_in)
-            loss_fn(logits, batch.tgt_out).backward()
+            loss_of(batch.src, batch.tgt_in, batch.tgt_out).backward()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
+
+
+def baseline_loss(model, device: torch.device, precision: str, eps: float):
+    """torch.nn.Transformer's step: forward under autocast, autograd's label-smoothed CE."""
+    def loss_of(src, tgt_in, tgt_out):
+        with autocast(device, precision):
+            logits = model(src, tgt_in)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=PAD_ID,
+                               label_smoothing=eps, reduction="sum")
+    return loss_of
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -161,15 +171,14 @@ def launches_per_step(cfg, tokenizer, model, batch, precision: str) -> tuple[str
         return "aten ops", count_ops(step).total
 
 
-def run(model, loss_fn, batches, optimizer, precision: str = "fp32") -> float:
+def run(loss_of, batches, optimizer, device: torch.device) -> float:
+    """Target tokens/s of one optimizer step per batch; ``loss_of``: forward and loss, the
+    trainer's own function (train/forward_loss.py, compiled as train.compile compiles it)."""
     tokens = 0
-    device = next(model.parameters()).device
     synchronize(device)
     start = time.perf_counter()
     for batch in batches:
-        with autocast(device, precision):
-            logits = model(batch.src, batch.tgt_in)
-        loss = loss_fn(logits, batch.tgt_out)
+        loss = loss_of(batch.src, batch.tgt_in, batch.tgt_out)
         (loss / batch.n_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -228,7 +237,7 @@ def onmt_trainer_rate(venv: str, cfg, steps: int, every: int) -> tuple[float, li
     return statistics.median(rates), rates, per_batch
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/multi30k.yaml")
     parser.add_argument("--steps", type=int, default=20, help="batches per round")
@@ -238,77 +247,83 @@ def main() -> None:
     parser.add_argument("--trainer-steps", type=int, default=0, help="also time whole trainers for this many steps")
     parser.add_argument("--report-every", type=int, default=10, help="steps per tokens/s report in --trainer-steps")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (bf16 autocast), auto")
-    parser.add_argument("--compile", action="store_true", help="time xformer's model under torch.compile (the trainer's train.compile)")
+    parser.add_argument("--compile", action="store_true",
+                        help="time xformer's model and loss under torch.compile, as train.compile runs them")
+    parser.add_argument("--length-bucket", type=int, default=0,
+                        help="batches of declared shapes, as train.length_bucket (with --compile on CUDA: CUDA graphs)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    cfg = load_config(args.config, args.set)
+
+def load_batches(cfg, args, device: torch.device):
+    """(tokenizer, batch plan, batches on ``device``): the first --pairs pairs, batched as the trainer does."""
     corpus = load_corpus(cfg.data.train[0], cfg.data.src_lang, cfg.data.tgt_lang, "train")
     corpus.src, corpus.tgt = corpus.src[: args.pairs], corpus.tgt[: args.pairs]
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)
-    index_batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.max_tokens, seed=1)[: args.steps]
-    device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
-    batches = [data.batch(idx).to(device) for idx in index_batches]
+    plan = plan_for(data, cfg.train.max_tokens, args.length_bucket, seed=1)  # the trainer's batches
+    return tokenizer, plan, [plan.load(idx).to(device) for idx in plan.batches(0)[: args.steps]]
 
-    auto, why = resolve_precision("auto", device)
+
+def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):
+    """[(name, label, timed loss_of, eager loss_of (FLOP count), model, optimizer)] and xformer's model.
+    Ours is the trainer's step: its half-weight cache (CUDA, bf16, eager) and its forward-and-loss
+    function, compiled as train.compile compiles it (CUDA graphs with --length-bucket on CUDA).
+    One model trains in both precisions: the weights stay fp32 either way, only the autocast differs."""
     torch.manual_seed(0)
     ours = build_model(cfg, tokenizer).train().to(device)
     m = cfg.model
     theirs = TorchBaseline(tokenizer.src_vocab_size, m.d_model, m.d_ff, m.n_heads, m.encoder_layers,
                            m.decoder_layers, m.dropout).train().to(device)
     eps = cfg.train.label_smoothing
-    ours_loss = lambda logits, gold: label_smoothed_nll(logits, gold, eps, PAD_ID)[0]  # noqa: E731
-    theirs_loss = lambda logits, gold: F.cross_entropy(  # noqa: E731
-        logits.reshape(-1, logits.size(-1)), gold.reshape(-1), ignore_index=PAD_ID, label_smoothing=eps, reduction="sum")
     opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    # (name, label, model, loss, optimizer, precision); one model trains in both precisions:
-    # the weights stay fp32 either way, only the autocast differs.
-    ours_run = torch.compile(ours, dynamic=True) if args.compile else ours  # as the trainer's train.compile
-    systems = [("ours-fp32", "xformer fp32          ", ours_run, ours_loss, opt_ours, "fp32"),
-               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_run, ours_loss, opt_ours, auto),
-               ("theirs", "torch.nn.Transformer  ", theirs, theirs_loss, opt_theirs, "fp32")]
+    attach_half_weights(ours, opt_ours, device, auto, compiled=args.compile)
+    ours_eager = {p: forward_loss(ours, device, p, eps) for p in ("fp32", auto)}
+    shapes = 2 * len(plan.declared(cfg.data.max_len))  # each shape in both precisions: one compilation each
+    ours_timed = {p: compiled(fn, device, plan.static_shapes, shapes) if args.compile else fn for p, fn in ours_eager.items()}
+    systems = [("ours-fp32", "xformer fp32          ", ours_timed["fp32"], ours_eager["fp32"], ours, opt_ours),
+               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_timed[auto], ours_eager[auto], ours, opt_ours),
+               ("theirs", "torch.nn.Transformer  ", *[baseline_loss(theirs, device, "fp32", eps)] * 2, theirs, opt_theirs)]
     if auto == "fp32":
         systems.pop(1)
-    for _, _, model, loss_fn, opt, precision in systems:
-        run(model, loss_fn, batches[:2], opt, precision)  # warm-up
+    return systems, ours
+
+
+def time_systems(systems, batches, device: torch.device, rounds: int) -> dict[str, list[float]]:
+    """Target tokens/s of each system per round, rounds alternating so machine noise hits them alike."""
+    for _, _, loss_of, _, _, opt in systems:
+        run(loss_of, batches, opt, device)  # warm-up: every batch shape compiled (and its CUDA graph captured)
     rates: dict[str, list[float]] = {name: [] for name, *_ in systems}
-    for _ in range(args.rounds):
-        for name, _, model, loss_fn, opt, precision in systems:
-            rates[name].append(run(model, loss_fn, batches, opt, precision))
+    for _ in range(rounds):
+        for name, _, loss_of, _, _, opt in systems:
+            rates[name].append(run(loss_of, batches, opt, device))
+    return rates
+
+
+def report_model_loop(systems, rates, batches, device: torch.device) -> None:
+    """tokens/s, counted-FLOP MFU against matmuls timed here, and conventional MFU (spec peak)."""
     real = sum(b.n_tokens for b in batches)
     peaks = {"fp32": peak_matmul_flops(device, torch.float32), "bf16": peak_matmul_flops(device, torch.bfloat16)}
-    flops_per_token = {name: step_flops(model, fn, batches, precision) / real
-                       for name, _, model, fn, _, precision in systems}
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
-    print(f"machine: {where}, torch {torch.__version__}")
-    if device.type == "cpu":
-        flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
-        print(f"cpu flags: {' '.join(flags)}")
-    print(f"precision auto -> {auto} ({why}){'; model under torch.compile' if args.compile else ''}")
-    print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
-          f"  ({real / len(batches):.0f} target tokens per batch)")
+    flops_per_token = {name: step_flops(model, eager, batches) / real for name, _, _, eager, model, _ in systems}
     side = peak_matmul_size(device)
     print(f"peak matmul ({side}^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
-    for name, label, _, _, _, precision in systems:
+    for name, label, *_ in systems:
         rate = max(rates[name])
         achieved = rate * flops_per_token[name]
         print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peaks['fp32']:5.1%} of fp32 peak,"
               f" {achieved / peaks['bf16']:5.1%} of bf16 peak  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
               f" {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
     peak = spec_bf16_peak(device)
-    n_matmul = matmul_params(ours)
+    n_matmul = matmul_params(systems[0][4])
     for name, label, *_ in systems[:-1]:
         rate = max(rates[name])
         mfu = f"{6 * n_matmul * rate / peak:5.1%} of the spec bf16 peak" if peak else "n/a (no spec peak for this device)"
         print(f"conventional MFU {label.strip()}: 6 x {n_matmul / 1e6:.1f}M matmul params x {rate:.0f} tokens/s = {mfu}")
-    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
-    print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
-    for name, label, *_ in systems[:-1]:
-        print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
-    if not args.trainer_steps:
-        return
+
+
+def report_trainers(args, cfg, auto: str) -> None:
+    """Whole trainers: xformer train in fp32 and auto, and OpenNMT-py's onmt_train with --onmt-venv."""
     print(f"whole trainers, {args.trainer_steps} steps, tokens/s reported every {args.report_every} steps (median, first dropped):")
     trainer_rates = {}
     for precision in dict.fromkeys(["fp32", auto]):
@@ -322,6 +337,38 @@ def main() -> None:
         for precision, rate in trainer_rates.items():
             print(f"ratio xformer {precision} / OpenNMT-py: {rate / onmt_rate:.2f}x")
 
+
+def main() -> None:
+    args = parse_args()
+    cfg = load_config(args.config, args.set)
+    if cfg.train.max_tokens == "auto":  # the probe belongs to a training run; a benchmark names its batch
+        raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
+    device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
+    tokenizer, plan, batches = load_batches(cfg, args, device)
+    auto, why = resolve_precision("auto", device)
+    systems, ours = build_systems(cfg, args, tokenizer, plan, device, auto)
+    before = compilations()
+    rates = time_systems(systems, batches, device, args.rounds)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
+    print(f"machine: {where}, torch {torch.__version__}")
+    if device.type == "cpu":
+        flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2", "fma")))
+        print(f"cpu flags: {' '.join(flags)}")
+    shapes = len({(*b.src.shape, b.tgt_in.size(1)) for b in batches})
+    print(f"precision auto -> {auto} ({why})"
+          + (f"; model and loss under torch.compile (mode {compile_mode(device, plan.static_shapes)[0] or 'default'}): "
+             f"{compilations() - before} compilations for {shapes} batch shapes x {len(systems) - 1} precisions"
+             if args.compile else ""))
+    real = sum(b.n_tokens for b in batches)
+    print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
+          f"  ({real / len(batches):.0f} target tokens per batch)")
+    report_model_loop(systems, rates, batches, device)
+    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
+    print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
+    for name, label, *_ in systems[:-1]:
+        print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")
+    if args.trainer_steps:
+        report_trainers(args, cfg, auto)
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
 #   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
-#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 scripts/gpu_check.sh  # the whole check in two
-#                                           # device calls of under 10 minutes each (a call's limit)
+#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; GPU_CHECK_PART=3 ...  # the whole check in
+#                                           # three device calls of under 10 minutes each (a call's limit)
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
@@ -15,7 +15,8 @@
 #      one-process NCCL run under torchrun, each a few steps of a tiny model
 #   3. bench_train at the paper's base and big sizes (issue 20): tokens/s, MFU against the bf16
 #      peak and conventional MFU (spec peak), kernels per step; base at 8k tokens (bf16 vs
-#      fp32/TF32), base at 25k tokens, base compiled vs eager at 8k, big at the shipped big
+#      fp32/TF32), base at 25k tokens, base compiled vs eager at 8k on the same bucketed
+#      batches (train.length_bucket 8; compiled = CUDA graphs), big at the shipped big
 #      config's batch (3125 tokens); then configs/multi30k-gpu.yaml trained and scored on
 #      test2016 (beam 4), where that config exists
 #   4. a short real training of configs/wmt-news.yaml (newstest2013 valid), then newstest2014 BLEU
@@ -29,8 +30,10 @@ DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 QUICK="${GPU_CHECK_QUICK:-0}"
 ONLY="${GPU_CHECK_ONLY:-}"  # space-separated step names; empty = every step (a lease split into calls)
 case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on an H100
-  1) ONLY="tests train_bf16 train_fp16 train_compile train_torchrun_nccl bench_train_base bench_train_base_25k bench_train_big bench_train_base_compiled" ;;
-  2) ONLY="multi30k_gpu bleu_multi30k_gpu train_wmt_news bleu_newstest2014 bench_decode" ;;
+  1) ONLY="tests train_bf16 train_fp16 train_compile train_compile_buckets train_max_tokens_auto train_torchrun_nccl bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled" ;;
+  2) ONLY="train_wmt_news bleu_newstest2014 bench_decode" ;;
+  3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~9 minutes: the 8-minute run, averaging, tuning, test2016
+  4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -91,6 +94,15 @@ for variant in bf16 fp16; do
 done
 step train_compile xformer train -c configs/multi30k.yaml --quiet --overwrite "${TINY[@]}" \
   --set "run_dir=$OUT/tiny_compile" --set train.compile=true
+# The trainer's compiled step on declared shapes: mode reduce-overhead (CUDA graphs) on CUDA.
+step train_compile_buckets xformer train -c configs/multi30k.yaml --quiet --overwrite "${TINY[@]}" \
+  --set "run_dir=$OUT/tiny_compile_buckets" --set train.compile=true --set train.length_bucket=8
+grep -h '"compilations"' "$OUT/tiny_compile/metrics.jsonl" "$OUT/tiny_compile_buckets/metrics.jsonl" 2>/dev/null \
+  | tail -n 1 | sed 's/^/compiled tiny run, last metrics line: /' >> "$SUMMARY"
+# train.max_tokens: auto probes GPU memory once (the resolved value lands in config.yaml).
+step train_max_tokens_auto xformer train -c configs/multi30k.yaml --overwrite "${TINY[@]}" \
+  --set "run_dir=$OUT/tiny_auto" --set train.max_tokens=auto --set train.tokens_per_update=25000 --set train.length_bucket=8
+grep -hE "max_tokens: auto|tokens_per_update" "$OUT/train_max_tokens_auto.log" >> "$SUMMARY" 2>/dev/null
 step train_torchrun_nccl torchrun --standalone --nproc_per_node 1 -m xformer_cli train -c configs/multi30k.yaml --quiet \
   --overwrite "${TINY[@]}" --set "run_dir=$OUT/tiny_ddp"
 
@@ -102,19 +114,53 @@ step bench_train_base python scripts/bench_train.py --device "$DEVICE" --steps "
 step bench_train_base_25k python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --rounds 2 \
   --pairs 29000 --set "${SIZES_BASE_25K[@]}"
 step bench_train_big python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --set "${SETS_BIG[@]}"
-step bench_train_base_compiled python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --compile \
+# Compiled vs eager on the same bucketed batches (train.length_bucket 8): the trainer's own
+# compiled step (model + loss, train/forward_loss.py), CUDA graphs on CUDA.
+step bench_train_base_bucketed python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --length-bucket 8 \
   --set "${SETS_BASE[@]}"
-for log in bench_train_base bench_train_base_25k bench_train_big bench_train_base_compiled; do
+step bench_train_base_compiled python scripts/bench_train.py --device "$DEVICE" --steps "$BENCH_STEPS" --compile \
+  --length-bucket 8 --set "${SETS_BASE[@]}"
+for log in bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled; do
   [[ -f "$OUT/$log.log" ]] || continue
   echo "-- $log" >> "$SUMMARY"
   grep -hE "^(machine|peak|xformer|torch\.nn|ratio|config|conventional|kernels|aten|precision)" "$OUT/$log.log" >> "$SUMMARY"
+done
+
+# 3a. packed vs dynamic batches in the real trainer (issue 20: one static shape), paper-base model on
+# WMT-news, the same minutes each; the summary gets the median target tokens/s of each run.
+BATCHING_MINUTES="${GPU_CHECK_BATCHING_MINUTES:-1.5}"
+BATCHING_SETS=(--set "train.device=$DEVICE" --set "train.max_minutes=$BATCHING_MINUTES" --set train.valid_every=100000
+               --set train.average_last=0 --set train.max_tokens=8000 --set model.d_model=512 --set model.d_ff=2048
+               --set model.n_heads=8)
+[[ "$QUICK" == 1 ]] && BATCHING_SETS+=("${WMT_SETS[@]}" --set train.max_tokens=1000)
+for variant in dynamic packed packed_compiled; do
+  batching="${variant%_compiled}"
+  compile=$([[ "$variant" == *_compiled ]] && echo true || echo false)
+  step "batching_$variant" xformer train -c configs/wmt-news.yaml --quiet --overwrite "${BATCHING_SETS[@]}" \
+    --set "run_dir=$OUT/batching_$variant" --set "train.batching=$batching" --set "train.compile=$compile"
+  python - "$OUT/batching_$variant/metrics.jsonl" "$variant" >> "$SUMMARY" 2>/dev/null <<'PY'
+import json, statistics, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+print(f"batching {sys.argv[2]}: median {statistics.median(r['tokens_per_s'] for r in rows[1:] or rows):.0f} target tokens/s "
+      f"over {len(rows)} log lines, step {rows[-1]['step'] if rows else 0}")
+PY
 done
 
 # 3b. the Multi30k GPU config (issue 20's target: test2016 sacreBLEU >= 40, beam 4, within 10 minutes)
 if [[ -f configs/multi30k-gpu.yaml ]]; then
   step multi30k_gpu xformer train -c configs/multi30k-gpu.yaml --quiet --overwrite --set "run_dir=$OUT/m30k-gpu" \
     --set "train.device=$DEVICE" "${M30K_GPU_SETS[@]}"
-  grep -E "valid_bleu" "$OUT/m30k-gpu/metrics.jsonl" 2>/dev/null | tail -1 >> "$SUMMARY"
+  # Every validation's BLEU, the averaging and the length-penalty search: what tuning on valid reads.
+  python - "$OUT/m30k-gpu/metrics.jsonl" >> "$SUMMARY" 2>/dev/null <<'PY'
+import json, sys
+for row in map(json.loads, open(sys.argv[1])):
+    if "averaged_steps" in row:
+        print(f"  average of steps {row['averaged_steps']}: valid BLEU {row['valid_bleu']} (loss {row['valid_loss']})")
+    elif "valid_bleu" in row:
+        print(f"  step {row['step']} ({row['minutes']} min, epoch {row['epoch']}): valid BLEU {row['valid_bleu']} (loss {row['valid_loss']})")
+    elif "length_penalty" in row:
+        print(f"  length penalty {row['length_penalty']} chosen: valid BLEU by alpha {row['length_penalty_valid_bleu']}")
+PY
   M30K_TEST="$DATA/multi30k/test2016"; M30K_LINES=$([[ "$TEST_LINES" != 0 ]] && echo "$TEST_LINES" || echo 1000000)
   head -n "$M30K_LINES" "$M30K_TEST.en" > "$OUT/test2016.en"; head -n "$M30K_LINES" "$M30K_TEST.de" > "$OUT/test2016.de"
   step bleu_multi30k_gpu xformer eval-bleu -m "$OUT/m30k-gpu/best.pt" --device "$DEVICE" --beam-size 4 \

@@ -9,6 +9,8 @@ from helpers import ROOT
 SHIPPED = {
     "multi30k.yaml": (256, 4, 3, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
                                   "/data/multi30k/test2016 | bentrevett/multi30k"]),
+    "multi30k-gpu.yaml": (512, 4, 6, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
+                                      "/data/multi30k/test2016 | bentrevett/multi30k"]),
     "wmt-news.yaml": (256, 4, 3, ["/data/wmt-news/train", "/data/wmt14/newstest2013", "/data/wmt14/newstest2014"]),
     "wmt14-en-de-base.yaml": (512, 8, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
     "wmt14-en-de-big.yaml": (1024, 16, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
@@ -61,7 +63,7 @@ def test_environment_variables_expand_in_paths(monkeypatch):
     [
         ("model.d_modle=256", "unknown config key 'model.d_modle' (did you mean 'model.d_model'?)"),
         ("model.n_heads=5", "config key 'model.d_model': 256 is not divisible by model.n_heads=5"),
-        ("train.max_tokens=lots", "config key 'train.max_tokens': expected int, got 'lots'"),
+        ("train.max_tokens=lots", "config key 'train.max_tokens': expected int or 'auto', got 'lots'"),
         ("model.dropout=1.5", "config key 'model.dropout': must be in [0, 1)"),
         ("decode.beam_size=0", "config key 'decode.beam_size': must be at least 1"),
         ("bogus.key=1", "unknown config key 'bogus'"),

@@ -22,16 +22,17 @@ ZEN3 = {"avx2", "fma", "sse4_2"}
 
 @pytest.mark.parametrize("flags, installed, blockers, expected", [
     (SAPPHIRE_RAPIDS, True, (), ("xformer", "bf16")),  # AMX: PyTorch bf16 beats CTranslate2
-    (ZEN4, True, (), ("ctranslate2", "float32")),  # int8: faster still, but more than 0.2 BLEU lost
-    (ZEN3, True, (), ("ctranslate2", "float32")),
+    (ZEN4, True, (), ("xformer", "bf16")),  # CTranslate2's beam search lost more than 0.2 BLEU
+    (ZEN3, True, (), ("ctranslate2", "float32")),  # greedy on a CPU without bf16: fp32's output, faster
+    (ZEN3, True, ("beam_search",), ("xformer", "fp32")),
     (ZEN4, False, (), ("xformer", "bf16")),  # CTranslate2 not installed: PyTorch's own rule
     (ZEN3, False, (), ("xformer", "fp32")),
-    (ZEN4, True, ("ensemble",), ("xformer", "bf16")),  # what CTranslate2 cannot do keeps PyTorch
+    (ZEN3, True, ("ensemble",), ("xformer", "fp32")),  # what CTranslate2 cannot do keeps PyTorch
 ])
 def test_precision_auto_follows_the_cpu_flags_and_what_is_installed(flags, installed, blockers, expected):
     engine, precision, why = auto_choice(flags, installed, blockers)
     assert (engine, precision) == expected
-    assert why and ("ensemble" in why) == bool(blockers)
+    assert why and ("ensemble" in why) == ("ensemble" in blockers)
 
 
 def _fake_export(directory):
@@ -79,14 +80,16 @@ def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
         chosen = choose_engine(list(paths), *args, device="cpu", **kw)
         return chosen.engine, chosen.precision, chosen.device
 
-    assert choose(flags=ZEN4) == ("ctranslate2", "float32", "cpu")
+    assert choose(flags=ZEN3) == ("ctranslate2", "float32", "cpu")
+    assert choose(flags=ZEN3, needs=["beam_search"])[:2] == ("xformer", "fp32")
+    assert choose(flags=ZEN4) == ("xformer", "bf16", "cpu")
     assert choose(flags=SAPPHIRE_RAPIDS)[:2] == ("xformer", "bf16")
     assert choose(needs=["attention"], flags=ZEN4)[:2] == ("xformer", "bf16")
     assert choose("xformer", flags=ZEN4)[:2] == ("xformer", "bf16")  # an engine asked for is kept
     assert choose("auto", "fp32")[:2] == ("xformer", "fp32")
     assert choose("xformer", "int8")[:2] == ("ctranslate2", "int8")  # int8 is CTranslate2's, as before
     assert choose("ctranslate2", "fp32")[:2] == ("ctranslate2", "float32")
-    assert choose(paths=[checkpoint, checkpoint], flags=ZEN4)[:2] == ("xformer", "bf16")  # an ensemble
+    assert choose(paths=[checkpoint, checkpoint], flags=ZEN3)[:2] == ("xformer", "fp32")  # an ensemble
     with pytest.raises(XformerError, match="--precision must be one of"):
         choose("auto", "fp64")
     with pytest.raises(XformerError, match="--engine must be one of"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xformer_cli import errors, fileio
+from xformer_cli import fileio
+from xformer_cli.errors import XformerError
 from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.fileio import atomic_directory, atomic_file
 from xformer_cli.textio import write_lines
@@ -110,7 +111,7 @@ def test_a_directory_that_must_not_be_replaced_is_kept_and_the_staging_removed(t
 
 def test_a_full_disk_is_one_line_naming_the_file_and_what_is_safe(tmp_path):
     path = tmp_path / "out.txt"
-    with pytest.raises(errors.XformerError) as info:
+    with pytest.raises(XformerError) as info:
         with fileio.writing(path, needed=3 << 20, intact="the previous out.txt is unchanged"):
             raise RuntimeError("write failed") from OSError(errno.ENOSPC, "No space left on device")
     message = str(info.value)
@@ -119,10 +120,3 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_is_safe(tmp_path):
     with pytest.raises(OSError, match="Permission"):  # anything else passes through as it was
         with fileio.writing(path):
             raise OSError(errno.EACCES, "Permission denied")
-
-
-def test_errors_still_offers_the_moved_helpers():
-    assert errors.writing is fileio.writing and errors.disk_full is fileio.disk_full
-    assert errors.disk_full_error is fileio.disk_full_error
-    with pytest.raises(AttributeError):
-        errors.atomic_file

@@ -20,6 +20,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from xformer_cli.serve.app import create_app  # noqa: E402
 from xformer_cli.serve.protocol import Limits  # noqa: E402
+from xformer_cli.text import TextResult  # noqa: E402
 
 
 class FakeEngine:
@@ -28,14 +29,17 @@ class FakeEngine:
     def __init__(self, gate: "threading.Event | None" = None):
         self.gate, self.entered, self.calls = gate, threading.Event(), []
 
-    def translate(self, texts, beam_size=None):
+    def translate(self, texts, beam_size=None, alternatives=0):
         self.calls.append((list(texts), beam_size))
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(10)
         if "crash" in texts:
             raise RuntimeError("out of memory, say")
-        return [f"[{beam_size}] {text[::-1]}" if text.strip() else "" for text in texts]
+        out = [f"[{beam_size}] {text[::-1]}" if text.strip() else "" for text in texts]
+        if alternatives:  # the n-best: the k-th alternative says its rank
+            return [TextResult(text, [f"{text} #{k}" for k in range(1, alternatives + 1)]) for text in out]
+        return out
 
 
 def client_for(engine=None, **kwargs) -> TestClient:
@@ -57,7 +61,7 @@ def test_translate_one_text_and_a_list():
         assert res.json() == {"translatedText": ["[2] eno", "", "[2] owt"]}
 
         res = post(client, q="Hi", source="auto", target="de", alternatives=3)  # LibreTranslate's extras
-        assert res.json() == {"translatedText": "[4] iH", "alternatives": [],
+        assert res.json() == {"translatedText": "[4] iH", "alternatives": ["[4] iH #1", "[4] iH #2", "[4] iH #3"],
                               "detectedLanguage": {"language": "en", "confidence": 100.0}}
 
         res = client.post("/translate", data={"q": "form", "source": "en", "target": "de"})  # an HTML form
@@ -98,7 +102,7 @@ def test_languages_health_and_page():
     (b'{"q": "x", "source": "fr", "target": "de"}', 400, "this model translates en->de"),
     (b'{"q": "x", "source": "en", "target": "fr"}', 400, "not supported"),
     (b'{"q": "x", "source": ["en"], "target": "de"}', 400, "language code"),
-    (b'{"q": "x", "source": "en", "target": "de", "format": "html"}', 400, "only text"),
+    (b'{"q": "x", "source": "en", "target": "de", "format": "xml"}', 400, "only text or html"),
     (b'{"q": "x", "source": "en", "target": "de", "beam_size": 0}', 400, "beam_size"),
     (b'{"q": "x", "source": "en", "target": "de", "beam_size": "wide"}', 400, "beam_size"),
     (b'{"q": "x", "source": "en", "target": "de", "beam_size": true}', 400, "beam_size"),

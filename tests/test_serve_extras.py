@@ -33,7 +33,7 @@ class FakeEngine:
     def __init__(self, gate: "threading.Event | None" = None):
         self.gate, self.entered, self.calls = gate, threading.Event(), []
 
-    def translate(self, texts, beam_size=None):
+    def translate(self, texts, beam_size=None, **options):
         self.calls.append(list(texts))
         self.entered.set()
         if self.gate is not None:
@@ -170,13 +170,20 @@ def test_translate_a_text_file_and_download_it_once():
         assert client.get(bom).content == b"\xef\xbb\xbfHELLO\n"
 
 
-def test_an_html_file_is_accepted_and_returns_a_file():
-    with client_for() as client:
-        res = upload(client, "page.html", b"<html><body><p>A dog runs.</p></body></html>\n")
+def test_an_html_file_is_translated_as_html():
+    from text_fakes import FakeEngine as TextEngine
+
+    from xformer_cli.serve.engine import ServedModel
+
+    page = b"<html><head><script>var a = 1;</script></head><body>\n<p>A <b>dog</b> runs.</p>\n<pre>keep me</pre></body></html>\n"
+    with client_for(ServedModel(TextEngine(), "fake", "xformer", "fp32", "en", "de", 4)) as client:
+        res = upload(client, "page.html", page)
         assert res.status_code == 200, res.text
         got = client.get(res.json()["translatedFileUrl"])
         assert got.status_code == 200 and got.headers["content-type"] == "text/html; charset=utf-8"
-        assert got.headers["content-disposition"] == 'attachment; filename="page.de.html"' and got.content.strip()
+        assert got.headers["content-disposition"] == 'attachment; filename="page.de.html"'
+        # the text translated, tags, script and code kept
+        assert got.content == page.replace(b"A <b>dog</b> runs.", b"A <b>DOG</b> RUNS.")
 
 
 @pytest.mark.parametrize("name, data, status, fragment", [

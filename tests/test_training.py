@@ -11,7 +11,7 @@ import torch
 
 from xformer_cli.errors import XformerError
 from xformer_cli.train import metrics as metrics_module
-from xformer_cli.train import trainer as trainer_module
+from xformer_cli.train import forward_loss as forward_loss_module
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli import checkpoint as checkpoint_module
 from xformer_cli.checkpoint import load_checkpoint
@@ -88,7 +88,7 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
 
 @pytest.mark.slow
 def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(small_corpus, tmp_path, monkeypatch):
-    real = trainer_module.label_smoothed_nll
+    real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}
     poisoned = {3}
 
@@ -97,7 +97,7 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(sm
         loss, nll = real(logits, target, eps, pad)
         return (loss * float("nan"), nll) if calls["n"] in poisoned else (loss, nll)
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll", sometimes_nan)
+    monkeypatch.setattr(forward_loss_module, "label_smoothed_nll", sometimes_nan)
     messages = []
     result = train(tiny_config(small_corpus, tmp_path / "one", **{"train.max_steps": 5}), log=messages.append, progress=False)
     assert result.steps == 5
@@ -231,7 +231,7 @@ def test_prefetch_keeps_order_stops_early_and_surfaces_errors():
 
 @pytest.mark.slow
 def test_an_out_of_memory_batch_is_skipped(small_corpus, tmp_path, monkeypatch):
-    real = trainer_module.label_smoothed_nll
+    real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}
 
     def oom_once(*args):
@@ -240,7 +240,7 @@ def test_an_out_of_memory_batch_is_skipped(small_corpus, tmp_path, monkeypatch):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(*args)
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll", oom_once)
+    monkeypatch.setattr(forward_loss_module, "label_smoothed_nll", oom_once)
     messages = []
     result = train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 4}), log=messages.append, progress=False)
     assert result.steps == 4
@@ -309,3 +309,58 @@ def test_the_loss_logged_after_a_resume_averages_the_same_steps(small_corpus, tm
     assert sorted(b) == [5, 10, 15]
     for step in (5, 10, 15):
         assert b[step] == pytest.approx(a[step], abs=1e-5), step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bucketed_training_resumes_bit_identically(small_corpus, tmp_path, precision):
+    """train.length_bucket on: every batch has a declared shape, and a run stopped mid-epoch
+    and resumed gives the uninterrupted run's losses and weights bit for bit."""
+    sets = {"train.length_bucket": 8, "train.precision": precision}
+    whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    assert whole.run().steps == 12
+    declared = {(rows, width, width) for rows, width in whole.plan.declared(whole.config.data.max_len)}
+    assert whole.shapes_seen and whole.shapes_seen <= declared
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["config"]["train"]["length_bucket"] == 8
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 13))
+    for step in range(7, 13):
+        assert b[step] == a[step], step
+    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_packed_training_has_one_shape_learns_and_resumes_bit_identically(small_corpus, tmp_path, precision):
+    """train.batching: packed: every batch has the plan's one shape, the loss falls, and a run
+    stopped mid-epoch and resumed gives the uninterrupted run's losses and weights bit for bit."""
+    sets = {"train.batching": "packed", "train.precision": precision, "train.log_every": 1}
+    whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    assert whole.run().steps == 12
+    assert whole.shapes_seen == set(whole.plan.declared(whole.config.data.max_len))
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 13)) and a[12] < a[1]
+    for step in range(7, 13):
+        assert b[step] == a[step], step
+    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.mark.slow
+def test_resuming_with_another_length_bucket_is_refused_and_old_checkpoints_read_it_as_off(small_corpus, tmp_path):
+    train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2}), log=quiet, progress=False)
+    with pytest.raises(XformerError, match="train.length_bucket"):
+        train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 4, "train.length_bucket": 8}),
+              log=quiet, progress=False)
+    last = tmp_path / "run" / "last.pt"
+    old = torch.load(last, weights_only=False)
+    del old["config"]["train"]["length_bucket"], old["config"]["train"]["tokens_per_update"]  # as before the keys
+    torch.save(old, last)
+    assert train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 4}), log=quiet, progress=False).steps == 4

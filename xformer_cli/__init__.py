@@ -1,6 +1,6 @@
 """xformer: a from-scratch Transformer translation trainer (train, translate, eval-bleu)."""
 
-__version__ = "0.1.0"
+from xformer_cli.version import __version__
 
 __all__ = ["Translator", "load_engine", "__version__"]
 

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from xformer_cli import __version__
+from xformer_cli.version import __version__
 from xformer_cli.errors import XformerError
 
 app = typer.Typer(
@@ -48,7 +48,7 @@ def user_errors(fn):
         except MemoryError:
             _fail("out of memory; lower train.max_tokens or decode.batch_size")
         except (OSError, RuntimeError) as exc:
-            from xformer_cli.errors import disk_full
+            from xformer_cli.fileio import disk_full
 
             if not disk_full(exc):
                 raise
@@ -204,6 +204,9 @@ def translate(
     attention: Optional[Path] = typer.Option(None, "--attention", help="Also plot encoder-decoder attention to this PNG."),
     attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
+    split_sentences: bool = typer.Option(True, "--split-sentences/--no-split-sentences", help="Split a line holding several sentences into sentences (the checkpoint's source language rules), translate them together, join them back with the source's whitespace."),
+    format: str = typer.Option("text", "--format", help="text, or html: translate the text of each line as HTML, keeping tags, entities, script, style, code and pre as they are."),
+    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs, e-mail addresses and numbers unchanged."),
 ) -> None:
     """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
 
@@ -213,9 +216,10 @@ def translate(
     _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
+    text_options = _text_options(checkpoints[0], split_sentences, format, glossary, nbest)
     needs = tuple(name for name, wanted in (("attention", attention is not None), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
-                                            ("use_cache", no_cache)) if wanted)
+                                            ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
     translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine in fp32 or bf16, not {translator.name}")
@@ -224,20 +228,33 @@ def translate(
                                  max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,
                                  temperature=temperature, seed=seed, use_cache=not no_cache)
     wanted = max(attention_sentences, 1) if attention is not None else 0
-    plotted = _translate_stream(translator, options, input, output, progress, chunk_lines, wanted)
+    plotted = _translate_stream(translator, options, text_options, input, output, progress, chunk_lines, wanted)
     _warn_cut_lines(translator, max_input_len)
     if attention is not None:
         _plot_attention(translator, plotted, attention, beam_size, attention_heads)
 
 
-def _translate_stream(translator, options, input: Optional[Path], output: Optional[Path], progress: Optional[bool],
-                      chunk_lines: int, keep: int) -> list[str]:
+def _text_options(model: Path, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int):
+    """How ``translate`` reads its lines: the sentence splitter's language from the model."""
+    from xformer_cli.serve.engine import model_languages
+    from xformer_cli.text import TextOptions, load_glossary
+    from xformer_cli.text.pipeline import FORMATS
+
+    if format not in FORMATS:
+        raise XformerError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
+    languages = model_languages(model) if model.exists() else None
+    return TextOptions(source_lang=languages[0] if languages else "en", split_sentences=split_sentences, format=format,
+                       glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1)
+
+
+def _translate_stream(translator, options, text_options, input: Optional[Path], output: Optional[Path],
+                      progress: Optional[bool], chunk_lines: int, keep: int) -> list[str]:
     """Translate ``input`` (stdin when None or "-") to ``output`` (stdout when None), with a
     progress bar when asked or when a file is read on a terminal; returns the first ``keep``
     non-empty input lines (for an attention plot), kept as the input streams by."""
     from tqdm import tqdm
 
-    from xformer_cli.decode.engine import translate_lines
+    from xformer_cli.text.pipeline import result_lines, translate_text_stream
     from xformer_cli.textio import count_lines, iter_lines, open_output
 
     from_file = input is not None and str(input) != "-"
@@ -252,7 +269,8 @@ def _translate_stream(translator, options, input: Optional[Path], output: Option
             yield line
 
     with open_output(output) as out, tqdm(total=total, unit="line", disable=not show, file=sys.stderr) as bar:
-        for text in translate_lines(translator, remember(iter_lines(input)), options, chunk_lines):
+        results = translate_text_stream(translator, remember(iter_lines(input)), text_options, options, chunk_lines)
+        for text in result_lines(results, options.nbest):
             out.write(text + "\n")
             bar.update(1 if options.nbest == 1 else 1 / options.nbest)
     return kept
@@ -329,7 +347,8 @@ def eval_bleu(
     if checkpoint is not None:
         if src is None:
             raise XformerError("--checkpoint needs --src (the source side to translate)")
-        translator = _load_engine([checkpoint], engine, precision, device, threads)
+        needs = ("beam_search",) if beam_size != 1 else ()
+        translator = _load_engine([checkpoint], engine, precision, device, threads, needs)
         lines = source_lines if source_lines is not None else _read_source(src)
         translated = translator.translate(lines, beam_size, length_penalty, batch_size=batch_size)
         _warn_cut_lines(translator)
@@ -442,6 +461,7 @@ def serve(
     threads: int = typer.Option(0, "--threads", help="CPU threads for the engine; 0 = $OMP_NUM_THREADS if set, else one fewer than the cores (the one left runs HTTP)."),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
     graceful_timeout: float = typer.Option(30.0, "--graceful-timeout", help="On SIGTERM, seconds to let in-flight requests finish."),
+    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term, forced in every request (a request's own glossary field goes over it)."),
     cors: Optional[list[str]] = typer.Option(None, "--cors", metavar="ORIGIN", help="Let web pages of this origin (https://example.org; repeatable; * for any) call the API from a browser. Default: no CORS headers."),
     max_file_bytes: int = typer.Option(1 << 20, "--max-file-bytes", metavar="BYTES", help="Largest file POST /translate_file takes (413 past it)."),
 ) -> None:
@@ -469,7 +489,7 @@ def serve(
                limits=Limits(max_chars=max_chars, max_texts=max_texts),
                batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
                             max_queued=max_queue),
-               access_log=access_log, graceful_timeout=graceful_timeout, log=_log, cors=origins,
+               access_log=access_log, graceful_timeout=graceful_timeout, log=_log, glossary=glossary, cors=origins,
                max_file_bytes=max_file_bytes)
 
 

@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -85,8 +85,13 @@ BATCHINGS = ("dynamic", "packed")
 
 @dataclass
 class TrainConfig:
-    max_tokens: int = 4096  # token slots (padding included) per batch, per side
+    # Token slots (padding included) per batch, per side; auto = the largest batch that fits in
+    # GPU memory, probed once at the start (train/batch_size.py; config.yaml keeps the value).
+    max_tokens: Union[int, Literal["auto"]] = 4096
     update_freq: int = 1  # batches accumulated per optimizer step
+    # Token slots per optimizer step; > 0 sets update_freq (the fewest batches of at most
+    # max_tokens, in place of the value given) and max_tokens (equal shares). 0 = off.
+    tokens_per_update: int = 0
     # Static batch shapes: lengths rounded up to a multiple of this, rows fixed per length
     # (data/batching.make_bucketed_batches), so compiled code and CUDA graphs are built once
     # per shape. 0 = off: every batch is as wide as its longest pair.
@@ -192,9 +197,25 @@ def _expand_env(text: str, key: str) -> str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X]
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return None if value is None else _coerce(value, inner, key)
+    if origin is typing.Union:  # Optional[X], or one of several types (the first that takes the value)
+        arms = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(arms) < len(typing.get_args(tp)):
+            return None
+        for arm in arms:
+            try:
+                return _coerce(value, arm, key)
+            except XformerError:
+                continue
+        names = [repr(c) for a in arms for c in typing.get_args(a)] if len(arms) > 1 else []
+        if not names:
+            return _coerce(value, arms[0], key)  # its own message
+        kinds = [a.__name__ for a in arms if typing.get_origin(a) is not Literal] + names
+        raise XformerError(f"config key '{key}': expected {' or '.join(kinds)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value
+        raise XformerError(f"config key '{key}': expected {' or '.join(map(repr, choices))}, got {value!r}")
     if origin is list:
         (inner,) = typing.get_args(tp)
         items = value if isinstance(value, list) else [value]  # a single item stands for a list of one
@@ -316,7 +337,8 @@ def validate(cfg: Config) -> None:
     _require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
     _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
-    _require(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
+    _require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
     _require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
     _require(t.batching in BATCHINGS, "train.batching", f"must be one of {', '.join(BATCHINGS)}")
     _require(not (t.batching == "packed" and t.length_bucket), "train.length_bucket",

@@ -13,9 +13,10 @@ export``, or a checkpoint exported at start).
 Precision, one list for both engines: ``fp32`` and ``bf16`` (either engine), ``int8`` (the
 CTranslate2 engine, int8 weights), or any other CTranslate2 compute type (``int8_float32``,
 ``int8_bfloat16``, ``float16``, ...), which selects the CTranslate2 engine. ``auto`` (the
-default) picks the engine too (``auto_choice``): on CUDA and on a CPU with AMX, PyTorch in
-bf16; on other CPUs CTranslate2 float32 when it is installed and the request needs nothing
-it lacks (an ensemble, attention maps, sampling, the uncached search), else PyTorch.
+default) picks the engine too (``auto_choice``): the fastest engine whose BLEU stays within
+0.2 of PyTorch fp32. PyTorch bf16 on CUDA and on CPUs that compute bf16; CTranslate2 float32
+only for greedy search on other CPUs (its output is fp32's there; its beam search ranks and
+stops otherwise than xformer's GNMT search and lost more than 0.2 BLEU); else PyTorch fp32.
 
 Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
 (torch for xformer, CTranslate2 for ctranslate2), else the CPU.
@@ -48,7 +49,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8", "int8_float32", "int8_bfloat16", "
               "float32", "bfloat16", "float16")
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
 # and the rest): with any of them, precision auto stays on PyTorch.
-XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache")
+# "beam_search": xformer's GNMT-exact beam search (CTranslate2's ranks and stops otherwise and
+# lost 0.2-0.3 BLEU against it: BENCHMARKS.md, "Choosing the engine").
+XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
 
 Log = Callable[[str], None]
 
@@ -87,20 +90,23 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
     """``--precision auto`` on a CPU with ``flags``: (engine, precision, why).
 
     The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (BENCHMARKS.md, "Choosing
-    the engine"): PyTorch bf16 where AMX computes it; elsewhere CTranslate2 float32 (its int8
-    was faster still at beam 5 but lost more than 0.2 BLEU), when it is installed and the
-    request needs nothing it lacks (``blockers``); else PyTorch with its own rule."""
+    the engine"). PyTorch bf16 where the CPU computes bf16 (AMX, AVX512-BF16: within 0.05 BLEU).
+    CTranslate2 is faster at beam 5 on a CPU without AMX but its beam search lost 0.19-0.27
+    BLEU, and its int8 more: it is chosen only for greedy search (``beam_search`` not among
+    ``blockers``), where its float32 output is fp32's, on a CPU where PyTorch would run fp32."""
     from xformer_cli.device import torch_cpu_precision
 
     flags = frozenset(flags)
     torch_precision, torch_why = torch_cpu_precision(flags)
     if "amx_bf16" in flags:
         return "xformer", "bf16", "AMX computes bf16: PyTorch bf16 is the fastest engine on this CPU"
+    if torch_precision == "bf16":
+        return "xformer", "bf16", f"{torch_why}; CTranslate2's beam search lost more than 0.2 BLEU"
     if blockers:
-        return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)}"
+        return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)} as xformer's"
     if not ct2_available:
-        return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for the faster engine"
-    return "ctranslate2", "float32", "no AMX: CTranslate2 float32 is the fastest engine on this CPU within 0.2 BLEU of fp32"
+        return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for faster greedy search"
+    return "ctranslate2", "float32", "greedy search on a CPU without bf16: CTranslate2 float32 gives fp32's output, faster"
 
 
 def engine_device(engine: str, device: str = "auto") -> str:

@@ -104,6 +104,19 @@ class Translator(Engine):
                 results[i] = hyps
         return results
 
+    def alignment_weights(self, line: str, tokens: list[int], layer: int = -2) -> torch.Tensor:
+        """Cross-attention of one translation (``tokens``, without bos/eos) of ``line``:
+        (target pieces + eos, source pieces + eos), mean over the heads of ``layer`` (the
+        one below the top by default: a decoder's upper middle layers align best, the top
+        one looks ahead to the next word)."""
+        src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
+        src = encode_source_batch([src_ids]).to(self.device)
+        tgt_in = pad([tokens], prefix=(BOS_ID,)).to(self.device)
+        with torch.no_grad():
+            layers = self.model.cross_attention(src, tgt_in)
+        chosen = layers[max(len(layers) + layer, 0) if layer < 0 else min(layer, len(layers) - 1)]
+        return chosen[0].float().mean(dim=0).cpu()
+
     def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
         """Translate each line, then read the cross-attention the model paid to produce it."""
         maps = []

@@ -167,7 +167,7 @@ def _set_decoder(spec, model, positions) -> None:
 
 def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: Optional[str], model_cfg) -> None:
     """The sentencepiece model(s) and ``xformer_export.json`` next to CTranslate2's files."""
-    from xformer_cli import __version__
+    from xformer_cli.version import __version__
 
     if tokenizer.joint:
         (directory / JOINT_SPM).write_bytes(tokenizer.src_model_bytes)

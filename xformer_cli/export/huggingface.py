@@ -221,7 +221,7 @@ def _vocabulary(sp) -> dict[str, int]:
 
 
 def _write_info(directory: Path, tokenizer: Tokenizer, decode, generation_config) -> None:
-    from xformer_cli import __version__
+    from xformer_cli.version import __version__
 
     _write_json(directory / EXPORT_INFO, {
         "format": "xformer-huggingface",

@@ -121,7 +121,7 @@ def add_error_handlers(app, log: Callable[[str], None]) -> None:
 
 def decode_options(req: TranslateRequest, engine: Any) -> dict[str, Any]:
     """The engine options a request asks for; requests share an engine call only when equal."""
-    return {"beam_size": req.beam_size or engine.beam_size}
+    return {**req.options(), "beam_size": req.beam_size or engine.beam_size}
 
 
 def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]):

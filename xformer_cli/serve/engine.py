@@ -18,6 +18,7 @@ from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.factory import load_engine
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import read_export_info
+from xformer_cli.text import Glossary, TextOptions, TextResult, load_glossary, translate_texts
 
 
 @dataclass
@@ -33,8 +34,20 @@ class ServedModel:
     beam_size: Optional[int]  # the model's default beam, None if unknown
     threads: int = 0  # CPU threads the engine computes with
 
-    def translate(self, texts: list[str], beam_size: Optional[int] = None) -> list[str]:
-        return self.translator.translate(texts, beam_size=beam_size or self.beam_size)
+    glossary: Optional[Glossary] = None  # serve --glossary: every request's, under the request's own
+
+    def translate(self, texts: list[str], beam_size: Optional[int] = None, format: str = "text",
+                  glossary: tuple = (), alternatives: int = 0, split_sentences: bool = True) -> list[TextResult]:
+        """One ``TextResult`` per text: sentences split and translated in one engine call,
+        HTML kept around its text, glossary terms (``glossary``: (source, target) pairs, over
+        the server's) forced, and ``alternatives`` more translations from the n-best lists."""
+        terms = self.glossary or (Glossary() if glossary else None)
+        if glossary:
+            terms = terms.merged(Glossary.from_dict(dict(glossary)))
+        opts = TextOptions(source_lang=self.source, split_sentences=split_sentences, format=format, glossary=terms,
+                           alternatives=alternatives)
+        beam = max(beam_size or self.beam_size or 1, alternatives + 1)
+        return translate_texts(self.translator, texts, opts, self.translator.options(beam_size=beam))
 
     @property
     def truncated_lines(self) -> int:
@@ -52,6 +65,7 @@ def load_served_model(
     threads: int = 0,
     serving: bool = False,
     log: Callable[[str], None] = lambda message: None,
+    glossary: Optional["str | Path"] = None,
 ) -> ServedModel:
     """Load ``model`` for serving; ``source``/``target`` override the recorded language codes;
     ``threads``: the engine's CPU threads (0: ``decode.factory.decode_threads``'s rule, with a
@@ -59,7 +73,10 @@ def load_served_model(
     path = Path(model)
     if not path.exists():
         raise XformerError(f"model not found: {path}")
-    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving, log=log)
+    terms = load_glossary(glossary) if glossary is not None else None  # a bad file fails before the model loads
+    # Requests choose their beam, so the engine must search as xformer does.
+    translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving,
+                             needs=("beam_search",), log=log)
     recorded = export_languages(path) if path.is_dir() else checkpoint_languages(path)
     if recorded is None and not (source and target):
         log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
@@ -73,7 +90,13 @@ def load_served_model(
         target=target or tgt,
         beam_size=translator.decode.beam_size,
         threads=translator.threads,
+        glossary=terms,
     )
+
+
+def model_languages(path: Path) -> Optional[tuple[str, str]]:
+    """The (source, target) language codes a checkpoint or an export records, or None."""
+    return export_languages(path) if path.is_dir() else checkpoint_languages(path)
 
 
 def checkpoint_languages(path: Path) -> Optional[tuple[str, str]]:

@@ -73,6 +73,11 @@ def add_settings_route(app, engine: Any, limits: Limits, api_key: Optional[str])
         return JSONResponse(settings)
 
 
+def output_text(out: Any) -> str:
+    """The translation of one text: the engine gives a string, or a ``text.TextResult``."""
+    return getattr(out, "text", out)
+
+
 async def translate_text_file(request, text: str, fields: dict[str, Any], limits: Limits,
                               translate_fields: TranslateFields) -> str:
     """A .txt file's translation: line by line (blank lines kept), line endings as they were."""
@@ -89,7 +94,7 @@ async def translate_text_file(request, text: str, fields: dict[str, Any], limits
         chunk = todo[start:start + limits.max_texts]
         _, result = await translate_fields(request, {**fields, "q": [lines[at] for at in chunk]}, limits)
         for at, translated in zip(chunk, result.texts):
-            out[at] = translated
+            out[at] = output_text(translated)
     return "".join(line + ending for line, ending in zip(out, endings))
 
 
@@ -118,7 +123,7 @@ def add_file_routes(app, limits: Limits, api_key: Optional[str], store: FileStor
             translated = await translate_text_file(request, text, fields, limits, translate_fields)
         else:
             _, result = await translate_fields(request, {**fields, "q": text}, document_limits)
-            translated = result.texts[0]
+            translated = output_text(result.texts[0])
         data = ("\ufeff" if bom else "").encode("utf-8") + translated.encode("utf-8")
         name = store.put(data, download_name(upload.filename, str(fields["target"]), suffix), suffix)
         return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=name))})

@@ -22,9 +22,8 @@ from typing import Callable, Optional
 
 from xformer_cli.serve.protocol import ApiError
 
-# The format each kind of file is translated as. ".html" goes as "html" once POST /translate
-# takes format "html" (issue 22's HTML half); until then its lines go as plain text.
-FILE_FORMATS = {".txt": "text", ".html": "text"}
+# The format each kind of file is translated as: a .txt file line by line, an .html one whole.
+FILE_FORMATS = {".txt": "text", ".html": "html"}
 MEDIA_TYPES = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

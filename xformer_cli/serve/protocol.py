@@ -3,9 +3,12 @@
 ``POST /translate`` takes ``{"q": "text" | ["text", ...], "source": "en", "target": "de",
 "format": "text", "api_key": "..."}`` (JSON, or an HTML form) and answers
 ``{"translatedText": "..." | [...]}``; errors are ``{"error": "..."}`` with a 4xx status.
-Beyond LibreTranslate: ``beam_size`` (1 = greedy; default: the model's). ``alternatives``
-is accepted, and answered with an empty list (the engines give one translation each).
-``source: "auto"`` means the model's one source language (nothing is detected).
+``format: "html"`` translates the text of HTML and keeps its markup; ``alternatives: N``
+answers N more translations from the n-best lists. Beyond LibreTranslate: ``beam_size`` (1 =
+greedy; default: the model's), ``glossary`` ({"source term": "target term"}) and
+``split_sentences`` (default true).
+``source: "auto"`` means the model's one source language; the app refuses a text plainly in
+another (``serve/detect.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,22 @@ class TranslateRequest:
     target: str
     beam_size: Optional[int]
     alternatives: int
+    format: str = "text"
+    glossary: tuple = ()  # sorted (source, target) pairs
+    split_sentences: bool = True
+
+    def options(self) -> dict[str, Any]:
+        """What decodes differently (the batcher's key); defaults left out."""
+        given: dict[str, Any] = {"beam_size": self.beam_size}
+        if self.format != "text":
+            given["format"] = self.format
+        if self.glossary:
+            given["glossary"] = self.glossary
+        if self.alternatives:
+            given["alternatives"] = self.alternatives
+        if not self.split_sentences:
+            given["split_sentences"] = False
+        return given
 
 
 def language_name(code: str) -> str:
@@ -127,22 +146,51 @@ def parse_translate(fields: dict[str, Any], source: str, target: str, limits: Li
     if (src not in (source, "auto")) or tgt != target:
         raise ApiError(400, f"{src}->{tgt} is not supported: this model translates {source}->{target}")
     fmt = fields.get("format") or "text"
-    if fmt != "text":
-        raise ApiError(400, f"Invalid request: format {fmt!r} is not supported; only text")
+    if fmt not in ("text", "html"):
+        raise ApiError(400, f"Invalid request: format {str(fmt)[:20]!r} is not supported; only text or html")
+    split = fields.get("split_sentences", True)
+    if isinstance(split, str):
+        split = split.strip().lower() not in ("false", "0", "no", "off")
+    if not isinstance(split, bool):
+        raise ApiError(400, "Invalid request: split_sentences must be true or false")
+    beam = _int_field(fields, "beam_size", 1, limits.max_beam)
     return TranslateRequest(
         texts=texts,
         batch=batch,
         source=src,
         target=tgt,
-        beam_size=_int_field(fields, "beam_size", 1, limits.max_beam),
-        alternatives=_int_field(fields, "alternatives", 0, 100) or 0,
+        beam_size=beam,
+        alternatives=_int_field(fields, "alternatives", 0, limits.max_beam - 1) or 0,
+        format=fmt,
+        glossary=_glossary_field(fields.get("glossary")),
+        split_sentences=split,
     )
 
 
-def translate_response(request: TranslateRequest, outputs: list[str], source: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"translatedText": outputs if request.batch else outputs[0]}
+def _glossary_field(value: Any) -> tuple:
+    """A request's glossary: a JSON object of non-empty strings (a form sends it as JSON text)."""
+    if value is None or value == "" or value == {}:
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ApiError(400, "Invalid request: glossary must be a JSON object {\"source term\": \"target term\"}") from None
+    if not isinstance(value, dict) or len(value) > 1000 or not all(
+            isinstance(k, str) and isinstance(v, str) and k.strip() and v.strip() and len(k) + len(v) <= 500
+            for k, v in value.items()):
+        raise ApiError(400, "Invalid request: glossary must be a JSON object of at most 1000 non-empty "
+                            "source and target terms {\"source term\": \"target term\"}")
+    return tuple(sorted((k.strip(), v.strip()) for k, v in value.items()))
+
+
+def translate_response(request: TranslateRequest, outputs: list[Any], source: str) -> dict[str, Any]:
+    """``outputs``: one translation per text: a string, or a ``text.TextResult`` (with alternatives)."""
+    texts = [getattr(out, "text", out) for out in outputs]
+    body: dict[str, Any] = {"translatedText": texts if request.batch else texts[0]}
     if request.alternatives:
-        body["alternatives"] = [[] for _ in outputs] if request.batch else []
+        alternatives = [list(getattr(out, "alternatives", []))[: request.alternatives] for out in outputs]
+        body["alternatives"] = alternatives if request.batch else alternatives[0]
     if request.source == "auto":
         detected = {"language": source, "confidence": 100.0}  # the model's only source language
         body["detectedLanguage"] = [detected] * len(outputs) if request.batch else detected

@@ -73,14 +73,14 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
           host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
           limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
           graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print,
-          cors: Sequence[str] = (), max_file_bytes: int = 1 << 20) -> None:
+          glossary: Any = None, cors: Sequence[str] = (), max_file_bytes: int = 1 << 20) -> None:
     """``xformer serve``: load the model, build the app, serve until told to stop."""
     require_server_packages()
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
 
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
-                         name=name, threads=threads, serving=True, log=log)
+                         name=name, threads=threads, serving=True, log=log, glossary=glossary)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log, cors=cors,
                      max_file_bytes=max_file_bytes)
     banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "

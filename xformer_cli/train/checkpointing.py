@@ -9,6 +9,7 @@ with the one it continues (``resume_state``). The file format and its version ar
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -18,6 +19,7 @@ import yaml
 from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
+from xformer_cli.train import batch_size
 
 if TYPE_CHECKING:
     from xformer_cli.train.trainer import Trainer
@@ -31,14 +33,22 @@ def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = 
         for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in kept_checkpoints(run_dir))]:
             (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
-    (run_dir / "config.yaml").write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    write_config(config, precision)
     return run_dir
+
+
+def write_config(config: Config, precision: Optional[str] = None) -> None:
+    """RUN_DIR/config.yaml: the config as the run trains with it, headed by the precision this
+    machine resolved ``train.precision`` to (rewritten once train.max_tokens: auto is resolved)."""
+    header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
+    text = header + yaml.safe_dump(config.to_dict(), sort_keys=False)
+    (Path(config.run_dir) / "config.yaml").write_text(text, encoding="utf-8")
 
 
 # Settings a resumed run must share with the run it continues: they decide the model, the
 # data and its order. Everything else (max_steps, devices, validation cadence...) may change.
-RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq", "train.batching")
+RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq", "train.batching",
+               "train.length_bucket", "train.tokens_per_update")
 
 
 def _with_defaults(saved: dict, defaults: dict) -> dict:
@@ -73,11 +83,17 @@ def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
     if overwrite or not path.is_file():
         return None
     state = load_checkpoint(path)
-    mismatch = resume_mismatch(state["config"], config.to_dict())
+    mismatch = resume_mismatch(state["config"], resumed_config(config, state).to_dict())
     if mismatch:
         raise XformerError(f"{path} was trained with a different '{mismatch}'; "
                            "use another run_dir, or --overwrite to start afresh")
     return state
+
+
+def resumed_config(config: Config, state: dict) -> Config:
+    """``config`` with the batch size the checkpointed run resolved (train.max_tokens: auto,
+    train.tokens_per_update): a resume takes it from the checkpoint and never probes again."""
+    return dataclasses.replace(config, train=batch_size.from_checkpoint(config.train, state["config"]["train"]))
 
 
 def rng_state(device: torch.device) -> dict:

@@ -15,7 +15,8 @@ Two paths compute the same thing. ``blocked`` walks the rows a few hundred at a 
 each block stays in the CPU's cache (measured 2x faster than whole-matrix passes on a
 CPU). ``one_pass`` treats the whole matrix at once: a fixed dozen kernels whatever the
 batch, which is what a GPU wants (there the blocked walk costs a dozen launches per 256
-rows, the one launch cost that grows with the batch). The device picks the path;
+rows, the one launch cost that grows with the batch). The device picks the path (compiled
+code always takes one pass);
 ``forced_path`` overrides it, so a test or the op counter can run the GPU path on a CPU.
 """
 
@@ -38,6 +39,8 @@ def loss_path(device: torch.device) -> str:
     """The path the loss takes on ``device``: blocked on a CPU, one pass elsewhere (unless forced)."""
     if _forced is not None:
         return _forced
+    if torch.compiler.is_compiling():  # compiled code fuses the passes; a loop over blocks would
+        return "one_pass"  # specialise the graph on the batch's row count and recompile per batch
     return "blocked" if device.type == "cpu" else "one_pass"
 
 

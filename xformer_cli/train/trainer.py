@@ -4,14 +4,18 @@
 ``config.yaml`` (the resolved config), ``tokenizer/``, ``metrics.jsonl``, ``last.pt``
 and ``best.pt`` (highest validation BLEU).
 
-The loop is here; beside it: checkpointing.py (what a checkpoint holds, when files are
-written, resuming), validation.py, after_training.py (averaging, the length-penalty search),
-metrics.py (metrics.jsonl, TensorBoard), prefetch.py and signals.py.
+The loop is here; beside it: batch_plan.py (an epoch's batches and their shapes: token
+budgets or length buckets), batch_size.py and memory_probe.py (train.max_tokens: auto,
+train.tokens_per_update), forward_loss.py (forward + loss as one function, what
+train.compile compiles; the half-weight cache), checkpointing.py (what a checkpoint holds,
+when files are written, resuming), validation.py, after_training.py (averaging, the
+length-penalty search), metrics.py (metrics.jsonl, TensorBoard), prefetch.py and signals.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -23,15 +27,16 @@ from torch import Tensor
 
 from xformer_cli.checkpoint import build_model
 from xformer_cli.config import Config
-from xformer_cli.data.batching import Batch, make_batches, shard
+from xformer_cli.data.batching import Batch, shard
 from xformer_cli.data.prepare import build_data, check_inputs
 from xformer_cli.decode.translator import Translator
-from xformer_cli.device import autocast, configure_threads, pick_device, resolve_decode_precision, resolve_precision
+from xformer_cli.device import configure_threads, pick_device, resolve_precision
+from xformer_cli.decode.factory import engine_for_model
 from xformer_cli.errors import XformerError
-from xformer_cli.tokenizer import PAD_ID
-from xformer_cli.train import after_training, checkpointing, validation
+from xformer_cli.train import after_training, batch_size, checkpointing, forward_loss, validation
+from xformer_cli.train.batch_plan import BatchPlan, plan_for, widest_pair
 from xformer_cli.train.distributed import Distributed
-from xformer_cli.train.loss import label_smoothed_nll
+from xformer_cli.train.memory_probe import gpu_probe
 from xformer_cli.train.metrics import MetricsLog, StepStats
 from xformer_cli.train.prefetch import prefetch
 from xformer_cli.train.progress import RunProgress
@@ -63,9 +68,11 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.resume_state = checkpointing.resume_state(config, overwrite)
         self._prepare_data(overwrite)
+        self._resolve_batch_size()
+        tc = self.config.train
+        self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         self._build_model()
         # Validation decodes the way `xformer translate --precision auto` does on this device.
-        self.decode_precision = resolve_decode_precision("auto", self.device)[0]
         self.step = self.epoch = self.batches_done = 0
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
         self.best_bleu: Optional[float] = None
@@ -109,9 +116,27 @@ class Trainer:
         self.tokenizer, self.train_data = prepared.tokenizer, prepared.train
         self.valid_corpus, self.valid_data = prepared.valid, prepared.valid_encoded
 
+    def _resolve_batch_size(self) -> None:
+        """train.max_tokens and update_freq as this run trains with them: a resumed run's from
+        its checkpoint; a fresh run's resolved (auto probes GPU memory) and written to config.yaml."""
+        before = self.config.train
+        if self.resume_state is not None:
+            self.config = checkpointing.resumed_config(self.config, self.resume_state)
+            return
+        probe = None
+        if before.max_tokens == "auto":
+            probe = gpu_probe(self.config, self.tokenizer, self.device, self.precision, widest_pair(self.train_data))
+        if probe is not None and self.dist.enabled:  # every rank probes; all take the smallest
+            rank_probe = probe
+            probe = lambda: min(self.dist.gather(rank_probe()))  # noqa: E731
+        self.config = dataclasses.replace(self.config, train=batch_size.resolved(before, probe, self.log))
+        if self.config.train != before and self.dist.is_main:
+            checkpointing.write_config(self.config, self.precision)
+
     def _build_model(self) -> None:
-        """The model (DDP-wrapped and compiled for the forward pass when asked), the
-        optimizer, the loss scaler and the learning-rate schedule."""
+        """The model (DDP-wrapped when distributed), the optimizer, the half-weight cache (CUDA,
+        bf16), the forward-and-loss function (compiled when asked), the loss scaler and the
+        learning-rate schedule."""
         config, tc = self.config, self.config.train
         self.model = build_model(config, self.tokenizer).to(self.device)
         self.forward_model = self.model
@@ -130,14 +155,19 @@ class Trainer:
         )
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a pass-through).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.half_weights = forward_loss.attach_half_weights(self.model, self.optimizer, self.device, self.precision,
+                                                             compiled=tc.compile)
+        self.loss_of = forward_loss.forward_loss(self.forward_model, self.device, self.precision, tc.label_smoothing)
         if tc.compile:
-            self.forward_model = torch.compile(self.forward_model, dynamic=True)
+            shapes = len(self.plan.declared(self.config.data.max_len))
+            self.loss_of = forward_loss.compiled(self.loss_of, self.device, self.plan.static_shapes, shapes)
+        self.compiled_before = forward_loss.compilations()
+        self.shapes_seen: set[tuple] = set()  # batch shapes trained on (compiled code specialises on them)
         self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
 
     def valid_translator(self) -> Translator:
-        """The model decoding the way `xformer translate --precision auto` does on this device."""
-        return Translator(self.model, self.tokenizer, self.config.decode_settings(), self.device,
-                          precision=self.decode_precision)
+        """The model decoding the way `xformer translate --engine xformer` does on this device."""
+        return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device)
 
     def minutes(self) -> float:
         return (time.time() - self.started) / 60
@@ -161,9 +191,8 @@ class Trainer:
             for i, batch in enumerate(group):
                 defer_sync = self.dist.enabled and i < len(group) - 1  # all-reduce once, after the last batch
                 with self.forward_model.no_sync() if defer_sync else contextlib.nullcontext():
-                    with autocast(self.device, self.precision):
-                        logits = self.forward_model(batch.src, batch.tgt_in)
-                    loss, _ = label_smoothed_nll(logits, batch.tgt_out, tc.label_smoothing, PAD_ID)
+                    loss = self.loss_of(batch.src, batch.tgt_in, batch.tgt_out, getattr(batch, "packing", None))
+                    self.shapes_seen.add((*batch.src.shape, batch.tgt_in.size(1)))
                     self.scaler.scale(loss / per_rank_tokens).backward()
                 total += loss.detach()
         except torch.cuda.OutOfMemoryError:
@@ -213,7 +242,7 @@ class Trainer:
         return torch.tensor(float(value), pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
 
     def _load_group(self, batches: list, start: int) -> list[Batch]:
-        group = [self.train_data.batch(idx) for idx in batches[start : start + self.config.train.update_freq]]
+        group = [self.plan.load(idx) for idx in batches[start : start + self.config.train.update_freq]]
         if self.device.type == "cuda":
             group = [b.pin() for b in group]
         return [b.to(self.device) for b in group]
@@ -290,7 +319,7 @@ class Trainer:
     def _batches_of(self, epoch: int) -> list:
         tc = self.config.train
         if self._cached_epoch != epoch:
-            batches = make_batches(self.train_data.src_lens, self.train_data.tgt_lens, tc.max_tokens, tc.seed, epoch)
+            batches = self.plan.batches(epoch)
             if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
                 usable = len(batches) // self.dist.world_size * self.dist.world_size
                 batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
@@ -310,10 +339,15 @@ class Trainer:
         avg = self.window_loss_sum / max(self.window_good_tokens, 1)
         bar.update(self.step, loss=f"{avg:.3f}", ppl=f"{math.exp(min(avg, 50)):.1f}", lr=f"{self._lr:.2e}",
                    tok_s=f"{rate:.0f}", epoch=self.epoch)
+        compiled = {"compilations": self.compilations()} if self.config.train.compile else {}
         self.metrics.record({"step": self.step, "epoch": self.epoch, "train_loss": round(avg, 6), "lr": self._lr,
-                             "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3)})
+                             "tokens_per_s": round(rate, 1), "minutes": round(self.minutes(), 3), **compiled})
         self.window_loss_sum = self.window_good_tokens = self.window_tokens = 0.0
         self.window_start = time.time()
+
+    def compilations(self) -> int:
+        """Graphs torch.compile has built for this run's training step so far."""
+        return forward_loss.compilations() - self.compiled_before
 
     def stop_reason(self, signals: StopSignals, due_to_save: bool) -> str:
         """Why the run stops after this step ("" to go on): interrupted, max_steps or time."""
@@ -342,6 +376,9 @@ class Trainer:
         if tc.tune_length_penalty and self.dist.is_main and reason != "interrupted" and self.valid_data is not None:
             after_training.tune_length_penalty(self)
         self.metrics.close()
+        if tc.compile:
+            self.log(f"torch.compile: {self.compilations()} compilations for {len(self.shapes_seen)} batch shapes "
+                     f"({'static' if self.plan.static_shapes else 'dynamic'} shapes)")
         if reason == "patience":
             self.log(f"early stop: no better validation BLEU for {tc.patience} validations")
         self.log(f"done: {self.step} steps, epoch {self.epoch}, {self.minutes():.1f} min; best valid BLEU "

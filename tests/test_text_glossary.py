@@ -1,0 +1,43 @@
+"""Glossaries: terms forced, do-not-translate kept, file errors named."""
+
+import pytest
+
+from helpers import assert_one_line_error, xformer
+from text_fakes import FakeEngine
+
+from xformer_cli.errors import XformerError
+from xformer_cli.text import Glossary, TextOptions, load_glossary, translate_texts
+from xformer_cli.text.glossary import mask_terms, restore_terms
+
+
+def test_placeholders_mask_and_restore():
+    masked = mask_terms("Use Firefox at https://x.org/a, 3 times.", Glossary.from_dict({"Firefox": "Firefox"}))
+    assert masked.text == "Use X1 at X2, X3 times." and masked.targets == ["Firefox", "https://x.org/a", "3"]
+    assert restore_terms("Nimm X1 bei X2, X3 mal.", masked, {})[0] == "Nimm Firefox bei https://x.org/a, 3 mal."
+    text, _ = restore_terms("Nimm bei X2 mal.", masked, {0: 0, 2: 5})
+    assert "Firefox" in text and "3" in text and "https://x.org/a" in text
+
+
+@pytest.mark.parametrize("placeholders", [True, False])
+def test_every_forced_term_appears(placeholders):
+    lose = lambda text: text.replace("dog", "Hund").replace("X1", "").replace("X2", "")  # noqa: E731
+    glossary = Glossary.from_dict({"dog": "Köter", "Acme": "Acme"})
+    out = translate_texts(FakeEngine(lose), ["The dog of Acme runs.", "No terms here."],
+                          TextOptions(glossary=glossary, placeholders=placeholders))
+    assert "Köter" in out[0].text and "Acme" in out[0].text and out[1].text == "No terms here."
+
+
+def test_glossary_file(tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_text("# comment\ndog\tHund\n\nAcme\tAcme\n", encoding="utf-8")
+    assert load_glossary(path).terms == {"dog": "Hund", "Acme": "Acme"}
+    path.write_text("dog\tHund\ncat\n", encoding="utf-8")
+    with pytest.raises(XformerError, match=r"terms\.tsv:2: a glossary line needs"):
+        load_glossary(path)
+
+
+def test_glossary_file_error_through_the_cli(tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_text("dog\tHund\ncat\n", encoding="utf-8")
+    result = xformer("translate", "-m", tmp_path / "missing.pt", "--glossary", path, stdin=b"A dog.\n")
+    assert_one_line_error(result, f"{path}:2")

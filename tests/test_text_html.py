@@ -1,0 +1,74 @@
+"""HTML: markup kept byte for byte, text translated, inline tags around the right words."""
+
+from html.parser import HTMLParser
+
+from text_fakes import FakeEngine
+
+from xformer_cli.text import TextOptions, translate_texts
+from xformer_cli.text.html import parse_html, tokenize
+
+PAGE = """<!DOCTYPE html>
+<html><head><title>Tom &amp; Jerry</title><style>p { color: red; }</style></head>
+<body>
+<h1>A day at the beach</h1>
+<p>The <b>big</b> dog runs to the water. See <a href="/x?a=1&amp;b=2">this page</a> for more &copy; us.</p>
+<ul><li>First item</li><li>Second <i>item</i></li></ul>
+<script>var s = "<b>not text</b>";</script>
+<pre><code>print("keep me")</code></pre>
+<!-- a comment -->
+</body></html>"""
+
+
+class Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.data = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(("start", tag, tuple(attrs)))
+
+    def handle_endtag(self, tag):
+        self.tags.append(("end", tag))
+
+
+def tags_of(text):
+    parser = Tags()
+    parser.feed(text)
+    parser.close()
+    return parser.tags
+
+
+def test_tokens_join_to_the_source_even_when_broken():
+    for source in (PAGE, "<p>broken <b>bold", "a < b & c <<>>", "<div><p>x</div", "&", "<"):
+        assert "".join(token.raw for token in tokenize(source)) == source
+
+
+def test_identity_translation_gives_the_page_back():
+    out = translate_texts(FakeEngine(lambda text: text), [PAGE], TextOptions(format="html"))[0].text
+    assert out == PAGE
+
+
+def test_text_is_translated_and_markup_is_kept():
+    out = translate_texts(FakeEngine(), [PAGE], TextOptions(format="html"))[0].text
+    assert tags_of(out) == tags_of(PAGE)
+    assert "<title>TOM &amp; JERRY</title>" in out and "<h1>A DAY AT THE BEACH</h1>" in out
+    assert '<script>var s = "<b>not text</b>";</script>' in out and '<code>print("keep me")</code>' in out
+    assert "<style>p { color: red; }</style>" in out and "<!-- a comment -->" in out
+    assert 'THE <b>BIG</b> DOG RUNS TO THE WATER. SEE <a href="/x?a=1&amp;b=2">THIS PAGE</a> FOR MORE &copy; US.' in out
+
+
+def test_inline_tags_follow_their_words_when_the_translation_reorders():
+    swap = lambda text: " ".join(reversed(text.split()))  # noqa: E731
+    out = translate_texts(FakeEngine(swap), ["<p>one two <b>three</b></p>"], TextOptions(format="html"))[0].text
+    assert tags_of(out) == tags_of("<p>one two <b>three</b></p>") and out.startswith("<p>")
+
+
+def test_broken_html_never_crashes_and_keeps_every_tag():
+    for source in ("<p>broken <b>bold", "<div><p>x</div", "<<b>>", "<p class='a>text</p>", "</b>stray"):
+        out = translate_texts(FakeEngine(), [source], TextOptions(format="html"))[0].text
+        assert [t.raw for t in tokenize(out) if t.kind != "text"] == [t.raw for t in tokenize(source) if t.kind != "text"]
+
+
+def test_blocks_split_at_block_tags():
+    document = parse_html("<ul><li>One</li><li>Two <b>x</b></li></ul>")
+    assert [segment.text for segment in document.segments] == ["One", "Two x"]

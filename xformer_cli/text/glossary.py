@@ -1,0 +1,187 @@
+"""Glossaries and do-not-translate terms, by placeholders.
+
+Each listed source term (and, automatically, every URL, e-mail address and number) is
+replaced in the source by a placeholder before translation and the placeholder by its
+target term afterwards. A model that copies the placeholder puts the term where the model
+wanted it; where the placeholder is lost (a small model never saw one) the term goes where
+the aligner (``align.py``) maps the placeholder's source position. Either way every listed
+target term appears once per source occurrence, and the rest of the sentence is decoded as
+usual. Placeholders were chosen over lexically constrained beam search because they work on
+every engine (CTranslate2's included) at the search's usual speed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from xformer_cli.errors import XformerError
+from xformer_cli.text.offsets import Edits
+
+# Do-not-translate by pattern: URLs, e-mail addresses, numbers (digits with inner . , : /).
+AUTOMATIC = re.compile(
+    r"(?:https?://|www\.)[^\s<>\"]*[^\s<>\".,;:!?)\]']"
+    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+    r"|\d+(?:[.,:/]\d+)*"
+)
+PLACEHOLDER = "X{}"  # what the term is masked with: X1, X2, ... within one unit
+PLACEHOLDER_FOUND = re.compile(r"X(\d+)")
+
+
+@dataclass(frozen=True)
+class Glossary:
+    """Source term -> target term; a target equal to its source means do-not-translate."""
+
+    terms: Mapping[str, str] = field(default_factory=dict)
+    automatic: bool = True  # URLs, e-mail addresses and numbers come out unchanged
+
+    @classmethod
+    def from_dict(cls, terms: Mapping[str, str], automatic: bool = True) -> "Glossary":
+        """From ``{"source": "target"}``; refuses empty terms (``ValueError``)."""
+        for source, target in terms.items():
+            if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip():
+                raise ValueError("glossary terms and their targets must be non-empty strings")
+        return cls({s.strip(): t.strip() for s, t in terms.items()}, automatic)
+
+    def merged(self, other: Optional["Glossary"]) -> "Glossary":
+        """This glossary with ``other``'s terms over it (a request's over the server's)."""
+        if other is None or not other.terms:
+            return self
+        return Glossary({**self.terms, **other.terms}, self.automatic and other.automatic)
+
+    def key(self) -> tuple:
+        """Hashable: what the batcher groups requests by."""
+        return (tuple(sorted(self.terms.items())), self.automatic)
+
+
+def load_glossary(path: "str | Path") -> Glossary:
+    """A TSV file: ``source term<TAB>target term`` per line; blank lines and ``#`` comments
+    are skipped; a bad line is a one-line error naming the file and the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise XformerError(f"glossary not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise XformerError(f"{path}: cannot read the glossary ({type(exc).__name__})") from None
+    terms: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        columns = line.split("\t")
+        if len(columns) != 2 or not columns[0].strip() or not columns[1].strip():
+            raise XformerError(f"{path}:{number}: a glossary line needs a source term, a tab and a target term")
+        terms[columns[0].strip()] = columns[1].strip()
+    return Glossary(terms)
+
+
+@dataclass
+class Masked:
+    """A unit's source with its terms replaced by placeholders."""
+
+    text: str  # what the engine translates
+    targets: list[str]  # placeholder i+1 -> the text it stands for in the output
+    spans: list[tuple[int, int]]  # placeholder i+1's span in ``text``
+    edits: "Edits"  # the unmasked text -> ``text``
+    placeholders: bool = True  # False: the terms were left in ``text``; ``spans`` are theirs
+
+
+def mask_terms(text: str, glossary: Optional[Glossary], placeholders: bool = True) -> Masked:
+    """Replace glossary terms (longest first, whole words) and automatic do-not-translate
+    matches by placeholders X1, X2, ... (a placeholder-like word already in the text is
+    masked too, so the output's placeholders are all ours)."""
+    found = _matches(text, glossary)
+    if not placeholders:
+        return Masked(text, [target for _, _, target in found], [(start, end) for start, end, _ in found], Edits(), False)
+    out, targets, spans, at = [], [], [], 0
+    edits = Edits()
+    for start, end, target in found:
+        out.append(text[at:start])
+        placeholder = PLACEHOLDER.format(len(targets) + 1)
+        begin = sum(map(len, out))
+        out.append(placeholder)
+        spans.append((begin, begin + len(placeholder)))
+        targets.append(target)
+        edits.add(start, end - start, placeholder)
+        at = end
+    out.append(text[at:])
+    return Masked("".join(out), targets, spans, edits)
+
+
+def _matches(text: str, glossary: Optional[Glossary]) -> list[tuple[int, int, str]]:
+    """Non-overlapping (start, end, target) matches, glossary terms before automatic ones."""
+    candidates: list[tuple[int, int, str]] = []
+    if glossary is not None:
+        for source in sorted(glossary.terms, key=len, reverse=True):
+            pattern = rf"(?<!\w){re.escape(source)}(?!\w)"
+            candidates += [(m.start(), m.end(), glossary.terms[source]) for m in re.finditer(pattern, text)]
+    if glossary is None or glossary.automatic:
+        candidates += [(m.start(), m.end(), m.group()) for m in AUTOMATIC.finditer(text)]
+    candidates += [(m.start(), m.end(), m.group()) for m in re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)]
+    taken: list[tuple[int, int, str]] = []
+    for start, end, target in candidates:  # first come (longest glossary terms) first served
+        if all(end <= s or start >= e for s, e, _ in taken):
+            taken.append((start, end, target))
+    return sorted(taken)
+
+
+def missing_placeholders(target: str, masked: Masked) -> list[int]:
+    """Indices (0-based) of the placeholders the translation ``target`` lost (terms left in
+    the source: those whose target term it lacks)."""
+    if not masked.placeholders:
+        return [i for i, term in enumerate(masked.targets) if not re.search(rf"(?<!\w){re.escape(term)}(?!\w)", target)]
+    seen = {int(m.group(1)) for m in _placeholders_in(target)}
+    return [i for i in range(len(masked.targets)) if i + 1 not in seen]
+
+
+def restore_terms(target: str, masked: Masked, placed: dict[int, int]) -> tuple[str, Edits]:
+    """``target`` with each placeholder replaced by its term, and each lost one's term inserted
+    at ``placed[index]`` (a word boundary of ``target``); and the edits that made it."""
+    edits = Edits()
+    if not masked.placeholders:
+        return _replace_aligned(target, masked, placed)
+    for match in _placeholders_in(target):
+        number = int(match.group(1))
+        if 1 <= number <= len(masked.targets):
+            edits.add(match.start(), match.end() - match.start(), masked.targets[number - 1])
+    body_end = len(target.rstrip(".!?;:,\"')»“” "))
+    for index, at in sorted(placed.items(), key=lambda item: item[1]):
+        term = masked.targets[index]
+        if at >= body_end:  # at the end: before the closing punctuation
+            edits.add(body_end, 0, f" {term}" if body_end else term)
+        else:
+            edits.add(at, 0, f"{term} ")
+    return edits.apply(target), edits
+
+
+def _placeholders_in(text: str):
+    return re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)
+
+
+def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, int] | int"]) -> tuple[str, Edits]:
+    """Terms left in the source: the target words aligned to a term (``placed``: their span)
+    replaced by its target term; an empty or already used span gets the term inserted."""
+    edits = Edits()
+    taken: list[tuple[int, int]] = []
+    body = len(target.rstrip(".!?;:,\"')»“” "))
+    for index, span in sorted(placed.items(), key=lambda item: item[1] if isinstance(item[1], int) else item[1][0]):
+        start, end = (span, span) if isinstance(span, int) else span
+        term = masked.targets[index]
+        source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
+        if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
+            end = start
+        if end > start and not any(start < e and s < end for s, e in taken):
+            edits.add(start, end - start, term)
+            taken.append((start, end))
+            continue
+        at = min(start, body)
+        for s, e in taken:
+            if s <= at <= e:
+                at = e
+        if at >= body or (at and not target[at - 1].isspace()):
+            edits.add(at, 0, f" {term}" if at else term)
+        else:
+            edits.add(at, 0, f"{term} ")
+    return edits.apply(target), edits

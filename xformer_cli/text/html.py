@@ -1,0 +1,182 @@
+"""HTML in, HTML out: text translated, markup kept byte for byte.
+
+``html.parser`` tokenizes (it never raises on broken HTML); every token keeps its raw source
+text. Block-level tags split the page into blocks; a block's text nodes and entities, with
+the inline tags between them (``<b>``, ``<a href>``, ``<i>`` ...), make one segment, whose
+inline tags are carried to the translation as positions (``align.py``), in their source
+order, so the tag sequence is the input's and the output is well-formed wherever the input
+is. The contents of ``<script>``, ``<style>``, ``<code>``, ``<pre>`` and ``<textarea>``,
+comments, doctypes and whitespace-only text are copied as they are.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+from xformer_cli.text.segments import Rendered, Segment
+
+INLINE = frozenset("a abbr b bdi bdo br cite data dfn em font i img kbd mark q s samp small span strong sub sup "
+                   "time u var wbr".split())
+VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
+ENTITY = re.compile(r"&#?\w+;")
+KEEP = frozenset("script style code pre textarea".split())
+
+
+@dataclass
+class Token:
+    kind: str  # text | start | end | other
+    raw: str
+    tag: str = ""
+
+
+class _Tokenizer(HTMLParser):
+    def __init__(self, source: str):
+        super().__init__(convert_charrefs=False)
+        self.source = source
+        self.line_starts = [0] + [i + 1 for i, char in enumerate(source) if char == "\n"]
+        self.starts: list[tuple[int, str, str]] = []  # (offset, kind, tag)
+
+    def _mark(self, kind: str, tag: str = "") -> None:
+        line, column = self.getpos()
+        self.starts.append((self.line_starts[line - 1] + column, kind, tag))
+
+    def handle_starttag(self, tag, attrs):
+        self._mark("start", tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self._mark("void", tag)
+
+    def handle_endtag(self, tag):
+        self._mark("end", tag)
+
+    def handle_data(self, data):
+        self._mark("text")
+
+    def handle_entityref(self, name):
+        self._mark("text")
+
+    def handle_charref(self, name):
+        self._mark("text")
+
+    def handle_comment(self, data):
+        self._mark("other")
+
+    def handle_decl(self, decl):
+        self._mark("other")
+
+    def handle_pi(self, data):
+        self._mark("other")
+
+    def unknown_decl(self, data):
+        self._mark("other")
+
+
+def tokenize(source: str) -> list[Token]:
+    """Tokens whose raw texts join to ``source`` exactly; text runs merged."""
+    parser = _Tokenizer(source)
+    try:
+        parser.feed(source)
+        parser.close()
+    except Exception:  # noqa: BLE001 - html.parser should not raise; if it does, what is left is text
+        pass
+    marks = sorted({offset: (offset, kind, tag) for offset, kind, tag in parser.starts}.values())
+    if not marks or marks[0][0] > 0:
+        marks.insert(0, (0, "text", ""))
+    tokens: list[Token] = []
+    for (offset, kind, tag), following in zip(marks, [m[0] for m in marks[1:]] + [len(source)]):
+        raw = source[offset:following]
+        if not raw:
+            continue
+        if kind == "void" or (kind == "start" and tag in VOID):
+            kind = "void"
+        if kind == "text" and tokens and tokens[-1].kind == "text":
+            tokens[-1].raw += raw
+        else:
+            tokens.append(Token(kind, raw, tag))
+    return tokens
+
+
+@dataclass
+class Block:
+    """Text and inline tags between two block boundaries."""
+
+    tokens: list[Token]
+    segment: Segment = field(default_factory=lambda: Segment(""))
+    tags: list[Token] = field(default_factory=list)  # the inline tags, in order, at segment.positions
+    entities: dict[str, str] = field(default_factory=dict)  # character -> the entity the source wrote it as
+
+    def build(self) -> "Block":
+        text: list[str] = []
+        at = 0
+        for token in self.tokens:
+            if token.kind == "text":
+                plain = html.unescape(token.raw)
+                for entity in ENTITY.findall(token.raw):
+                    char = html.unescape(entity)
+                    if len(char) == 1 and char not in "&<>":
+                        self.entities[char] = entity
+                text.append(plain)
+                at += len(plain)
+            else:
+                self.tags.append(token)
+                self.segment.positions.append((at, "end" if token.kind == "end" else "start"))
+        self.segment.text = "".join(text)
+        return self
+
+    def render(self, rendered: Rendered) -> str:
+        out: list[str] = []
+        at = floor = 0
+        for tag, offset in zip(self.tags, rendered.offsets):
+            offset = min(max(offset, floor), len(rendered.text))  # source order: the tag sequence stays
+            out.append(self._escape(rendered.text[at:offset]))
+            out.append(tag.raw)
+            at = floor = offset
+        out.append(self._escape(rendered.text[at:]))
+        return "".join(out)
+
+    def _escape(self, text: str) -> str:
+        return "".join(self.entities.get(char) or html.escape(char, quote=False) for char in text)
+
+
+@dataclass
+class Document:
+    parts: list["str | Block"]
+
+    @property
+    def segments(self) -> list[Segment]:
+        return [part.segment for part in self.parts if isinstance(part, Block)]
+
+    def render(self, rendered: list[Rendered]) -> str:
+        outputs = iter(rendered)
+        return "".join(part if isinstance(part, str) else part.render(next(outputs)) for part in self.parts)
+
+
+def parse_html(source: str) -> Document:
+    """The page as raw markup and translatable blocks."""
+    parts: list[str | Block] = []
+    block: list[Token] = []
+    kept = 0  # depth inside script, style, code, pre, textarea
+
+    def flush():
+        if block:
+            if any(t.kind == "text" for t in block) and "".join(t.raw for t in block if t.kind == "text").strip():
+                parts.append(Block(list(block)).build())
+            else:
+                parts.append("".join(t.raw for t in block))
+            block.clear()
+
+    for token in tokenize(source):
+        if token.tag in KEEP and token.kind in ("start", "end"):
+            kept = kept + 1 if token.kind == "start" else max(kept - 1, 0)
+            flush()
+            parts.append(token.raw)
+        elif kept or token.kind == "other" or (token.kind != "text" and token.tag not in INLINE):
+            flush()
+            parts.append(token.raw)
+        else:
+            block.append(token)
+    flush()
+    return Document(parts)

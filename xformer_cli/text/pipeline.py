@@ -1,0 +1,258 @@
+"""Texts -> engine-sized units -> one engine call -> texts, with whitespace, tags and terms
+carried over. Every unit of every text of a call goes to the engine together, so a paragraph
+costs what its sentences one per line cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence
+
+from xformer_cli.decode.engine import Engine
+from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, chunked
+from xformer_cli.decode.options import SearchOptions
+from xformer_cli.decode.search import Hypothesis
+from xformer_cli.text.align import Aligner, AttentionAligner, Position, relative_aligner
+from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
+from xformer_cli.text.long import cut_sentence
+from xformer_cli.text.offsets import Edits, normalize_with_map
+from xformer_cli.text.segments import Rendered, Segment
+from xformer_cli.text.sentences import Span, split_spans
+
+FORMATS = ("text", "html")
+MAX_UNITS_PER_TEXT = 256  # past it the rest of a text is one unit, cut by the engine with its warning
+
+
+@dataclass
+class TextOptions:
+    """How texts are read: ``source_lang`` picks the sentence splitter's rules."""
+
+    source_lang: str = "en"
+    split_sentences: bool = True
+    format: str = "text"  # text | html
+    glossary: Optional[Glossary] = None  # also turns on do-not-translate for URLs, e-mails, numbers
+    alternatives: int = 0  # extra translations per text, from the n-best lists
+    aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
+    placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
+
+
+@dataclass
+class TextResult:
+    text: str
+    alternatives: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # best, then each alternative: sum over units
+
+
+@dataclass
+class _Sentence:
+    start: int  # in the segment's text
+    end: int
+    norm_map: list[int]  # sentence offset -> offset in the normalized sentence
+    parts: list[tuple[int, int, int]]  # (unit index, start, end) in the normalized sentence
+
+
+def pick_aligner(engine: Engine, choice: str = "auto") -> Aligner:
+    """Attention alignment where the engine gives it (the xformer engine on one model), else
+    relative positions."""
+    model = getattr(engine, "model", None)
+    can_attend = hasattr(engine, "alignment_weights") and hasattr(model, "cross_attention")
+    if choice == "relative" or not can_attend:
+        return relative_aligner
+    tokenizer = engine.tokenizer
+    return AttentionAligner(engine.alignment_weights, tokenizer.src_pieces, tokenizer.tgt_pieces)
+
+
+class Planner:
+    """Cuts segments into units (sentences, parts of long ones, terms masked)."""
+
+    def __init__(self, engine: Engine, opts: TextOptions, max_input_len: int):
+        self.engine = engine
+        self.opts = opts
+        self.limit = max_input_len or DEFAULT_MAX_INPUT_LEN
+        self.units: list[Masked] = []
+
+    def count(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode_src([text])[0])
+
+    def plan(self, segment: Segment) -> list["Span | _Sentence"]:
+        """The segment as gaps (kept as they are) and sentences (made of units)."""
+        plan: list[Span | _Sentence] = []
+        first_unit = len(self.units)
+        spans = split_spans(segment.text, self.opts.source_lang, self.opts.split_sentences)
+        for index, span in enumerate(spans):
+            if span.is_gap:
+                plan.append(span)
+            elif len(self.units) - first_unit >= MAX_UNITS_PER_TEXT:  # the garbage bound: one unit for the rest
+                last = max(s.end for s in spans if not s.is_gap)
+                plan.append(self._sentence(segment.text, span.start, last, whole=True))
+                plan.extend(s for s in spans[index:] if s.is_gap and s.start >= last)
+                break
+            else:
+                plan.append(self._sentence(segment.text, span.start, span.end))
+        return plan
+
+    def _sentence(self, text: str, start: int, end: int, whole: bool = False) -> _Sentence:
+        normalized, norm_map = normalize_with_map(text[start:end])
+        parts = [normalized] if whole else cut_sentence(normalized, self.count, self.limit)
+        located, at = [], 0
+        for part in parts:
+            begin = normalized.find(part, at)
+            begin = at if begin < 0 else begin
+            located.append((len(self.units), begin, begin + len(part)))
+            self.units.append(mask_terms(part, self.opts.glossary, self.opts.placeholders))
+            at = begin + len(part)
+        return _Sentence(start, end, norm_map, located)
+
+
+
+def render(plan: list, segment: Segment, units: list[Masked], found: list[list[Hypothesis]], rank: int,
+           engine: Engine, aligner: Aligner) -> Rendered:
+    """The segment's translation from each unit's ``rank``-th hypothesis (the best where a
+    unit has fewer), and where its positions land in it."""
+    wanted = _positions_by_unit(plan, segment, units)
+    texts: dict[int, tuple[str, dict[int, int]]] = {}
+    score = 0.0
+    for item in plan:
+        for unit, _, _ in getattr(item, "parts", ()):
+            hyps = found[unit]
+            hyp = hyps[rank] if rank < len(hyps) else (hyps[0] if hyps else None)
+            score += hyp.score if hyp else 0.0
+            texts[unit] = _unit_text(units[unit], hyp, engine, aligner, wanted.get(unit, []))
+    return _join(plan, segment, texts, score)
+
+
+def _positions_by_unit(plan: list, segment: Segment, units: list[Masked]) -> dict[int, list[tuple[int, int, str]]]:
+    """For each unit: (position index, offset in its masked source, side); positions in the
+    gaps between sentences stay there (``_join``)."""
+    by_unit: dict[int, list[tuple[int, int, str]]] = {}
+    for index, (offset, side) in enumerate(segment.positions):
+        for item in plan:
+            if isinstance(item, Span) or not item.start <= offset <= item.end:
+                continue
+            if (offset == item.end and side == "start") or (offset == item.start and side == "end"):
+                continue  # on the sentence's edge, outside it
+            local = item.norm_map[offset - item.start]
+            unit, begin, end = next(((u, b, e) for u, b, e in item.parts if local <= e), item.parts[-1])
+            inside = min(max(local - begin, 0), end - begin)
+            by_unit.setdefault(unit, []).append((index, units[unit].edits.map(inside, side), side))
+            break
+    return by_unit
+
+
+def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligner: Aligner,
+               wanted: list[tuple[int, int, str]]) -> tuple[str, dict[int, int]]:
+    """One unit's translation with its terms restored, and its wanted positions in it."""
+    if hyp is None:
+        return "", {index: 0 for index, _, _ in wanted}
+    target = engine.detokenize(hyp)
+    lost = missing_placeholders(target, masked)
+    if masked.placeholders:  # a lost placeholder: its term goes where the placeholder aligns
+        term_positions = [(masked.spans[i][0], "start") for i in lost]
+    else:  # a term left in the source: its target replaces what the term's words align to
+        term_positions = [(masked.spans[i][side == "end"], side) for i in lost for side in ("start", "end")]
+    positions = term_positions + [(offset, side) for _, offset, side in wanted]
+    aligned = aligner(masked.text, target, hyp.tokens, positions) if positions else []
+    terms = aligned[:len(term_positions)]
+    spots = dict(zip(lost, terms)) if masked.placeholders else {i: (terms[2 * n], terms[2 * n + 1]) for n, i in enumerate(lost)}
+    restored, edits = restore_terms(target, masked, spots)
+    placed = {index: edits.map(at, side) for (index, _, side), at in zip(wanted, aligned[len(term_positions):])}
+    return restored, placed
+
+
+def _join(plan: list, segment: Segment, texts: dict[int, tuple[str, dict[int, int]]], score: float) -> Rendered:
+    """Gaps as in the source, sentences from their units' translations joined by spaces."""
+    out: list[str] = []
+    offsets = [0] * len(segment.positions)
+    at = 0
+    for item in plan:
+        if isinstance(item, Span):
+            gap = segment.text[item.start:item.end]
+            if not segment.keep_ends and (item is plan[0] or item is plan[-1]):
+                gap = ""
+            for index, (offset, _) in enumerate(segment.positions):
+                if item.start <= offset <= item.end:
+                    offsets[index] = at + min(offset - item.start, len(gap))
+            out.append(gap)
+            at += len(gap)
+            continue
+        for number, (unit, _, _) in enumerate(item.parts):
+            if number:
+                out.append(" ")
+                at += 1
+            text, placed = texts[unit]
+            for index, where in placed.items():
+                offsets[index] = at + where
+            out.append(text)
+            at += len(text)
+    return Rendered("".join(out), offsets, score)
+
+
+def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOptions,
+                       search: SearchOptions) -> list[list[Rendered]]:
+    """Every segment's translations (the best, then ``opts.alternatives`` more), from one
+    engine call over all their units."""
+    planner = Planner(engine, opts, search.max_input_len)
+    plans = [planner.plan(segment) for segment in segments]
+    wanted = max(search.nbest, opts.alternatives + 1)
+    if wanted > search.nbest:
+        search = engine.options(**{**search.__dict__, "nbest": wanted, "beam_size": max(search.beam_size, wanted)})
+    found = engine.search([unit.text for unit in planner.units], search) if planner.units else []
+    aligner = pick_aligner(engine, opts.aligner)
+    return [[render(plan, segment, planner.units, found, rank, engine, aligner) for rank in range(wanted)]
+            for plan, segment in zip(plans, segments)]
+
+
+def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOptions] = None,
+                    search: Optional[SearchOptions] = None) -> list[TextResult]:
+    """Each text's translation (and ``opts.alternatives`` more) in one engine call. A blank
+    plain text gives ""; HTML keeps everything but its text."""
+    from xformer_cli.text.html import parse_html
+
+    opts = opts or TextOptions()
+    search = search or engine.options()
+    if opts.format == "html":
+        documents = [parse_html(text) for text in texts]
+        segments = [segment for document in documents for segment in document.segments]
+    else:
+        documents = []
+        segments = [Segment(text, keep_ends=False) for text in texts if text.strip()]
+    rendered = iter(translate_segments(engine, segments, opts, search))
+    results = []
+    for index, text in enumerate(texts):
+        if documents:
+            outputs = [next(rendered) for _ in documents[index].segments]
+            ranks = [documents[index].render([out[rank] for out in outputs]) for rank in range(opts.alternatives + 1)]
+            scores = [sum(out[rank].score for out in outputs) for rank in range(opts.alternatives + 1)]
+        elif text.strip():
+            out = next(rendered)
+            ranks, scores = [r.text for r in out], [r.score for r in out]
+        else:
+            ranks, scores = [""] * (opts.alternatives + 1), [0.0] * (opts.alternatives + 1)
+        results.append(TextResult(ranks[0], ranks[1:opts.alternatives + 1], scores))
+    return results
+
+
+def one_line(text: str) -> str:
+    """Line breaks of every kind inside a translated line as spaces (one line in, one out)."""
+    return text if len(text.splitlines()) <= 1 and not text.endswith(("\n", "\r")) else " ".join(text.splitlines())
+
+
+def translate_text_stream(engine: Engine, lines: Iterable[str], opts: TextOptions, search: SearchOptions,
+                          chunk_lines: int = 2000) -> Iterator[TextResult]:
+    """``translate_texts`` over any number of lines in bounded memory, in order."""
+    for chunk in chunked(lines, chunk_lines):
+        for result in translate_texts(engine, chunk, opts, search):
+            yield TextResult(one_line(result.text), [one_line(text) for text in result.alternatives], result.scores)
+
+
+def result_lines(results: Iterable[TextResult], nbest: int = 1) -> Iterator[str]:
+    """``xformer translate``'s output: one line per text, or ``nbest`` rows per text as
+    ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` (the score summed over its sentences)."""
+    for line_no, result in enumerate(results, start=1):
+        if nbest <= 1:
+            yield result.text
+            continue
+        texts = [result.text, *result.alternatives]
+        for rank in range(1, nbest + 1):
+            text = texts[rank - 1] if rank <= len(texts) else ""
+            score = result.scores[rank - 1] if rank <= len(result.scores) else 0.0
+            yield f"{line_no}\t{rank}\t{score:.4f}\t{text}"

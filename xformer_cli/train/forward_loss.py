@@ -1,0 +1,96 @@
+"""A batch's forward pass and label-smoothed loss as one function: what ``train.compile`` compiles.
+
+Compiling model and loss together lets inductor fuse the loss's passes over the logits with
+the output projection's epilogue, and (on CUDA, with static shapes) lets the whole forward
+and backward be one captured CUDA graph per batch shape ("reduce-overhead"): the host then
+launches one graph instead of hundreds of kernels. With shapes that vary batch to batch, the
+default mode with dynamic shapes compiles once for all of them instead.
+
+``compilations()`` reads dynamo's count of graphs built in this process, which the trainer
+logs: one per batch shape is the expectation with buckets, more means recompiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from xformer_cli.device import autocast
+from xformer_cli.model.linear import HalfWeightCache
+from xformer_cli.model.transformer import Packing
+from xformer_cli.tokenizer import PAD_ID
+from xformer_cli.train.loss import label_smoothed_nll
+
+LossFn = Callable[[Tensor, Tensor, Tensor, Optional[Packing]], Tensor]
+_half_weights_forced: Optional[bool] = None
+
+
+@contextlib.contextmanager
+def forced_half_weights(on: bool) -> Iterator[None]:
+    """Inside the block the trainer attaches (True) or leaves out (False) the half-weight cache
+    whatever the device: how a test runs CUDA's bf16 path on a CPU."""
+    global _half_weights_forced
+    before, _half_weights_forced = _half_weights_forced, on
+    try:
+        yield
+    finally:
+        _half_weights_forced = before
+
+
+def wants_half_weights(device: torch.device, precision: str, compiled: bool) -> bool:
+    """bf16 weight copies made once per optimizer step replace autocast's per-use casts on CUDA
+    (a kernel per weight per micro-batch); a CPU's own bf16 products need none, and compiled
+    code fuses the casts into its kernels itself."""
+    if _half_weights_forced is not None:
+        return _half_weights_forced
+    return device.type == "cuda" and precision == "bf16" and not compiled
+
+
+def attach_half_weights(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                        precision: str, compiled: bool) -> Optional[HalfWeightCache]:
+    """The cache on ``model`` itself (not a DDP or compile wrapper) when it pays; else None."""
+    if not wants_half_weights(device, precision, compiled):
+        return None
+    return HalfWeightCache(model, optimizer, torch.bfloat16)
+
+
+def forward_loss(model: torch.nn.Module, device: torch.device, precision: str, epsilon: float) -> LossFn:
+    """(src, tgt_in, tgt_out, packing) -> the summed label-smoothed loss of the batch, forward under
+    autocast; ``packing``: None, or the segments and positions of packed rows."""
+
+    def loss_of(src: Tensor, tgt_in: Tensor, tgt_out: Tensor, packing: Optional[Packing] = None) -> Tensor:
+        with autocast(device, precision):
+            logits = model(src, tgt_in) if packing is None else model(src, tgt_in, packing=packing)
+        return label_smoothed_nll(logits, tgt_out, epsilon, PAD_ID)[0]
+
+    return loss_of
+
+
+def compile_mode(device: torch.device, static_shapes: bool) -> tuple[Optional[str], bool]:
+    """(torch.compile mode, dynamic) for this device and batch plan: CUDA graphs where shapes
+    repeat on CUDA; dynamic shapes where every batch has its own."""
+    if static_shapes:
+        return ("reduce-overhead" if device.type == "cuda" else None), False
+    return None, True
+
+
+def compiled(fn: LossFn, device: torch.device, static_shapes: bool, shapes: int = 0) -> LossFn:
+    """``fn`` under torch.compile as ``compile_mode`` says; ``shapes``: how many batch shapes the
+    plan declares (dynamo's recompile limit is raised to hold them all, or it would fall back
+    to eager after the eighth)."""
+    mode, dynamic = compile_mode(device, static_shapes)
+    if shapes:
+        limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+    return torch.compile(fn, mode=mode, dynamic=dynamic)
+
+
+def compilations() -> int:
+    """Graphs dynamo has compiled in this process so far (its ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
