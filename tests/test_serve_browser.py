@@ -92,7 +92,7 @@ class UpperCaser:
 
     name, engine, precision, source, target, beam_size, truncated_lines = "fake/model.pt", "xformer", "fp32", "en", "de", 4, 0
 
-    def translate(self, texts, beam_size=None):
+    def translate(self, texts, beam_size=None, **options):  # options: format, glossary, ...
         return [text.upper() for text in texts]
 
 
