@@ -1,14 +1,17 @@
-"""Start ``xformer serve`` in a process of its own and talk to it with the standard library."""
+"""Start ``xformer serve`` in a process of its own, or an app under uvicorn in a thread, and talk to it with the standard library."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,3 +79,26 @@ def request(url: str, body=None, headers=None, method=None, timeout: float = 60)
 
 def get(url: str, timeout: float = 10):
     return request(url, timeout=timeout)
+
+
+@contextmanager
+def real_server(app):
+    """``app`` under uvicorn in a thread, on a free port: its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -139,3 +139,22 @@ def test_a_failing_job_fails_alone_and_the_worker_lives_on():
     assert batcher.submit(["after"]).result(5).texts == ["AFTER"]
     assert all("never run" not in texts for texts, _ in engine.calls)
     assert batcher.stop(5)
+
+
+def test_cancelled_jobs_leave_the_queue_and_never_reach_the_engine():
+    gate = threading.Event()
+    engine = Recorder(gate=gate)
+    batcher = Batcher(engine, max_wait=0.0, max_queued=6).start()
+    running = batcher.submit(["held"])  # the engine is busy with it: everything after waits
+    assert engine.entered.wait(5)
+    gone = [batcher.submit([f"gone {i}", "x"]) for i in range(3)]  # the queue is full: 6 texts
+    with pytest.raises(QueueFull):
+        batcher.submit(["no room"])
+    assert all(future.cancel() for future in gone)  # their clients went away
+    assert (batcher.queued, batcher.dropped) == (0, 3)  # their room is free at once
+    kept = batcher.submit(["kept"])
+    gate.set()
+    assert running.result(5).texts == ["HELD"] and kept.result(5).texts == ["KEPT"]
+    assert [texts for texts, _ in engine.calls] == [["held"], ["kept"]]  # nobody worked for the gone ones
+    assert batcher.stop(5) and batcher.jobs_done == 2
+

@@ -4,6 +4,7 @@ Needs Chromium at /usr/bin/chromium (or $XFORMER_CHROMIUM); .ci/run installs it.
 where it is missing, except under CI (CI=true), where that is a failure.
 """
 
+import json
 import os
 import re
 import shutil
@@ -84,3 +85,76 @@ def test_the_page_asks_for_the_api_key_and_retries_with_it(trained_run, browser)
         assert "ms round trip" in page.text_content("#timing")
     finally:
         server.close()
+
+
+class UpperCaser:
+    """A fake engine, so that the page's requests, not a model, are under test."""
+
+    name, engine, precision, source, target, beam_size, truncated_lines = "fake/model.pt", "xformer", "fp32", "en", "de", 4, 0
+
+    def translate(self, texts, beam_size=None, **options):  # options: format, glossary, ...
+        return [text.upper() for text in texts]
+
+
+PARAGRAPHS = ("A man rides a bike down the street. He wears a red helmet and waves at the children.\n"
+              "Two dogs are playing in the snow. One of them carries a stick.\n\n"
+              "The Berlin Philharmonic plays tonight. Tickets are on xformer.example.")
+TEXT = "\n".join([PARAGRAPHS] * 3)
+GLOSSARY = "Berlin Philharmonic = Berliner Philharmoniker\nxformer\n"
+
+
+def _settled(page) -> None:
+    page.wait_for_function("""() => {
+        const out = document.querySelector('#output');
+        return !out.classList.contains('placeholder') && !out.classList.contains('stale') && out.textContent.trim();
+    }""", timeout=30_000)
+
+
+def test_the_page_sends_paragraphs_the_glossary_and_html(browser, tmp_path):
+    from serve_helpers import real_server
+
+    from xformer_cli.serve.app import create_app
+
+    with real_server(create_app(UpperCaser())) as url:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+
+        def answer(route):  # format html is answered here: the server's HTML path is tested on its own
+            body = route.request.post_data_json
+            if body.get("format") == "html":
+                route.fulfill(status=200, content_type="application/json",
+                              body=json.dumps({"translatedText": "<p>" + body["q"].upper() + "</p>"}))
+            else:
+                route.continue_()
+
+        page.route("**/translate", answer)
+        page.goto(url + "/")
+        empty_height = page.eval_on_selector("#source", "e => e.offsetHeight")
+        with page.expect_request("**/translate") as sent:
+            page.fill("#source", TEXT)
+        assert sent.value.post_data_json == {"q": TEXT.split("\n"), "source": "en", "target": "de", "format": "text"}
+        _settled(page)
+        assert page.text_content("#output") == (TEXT).upper()
+        assert page.eval_on_selector("#source", "e => e.offsetHeight") > empty_height  # it grew with the text
+
+        page.click("#glossary-box summary")
+        with page.expect_request("**/translate") as sent:
+            page.fill("#glossary", GLOSSARY)
+        assert sent.value.post_data_json["glossary"] == {"Berlin Philharmonic": "Berliner Philharmoniker", "xformer": "xformer"}
+        assert page.text_content("#glossary-count") == "2 terms"
+        _settled(page)
+        page.screenshot(path=os.environ.get("XFORMER_SCREENSHOT") or str(tmp_path / "page.png"), full_page=True)
+
+        with page.expect_request("**/translate") as sent:
+            page.check("#html")
+        body = sent.value.post_data_json
+        assert (body["format"], body["q"], body["glossary"]["xformer"]) == ("html", TEXT, "xformer")
+        _settled(page)
+        assert page.text_content("#output") == "<p>" + (TEXT).upper() + "</p>"  # shown as text, not rendered
+
+        requests = []
+        page.on("request", lambda req: requests.append(req) if req.method == "POST" else None)
+        page.fill("#glossary", "Berlin =")  # a line without its target: said on the page, not sent
+        page.wait_for_function("() => document.querySelector('#timing').textContent.includes('Glossary line 1')")
+        assert requests == []
+        page.reload()  # the toggle and the glossary are remembered
+        assert page.is_checked("#html") and page.input_value("#glossary") == "Berlin ="

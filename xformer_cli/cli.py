@@ -474,12 +474,15 @@ def serve(
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
     graceful_timeout: float = typer.Option(30.0, "--graceful-timeout", help="On SIGTERM, seconds to let in-flight requests finish."),
     glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term, forced in every request (a request's own glossary field goes over it)."),
+    cors: Optional[list[str]] = typer.Option(None, "--cors", metavar="ORIGIN", help="Let web pages of this origin (https://example.org; repeatable; * for any) call the API from a browser. Default: no CORS headers."),
+    max_file_bytes: int = typer.Option(1 << 20, "--max-file-bytes", metavar="BYTES", help="Largest file POST /translate_file takes (413 past it)."),
 ) -> None:
-    """Serve a model over HTTP: LibreTranslate's POST /translate and GET /languages, GET /health, and a web page at /.
+    """Serve a model over HTTP: LibreTranslate's POST /translate, /detect, /translate_file and GET /languages, GET /health, and a web page at /.
 
     Requests from all clients are batched together (one engine call at a time). Needs
     pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits."""
     _before_torch()
+    from xformer_cli.serve.cors import check_origin
     from xformer_cli.serve.protocol import Limits
     from xformer_cli.serve.server import serve as run_server
 
@@ -487,12 +490,19 @@ def serve(
         raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at least 1; --max-wait-ms at least 0")
     if max_texts > max_queue:
         raise XformerError(f"--max-texts ({max_texts}) cannot exceed --max-queue ({max_queue})")
+    if max_file_bytes < 1:
+        raise XformerError("--max-file-bytes must be at least 1")
+    try:
+        origins = [check_origin(origin) for origin in cors or ()]
+    except ValueError as exc:
+        raise XformerError(str(exc)) from None
     run_server(str(checkpoint), engine=engine, device=device, precision=precision, source=source, target=target,
                name=name, host=host, port=port, api_key=api_key, threads=threads,
                limits=Limits(max_chars=max_chars, max_texts=max_texts),
                batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
                             max_queued=max_queue),
-               access_log=access_log, graceful_timeout=graceful_timeout, log=_log, glossary=glossary)
+               access_log=access_log, graceful_timeout=graceful_timeout, log=_log, glossary=glossary, cors=origins,
+               max_file_bytes=max_file_bytes)
 
 
 @app.command()

@@ -4,21 +4,29 @@
     GET  /languages   LibreTranslate's: [{"code", "name", "targets"}, ...]
     GET  /health      {"status": "ok", "model": ..., ...}; 503 while shutting down
     GET  /            the web page
+    and LibreTranslate's POST /detect, GET /frontend/settings, POST /translate_file and
+    GET /download_file/NAME (``serve/extras.py``)
 
-Every error is ``{"error": "..."}`` with a 4xx or 5xx status, never a traceback. The
-batcher's worker thread starts with the app and, on shutdown (after uvicorn has let
-in-flight requests finish), drains the queue and stops.
+Every error is ``{"error": "..."}`` with a 4xx or 5xx status, never a traceback, whatever
+the request (deeply nested JSON included) and whatever went wrong. A client that closes
+its connection before its answer has its queued texts dropped (``serve/queueing.py``).
+CORS headers only with ``cors`` origins (``serve/cors.py``). The batcher's worker thread
+starts with the app and, on shutdown (after uvicorn has let in-flight requests finish),
+drains the queue and stops.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the handlers' annotations
 # (``request: Request``, imported inside create_app so fastapi loads only when serving).
 import asyncio
 import contextlib
-import hmac
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-from xformer_cli.serve.batcher import Batcher, QueueFull, Stopped
-from xformer_cli.serve.protocol import ApiError, Limits, languages, parse_body, parse_translate, translate_response
+from xformer_cli.serve.batcher import Batcher, Translation
+from xformer_cli.serve.detect import refuse_other_language
+from xformer_cli.serve.files import FileStore
+from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, languages, parse_translate, translate_response
+from xformer_cli.serve.queueing import ClientGone, run_translation
+from xformer_cli.serve.reading import check_api_key, read_fields
 
 
 def create_app(
@@ -28,15 +36,26 @@ def create_app(
     api_key: Optional[str] = None,
     batcher: Optional[dict[str, Any]] = None,
     log: Callable[[str], None] = lambda message: None,
+    cors: Sequence[str] = (),
+    max_file_bytes: int = 1 << 20,
+    files: Optional[FileStore] = None,
 ):
     """``engine``: a ``serve.engine.ServedModel`` (or anything with its fields and ``translate``);
-    ``batcher``: keyword arguments of ``Batcher`` (max_wait, max_sentences, ...)."""
+    ``batcher``: keyword arguments of ``Batcher`` (max_wait, max_sentences, ...); ``cors``:
+    the origins allowed to call from a browser (``*``: any; none: no CORS headers);
+    ``max_file_bytes``: the largest POST /translate_file upload; ``files``: where translated
+    files wait for their download."""
     from fastapi import FastAPI
+
+    from xformer_cli.serve.cors import CorsMiddleware, check_origin
+    from xformer_cli.serve.extras import add_detect_route, add_file_routes, add_settings_route
 
     limits = limits or Limits()
     queue = Batcher(lambda texts, options: engine.translate(texts, **options), **(batcher or {}))
     if limits.max_texts > queue.max_queued:
         raise ValueError(f"max_texts ({limits.max_texts}) must not exceed the queue size ({queue.max_queued})")
+
+    store = files or FileStore(max_bytes=max(256 << 20, 16 * max_file_bytes))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -45,13 +64,21 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(queue.stop)
+            store.close()
 
     app = FastAPI(title="xformer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher = queue
     app.state.engine = engine
-    add_error_handlers(app)
-    add_translate_route(app, engine, queue, limits, api_key, log)
+    app.state.files = store
+    if cors:  # checked now: starlette builds its middleware at the first request
+        app.add_middleware(CorsMiddleware, origins=[check_origin(origin) for origin in cors])
+    add_error_handlers(app, log)
+    translate_fields = translation_call(engine, queue, log)
+    add_translate_route(app, engine, limits, api_key, translate_fields)
     add_info_routes(app, engine, queue, served_info(engine, limits, api_key))
+    add_detect_route(app, limits, api_key)
+    add_settings_route(app, engine, limits, api_key)
+    add_file_routes(app, limits, api_key, store, max_file_bytes, translate_fields)
     return app
 
 
@@ -62,10 +89,12 @@ def error(status: int, message: str, headers: Optional[dict[str, str]] = None):
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def add_error_handlers(app) -> None:
-    """Our own errors, FastAPI's (404, 405, ...) and invalid requests, all as ``{"error": ...}``."""
+def add_error_handlers(app, log: Callable[[str], None]) -> None:
+    """Our own errors, FastAPI's (404, 405, ...), invalid requests, clients gone and anything
+    unexpected, all as ``{"error": ...}``."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -79,29 +108,47 @@ def add_error_handlers(app) -> None:
     async def _invalid(request, exc: RequestValidationError):
         return error(400, "Invalid request")
 
+    @app.exception_handler(ClientGone)
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request, exc: Exception):  # nobody reads it: the status is for the access log
+        return error(499, "the client closed the connection")
 
-def add_translate_route(app, engine: Any, queue: Batcher, limits: Limits, api_key: Optional[str],
-                        log: Callable[[str], None]) -> None:
+    @app.exception_handler(Exception)  # a bug: say so in JSON, not in starlette's plain text
+    async def _unexpected(request, exc: Exception):
+        log(f"error: {request.method} {request.url.path} failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return error(500, f"internal error ({type(exc).__name__})")
+
+
+def decode_options(req: TranslateRequest, engine: Any) -> dict[str, Any]:
+    """The engine options a request asks for; requests share an engine call only when equal."""
+    return {**req.options(), "beam_size": req.beam_size or engine.beam_size}
+
+
+def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]):
+    """``translate_fields(request, fields, limits) -> (TranslateRequest, Translation)``: check
+    a /translate request's fields and translate its texts; POST /translate_file calls it too."""
+
+    async def translate_fields(request, fields: dict[str, Any], limits: Limits) -> tuple[TranslateRequest, Translation]:
+        req = parse_translate(fields, engine.source, engine.target, limits)
+        if req.source == "auto":  # the model's source language, unless the text is plainly another
+            await asyncio.to_thread(refuse_other_language, req.texts, engine.source, req.batch,
+                                    fields.get("format") == "html")
+        result = await run_translation(request, queue, req.texts, decode_options(req, engine), log)
+        return req, result
+
+    return translate_fields
+
+
+def add_translate_route(app, engine: Any, limits: Limits, api_key: Optional[str], translate_fields) -> None:
     """POST /translate: parse and check the request, queue its texts, answer when they are done."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
     @app.post("/translate")
     async def translate(request: Request):
-        fields = parse_body(await read_body(request, limits.max_body), request.headers.get("content-type", ""))
+        fields = await read_fields(request, limits.max_body)
         check_api_key(api_key, fields.get("api_key"), request.headers)
-        req = parse_translate(fields, engine.source, engine.target, limits)
-        try:
-            future = queue.submit(req.texts, **{**req.options(), "beam_size": req.beam_size or engine.beam_size})
-        except QueueFull:
-            raise ApiError(503, "the server is busy (its queue is full); retry shortly", {"Retry-After": "1"}) from None
-        except Stopped:
-            raise ApiError(503, "the server is shutting down", {"Retry-After": "5"}) from None
-        try:
-            result = await asyncio.wrap_future(future)
-        except Exception as exc:  # noqa: BLE001 - the engine failed on this request: say so, live on
-            log(f"error: translation failed: {type(exc).__name__}: {str(exc)[:200]}")
-            return error(500, f"translation failed ({type(exc).__name__})")
+        req, result = await translate_fields(request, fields, limits)
         timing = f"queue;dur={result.wait_s * 1000:.1f}, decode;dur={result.decode_s * 1000:.1f}"
         return JSONResponse(translate_response(req, result.texts, engine.source),
                             headers={"Server-Timing": timing, "X-Batch-Texts": str(result.batch_texts)})
@@ -131,6 +178,7 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
         status = "stopping" if queue.stopping else "ok"
         body = {"status": status, **info, "queued": queue.queued, "batches": queue.batches,
                 "texts": queue.texts_done, "requests": queue.jobs_done, "rejected": queue.rejected,
+                "dropped": queue.dropped,
                 "truncated_lines": engine.truncated_lines}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
@@ -139,33 +187,3 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
     @app.get("/")
     async def index():
         return HTMLResponse(page)
-
-
-async def read_body(request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes before more is read."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"Invalid request: the body has {declared} bytes; at most {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"Invalid request: the body is over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def check_api_key(expected: Optional[str], in_body: Any, headers) -> None:
-    """403 unless ``expected`` is unset or given: in the body (LibreTranslate's ``api_key``),
-    an ``X-API-Key`` header, or ``Authorization: Bearer KEY``."""
-    if not expected:
-        return
-    given = in_body if isinstance(in_body, str) and in_body else headers.get("x-api-key", "")
-    if not given:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else ""
-    if not given:
-        raise ApiError(403, "Invalid API key: this server needs one (api_key in the body, or an X-API-Key header)")
-    if not hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8")):
-        raise ApiError(403, "Invalid API key")
-

@@ -21,8 +21,10 @@ of splitting into two half-size batches that take turns (each of which would the
 its own demand met).
 
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
-and nothing is held. ``stop`` refuses new jobs, finishes every queued one, and ends
-the worker. A failing engine call fails only its own jobs (each is retried alone first,
+and nothing is held. A job whose future is cancelled while it waits (its client went
+away) leaves the queue at once and never reaches the engine; one cancelled after its
+batch was formed is skipped when that call starts. ``stop`` refuses new jobs, finishes
+every queued one, and ends the worker. A failing engine call fails only its own jobs (each is retried alone first,
 so one bad job does not sink the others of its batch); the worker lives on.
 """
 
@@ -63,7 +65,7 @@ def estimate_tokens(text: str) -> int:
     return len(text.split()) + 1
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are compared by identity (deque.remove)
 class _Job:
     texts: list[str]
     key: tuple  # the decoding options; only equal keys share an engine call
@@ -104,6 +106,7 @@ class Batcher:
         self.texts_done = 0
         self.jobs_done = 0
         self.rejected = 0
+        self.dropped = 0  # jobs cancelled while queued (their clients went away)
 
     # -- the callers' side --------------------------------------------------------------------
 
@@ -125,7 +128,20 @@ class Batcher:
             self._jobs.append(job)
             self._queued += len(texts)
             self._cond.notify()
+        job.future.add_done_callback(lambda future: self._drop_if_cancelled(job))
         return job.future
+
+    def _drop_if_cancelled(self, job: _Job) -> None:
+        """A cancelled job that still waits leaves the queue now: it frees its room, and no
+        batch waits for it or carries it."""
+        if not job.future.cancelled():
+            return
+        with self._cond:
+            if job in self._jobs:
+                self._jobs.remove(job)
+                self._queued -= len(job.texts)
+                self.dropped += 1
+                self._cond.notify_all()
 
     @property
     def queued(self) -> int:
@@ -188,19 +204,14 @@ class Batcher:
     def _next_batch(self) -> Optional[list[_Job]]:
         """The next jobs to run together, out of the queue; None once stopping and drained."""
         with self._cond:
-            while not self._jobs and not self._stopping:
-                self._cond.wait()
-            if not self._jobs:
-                return None
-            first = self._jobs[0]
-            # no history yet: wait for a full batch (the first request of a server's life may wait max_wait)
-            target = max(self._demand, default=self.max_sentences)
-            deadline = max(first.enqueued, self._last_end) + self.max_wait
-            while not self._stopping and not self._ready(first.key, target):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+            first = None
+            while first is None or not self._jobs or self._jobs[0] is not first:  # again if it was cancelled
+                while not self._jobs and not self._stopping:
+                    self._cond.wait()
+                if not self._jobs:
+                    return None
+                first = self._jobs[0]
+                self._wait_for_company(first)
             batch, kept = [], deque()
             texts = tokens = 0
             for job in self._jobs:
@@ -214,6 +225,18 @@ class Batcher:
             self._jobs = kept
             self._queued -= texts
             return batch
+
+    def _wait_for_company(self, first: _Job) -> None:
+        """Wait (the lock held by the caller) until the batch of ``first`` is worth running,
+        or ``first`` left the queue."""
+        # no history yet: wait for a full batch (the first request of a server's life may wait max_wait)
+        target = max(self._demand, default=self.max_sentences)
+        deadline = max(first.enqueued, self._last_end) + self.max_wait
+        while not self._stopping and not self._ready(first.key, target) and self._jobs and self._jobs[0] is first:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
 
     def _ready(self, key: tuple, target: int) -> bool:
         """Whether the queue holds ``target`` jobs decoded like ``key``, or a full batch."""

@@ -7,7 +7,8 @@
 answers N more translations from the n-best lists. Beyond LibreTranslate: ``beam_size`` (1 =
 greedy; default: the model's), ``glossary`` ({"source term": "target term"}) and
 ``split_sentences`` (default true).
-``source: "auto"`` means the model's one source language (nothing is detected).
+``source: "auto"`` means the model's one source language; the app refuses a text plainly in
+another (``serve/detect.py``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
         fields = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"Invalid request: the body is not valid JSON ({str(exc)[:80]})") from None
+    except RecursionError:  # {"q": [[[[...]]]]} nested past Python's stack
+        raise ApiError(400, "Invalid request: the JSON is nested too deeply") from None
     if not isinstance(fields, dict):
         raise ApiError(400, "Invalid request: the body must be a JSON object")
     return fields

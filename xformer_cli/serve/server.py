@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import socket
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from xformer_cli.errors import XformerError
 
@@ -73,7 +73,7 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
           host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
           limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
           graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print,
-          glossary: Any = None) -> None:
+          glossary: Any = None, cors: Sequence[str] = (), max_file_bytes: int = 1 << 20) -> None:
     """``xformer serve``: load the model, build the app, serve until told to stop."""
     require_server_packages()
     from xformer_cli.serve.app import create_app
@@ -81,7 +81,8 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
 
     loaded = load_served_model(model, engine, device=device, precision=precision, source=source, target=target,
                          name=name, threads=threads, serving=True, log=log, glossary=glossary)
-    app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log)
+    app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log, cors=cors,
+                     max_file_bytes=max_file_bytes)
     banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "
               f"{loaded.threads} thread{'s' if loaded.threads > 1 else ''}): ")
     run(app, host, port, access_log=access_log, graceful_timeout=graceful_timeout, log=log, banner=banner)

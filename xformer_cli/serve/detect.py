@@ -1,0 +1,83 @@
+"""Language identification for ``POST /detect`` and ``source: "auto"``: py3langid, whose
+model ships inside its wheel (nothing is downloaded at run time).
+
+    detect("Zwei Hunde spielen im Schnee.")       # [("de", 0.969), ("lb", 0.017), ...], best first
+    plainly_other("Zwei Hunde spielen im Schnee.", "en")   # ("de", 0.969): refuse it
+    plainly_other("Hallo Welt", "en")             # None: too short to tell
+
+The identifier is loaded on first use (under a second), once per process.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Optional
+
+from xformer_cli.serve.protocol import ApiError, language_name
+
+# A text is refused as "plainly another language" only when it has at least MIN_LETTERS
+# letters (short texts, names and numbers are too easily mistaken) and the identifier
+# gives another language at least MIN_CONFIDENCE while the model's own gets under
+# MAX_SOURCE_CONFIDENCE. One German sentence of four words passes all three; "Hallo
+# Welt", "Angela Merkel visits the Bundestag." and "iPhone 15 Pro Max" do not.
+MIN_LETTERS = 20
+MIN_CONFIDENCE = 0.9
+MAX_SOURCE_CONFIDENCE = 0.05
+
+_TAG = re.compile(r"<[^>]*>")
+_lock = threading.Lock()
+_identifier = None
+
+
+def _load():
+    global _identifier
+    with _lock:
+        if _identifier is None:
+            try:
+                from py3langid.langid import MODEL_FILE, LanguageIdentifier
+            except ImportError:
+                raise ApiError(500, "language detection needs py3langid: pip install 'xformer[serve]'") from None
+            _identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return _identifier
+
+
+def detect(text: str, strip_tags: bool = False) -> list[tuple[str, float]]:
+    """Every language the identifier knows with its probability, best first."""
+    if strip_tags:
+        text = _TAG.sub(" ", text)
+    return [(code, float(p)) for code, p in _load().rank(text)]
+
+
+def candidates(text: str, most: int = 3, floor: float = 0.05) -> list[dict[str, object]]:
+    """``POST /detect``'s answer, LibreTranslate's shape: ``[{"confidence": percent,
+    "language": code}]``, the best first, then up to ``most`` - 1 runners-up over ``floor``."""
+    ranked = detect(text)
+    kept = ranked[:1] + [(code, p) for code, p in ranked[1:most] if p >= floor]
+    return [{"confidence": round(p * 100, 1), "language": code} for code, p in kept]
+
+
+def plainly_other(text: str, source: str, strip_tags: bool = False) -> Optional[tuple[str, float]]:
+    """(language, probability) when ``text`` is plainly in a language other than ``source``;
+    None when it is in ``source``, or too short or too mixed to tell."""
+    if sum(ch.isalpha() for ch in (_TAG.sub(" ", text) if strip_tags else text)) < MIN_LETTERS:
+        return None
+    ranked = detect(text, strip_tags)
+    base = source.split("-")[0].lower()
+    best, confidence = ranked[0]
+    own = next((p for code, p in ranked if code == base), 0.0)
+    if best != base and confidence >= MIN_CONFIDENCE and own < MAX_SOURCE_CONFIDENCE:
+        return best, confidence
+    return None
+
+
+def refuse_other_language(texts: list[str], source: str, batch: bool, html: bool = False) -> None:
+    """400 naming the language when a text of a ``source: "auto"`` request is plainly not in
+    the model's ``source`` language (a translation of it would be garbage)."""
+    for at, text in enumerate(texts):
+        found = plainly_other(text, source, strip_tags=html)
+        if found:
+            code, confidence = found
+            where = f"q[{at}]" if batch else "q"
+            raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} ({code}, {confidence:.0%} sure), "
+                                f"not {language_name(source)}: this model translates from {source} only")

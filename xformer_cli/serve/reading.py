@@ -1,0 +1,105 @@
+"""Reading a request: its body within a byte limit, its fields (JSON, a form, or the query
+string), a multipart upload, and the API key check.
+
+LibreTranslate reads its fields from the body or the URL's query string alike (Flask's
+``request.values``), and clients rely on it: ``deep-translator`` posts its fields as query
+parameters with an empty body. So do we: body fields win over query fields of the same name.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from xformer_cli.serve.protocol import ApiError, parse_body
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes before more is read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"Invalid request: the body has {declared} bytes; at most {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"Invalid request: the body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def query_fields(request) -> dict[str, Any]:
+    """The query string's fields; ``q`` given more than once is a list, as in a form."""
+    fields: dict[str, Any] = {}
+    for key, value in request.query_params.multi_items():
+        if key == "q" and key in fields:
+            fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
+        else:
+            fields[key] = value
+    return fields
+
+
+async def read_fields(request, limit: int) -> dict[str, Any]:
+    """The request's fields: the body's (JSON or a form), over the query string's."""
+    body = await read_body(request, limit)
+    query = query_fields(request)
+    if query and not body.strip():
+        return query
+    return {**query, **parse_body(body, request.headers.get("content-type", ""))}
+
+
+@dataclass
+class Upload:
+    """A file field of a form."""
+
+    filename: str
+    data: bytes
+
+
+async def read_form(request, limit: int) -> dict[str, Any]:
+    """A multipart (or URL-encoded) form of at most ``limit`` bytes, over the query string's
+    fields: field name -> a string or an ``Upload``; 400 when the body is not such a form."""
+    from starlette.requests import Request
+
+    body = await read_body(request, limit)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        raise ApiError(400, "Invalid request: send the file as multipart/form-data (fields file, source, target)")
+    sent = False
+
+    async def replay():  # the body once more, for starlette's form parser
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=1, max_fields=20)
+    except AssertionError:  # python-multipart is missing
+        raise ApiError(500, "file uploads need python-multipart: pip install 'xformer[serve]'") from None
+    except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the client's error
+        raise ApiError(400, f"Invalid request: the form could not be read ({str(getattr(exc, 'detail', exc))[:80]})") from None
+    fields: dict[str, Any] = query_fields(request)
+    try:
+        for key, value in form.multi_items():
+            fields[key] = value if isinstance(value, str) else Upload(value.filename or "", await value.read())
+    finally:
+        await form.close()
+    return fields
+
+
+def check_api_key(expected: Optional[str], in_body: Any, headers) -> None:
+    """403 unless ``expected`` is unset or given: in the body (LibreTranslate's ``api_key``),
+    an ``X-API-Key`` header, or ``Authorization: Bearer KEY``."""
+    if not expected:
+        return
+    given = in_body if isinstance(in_body, str) and in_body else headers.get("x-api-key", "")
+    if not given:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""
+    if not given:
+        raise ApiError(403, "Invalid API key: this server needs one (api_key in the body, or an X-API-Key header)")
+    if not hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8")):
+        raise ApiError(403, "Invalid API key")
