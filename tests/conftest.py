@@ -2,8 +2,10 @@
 
 Two tiers: ``python -m pytest -m "not slow"`` runs the unit tests, which read no corpus, train
 nothing and start no process; the ``slow`` ones do. A test that reads the corpus and is not
-marked slow is refused at collection, so the unit tier keeps running on a fresh machine."""
+marked slow, or that runs the CLI or another process itself, is refused at collection, so the
+unit tier keeps running on a fresh machine."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,21 @@ from helpers import data_root, head, tiny_overrides, write_lines, xformer
 from multi30k_files import cache_root, multi30k_or_fail
 
 
+def _starts_a_process(item: pytest.Item) -> bool:
+    """The test's own code runs the CLI or another process (what its fixtures do is not seen)."""
+    try:
+        source = inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return any(call in source for call in ("xformer(", "subprocess.", "Popen(", "ServerProcess("))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    unmarked = [item.nodeid for item in items
-                if "multi30k" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None]
+    unmarked = [item.nodeid for item in items if item.get_closest_marker("slow") is None
+                and ("multi30k" in getattr(item, "fixturenames", ()) or _starts_a_process(item))]
     if unmarked:
-        raise pytest.UsageError(f"these tests read the corpus but are not marked slow: {', '.join(unmarked)}")
+        raise pytest.UsageError("these tests read the corpus or start a process but are not marked slow: "
+                                + ", ".join(unmarked))
 
 
 @pytest.fixture(scope="session")

@@ -125,6 +125,7 @@ def test_threads_rule(monkeypatch):
     assert decode_threads() == 4
 
 
+@pytest.mark.slow
 def test_the_cli_makes_torch_threads_sleep_and_leaves_ctranslate2_its_default():
     code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli import _before_torch; "
             "_before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules); "

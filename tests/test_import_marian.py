@@ -25,10 +25,10 @@ def marian_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def imported(marian_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("imported") / "model.pt"
-    proc = xformer("import", marian_dir, "-o", out)
-    assert proc.returncode == 0, proc.stderr.decode()
-    return out
+    """Imported in this process (the CLI's own path is tested by the slow tests below)."""
+    from xformer_cli.importers.marian import import_marian
+
+    return import_marian(str(marian_dir), tmp_path_factory.mktemp("imported") / "model.pt")
 
 
 def hf_model(directory: Path):
@@ -138,6 +138,7 @@ def test_greedy_and_beam_equal_generate_on_multi30k(marian_dir, imported, multi3
         assert ours == theirs, beams
 
 
+@pytest.mark.slow
 def test_export_huggingface_round_trip_keeps_logits(marian_dir, imported, tmp_path):
     out = tmp_path / "hf"
     proc = xformer("export", "-m", imported, "-o", out, "--format", "huggingface")
@@ -153,6 +154,7 @@ def test_export_huggingface_round_trip_keeps_logits(marian_dir, imported, tmp_pa
                                                                                 num_beams=1, max_new_tokens=20), skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_export_ctranslate2_round_trip_keeps_greedy_output(imported, tmp_path):
     pytest.importorskip("ctranslate2")
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
@@ -187,6 +189,7 @@ def native_checkpoint(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_xformer_checkpoint_through_huggingface_and_back(tmp_path):
     from xformer_cli.decode.translator import Translator
 
@@ -240,6 +243,7 @@ def wrong_shape(directory: Path) -> None:
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, fragments", [
     (edit_config(model_type="bart", architectures=["BartForConditionalGeneration"]), ("config.json", "model_type 'bart'")),
     (edit_config(model_type="t5"), ("config.json", "model_type 't5'")),
@@ -258,6 +262,7 @@ def test_unmappable_input_is_refused_in_one_line(marian_dir, tmp_path, change, f
     assert not out.exists() and not any(p.name.startswith("model.pt") for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_id_says_how_to_use_a_local_directory(tmp_path):
     out = tmp_path / "model.pt"
     proc = xformer("import", "Helsinki-NLP/opus-mt-en-de", "-o", out,

@@ -336,6 +336,7 @@ def test_libretranslate_py_and_deep_translator_work_unchanged():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_serve_option_errors_are_one_line(tmp_path):
     from helpers import assert_one_line_error, xformer
 

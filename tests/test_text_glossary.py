@@ -36,6 +36,7 @@ def test_glossary_file(tmp_path):
         load_glossary(path)
 
 
+@pytest.mark.slow
 def test_glossary_file_error_through_the_cli(tmp_path):
     path = tmp_path / "terms.tsv"
     path.write_text("dog\tHund\ncat\n", encoding="utf-8")
