@@ -54,3 +54,11 @@ def test_a_clause_without_punctuation_is_cut_into_windows_and_a_giant_token_stay
     assert " ".join(parts) == sentence and max(map(words, parts)) <= 8
     giant = "x" * 3000
     assert cut_sentence(giant, lambda text: len(text), 128) == [giant]  # the engine cuts it, with its warning
+
+
+def test_each_sentence_maps_to_its_translation():
+    text = "  One dog runs.  Two cats sleep.\tThree birds sing."
+    result = translate_texts(FakeEngine(), [text], TextOptions())[0]
+    pairs = [(text[a:b], result.text[c:d]) for a, b, c, d in result.sentences]
+    assert pairs == [("One dog runs.", "ONE DOG RUNS."), ("Two cats sleep.", "TWO CATS SLEEP."),
+                     ("Three birds sing.", "THREE BIRDS SING.")]
