@@ -196,6 +196,8 @@ def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, 
         source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
         if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
             end = start
+        if term == masked.text[masked.spans[index][0]:masked.spans[index][1]]:
+            end = start  # do-not-translate (a name): the model dropped it; its aligned word is what it names
         if end > start and not any(start < e and s < end for s, e in taken):
             taken.append((start, end))
             if not _term_in(term, target[start:end]):
