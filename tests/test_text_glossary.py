@@ -42,3 +42,39 @@ def test_glossary_file_error_through_the_cli(tmp_path):
     path.write_text("dog\tHund\ncat\n", encoding="utf-8")
     result = xformer("translate", "-m", tmp_path / "missing.pt", "--glossary", path, stdin=b"A dog.\n")
     assert_one_line_error(result, f"{path}:2")
+
+
+def test_aligned_replacement_covers_whole_words_only():
+    masked = mask_terms("The dog runs.", Glossary.from_dict({"dog": "Köter"}), placeholders=False)
+    # An alignment that lands inside words ("Hu|nd", "läu|ft") still replaces whole words.
+    assert restore_terms("Der Hund läuft.", masked, {0: (6, 11)})[0] == "Der Köter."
+    assert restore_terms("Der Hund läuft.", masked, {0: (5, 7)})[0] == "Der Köter läuft."
+    # Punctuation at the edges of the replaced words stays.
+    assert restore_terms("Der Hund.", masked, {0: (4, 9)})[0] == "Der Köter."
+    # An empty span inside a word: the term is inserted before that word, not inside it.
+    assert restore_terms("Der Hund läuft.", masked, {0: (6, 6)})[0] == "Der Köter Hund läuft."
+
+
+def test_attention_alignment_lands_on_words_of_the_detokenized_text():
+    import torch
+
+    from xformer_cli.text.align import AttentionAligner
+
+    # The pieces decode to a different length than they spell ("<unk>" -> " ⁇ "): offsets
+    # counted on the pieces would fall inside words of the real text.
+    pieces = ["▁Ein", "<unk>", "▁Hund", "e", "▁läuft", "."]
+    target = "Ein ⁇ Hunde läuft."
+    matrix = torch.zeros(len(pieces) + 1, 3)
+    matrix[2, 1] = matrix[3, 1] = 1.0  # source piece "▁dog" -> "▁Hund" "e"
+    aligner = AttentionAligner(lambda source, tokens: matrix, lambda s: ["▁The", "▁dog", "."], lambda t: pieces)
+    start, end = aligner("The dog.", target, list(range(len(pieces))), [(4, "start"), (7, "end")])
+    assert target[start:end] == "Hunde", (start, end)
+
+
+def test_every_occurrence_of_a_term_gets_its_target():
+    def two_dogs(text):
+        return text.replace("dog", "Hund") if "X" not in text else text
+    glossary = Glossary.from_dict({"dog": "Köter"})
+    engine = FakeEngine(lambda text: two_dogs(text).replace("Hund", "Köter", 1))  # the model forced one of two
+    out = translate_texts(engine, ["a dog and a dog"], TextOptions(glossary=glossary))
+    assert out[0].text.count("Köter") == 2 and "Hund" not in out[0].text, out[0].text

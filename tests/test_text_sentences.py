@@ -54,3 +54,20 @@ def test_a_clause_without_punctuation_is_cut_into_windows_and_a_giant_token_stay
     assert " ".join(parts) == sentence and max(map(words, parts)) <= 8
     giant = "x" * 3000
     assert cut_sentence(giant, lambda text: len(text), 128) == [giant]  # the engine cuts it, with its warning
+
+
+def test_each_sentence_maps_to_its_translation():
+    text = "  One dog runs.  Two cats sleep.\tThree birds sing."
+    result = translate_texts(FakeEngine(), [text], TextOptions())[0]
+    pairs = [(text[a:b], result.text[c:d]) for a, b, c, d in result.sentences]
+    assert pairs == [("One dog runs.", "ONE DOG RUNS."), ("Two cats sleep.", "TWO CATS SLEEP."),
+                     ("Three birds sing.", "THREE BIRDS SING.")]
+
+
+def test_a_long_sentence_is_cut_at_every_clause_not_packed_up_to_the_limit():
+    words = lambda text: len(text.split())  # noqa: E731
+    sentence = ", ".join(f"clause {i} has five words" for i in range(40)) + "."
+    parts = cut_sentence(sentence, words, 64)  # 64 // 8: clauses of five words are not packed
+    assert len(parts) == 40 and " ".join(parts) == sentence
+    short = ", ".join(f"c{i} two" for i in range(60))  # two-word clauses: packed up to 80 // 8 words
+    assert all(words(part) <= 10 for part in cut_sentence(short, words, 80)) and len(cut_sentence(short, words, 80)) < 60

@@ -67,8 +67,32 @@ def piece_spans(pieces: Sequence[str]) -> list[tuple[int, int, bool]]:
     return spans
 
 
+def spells(pieces: Sequence[str], text: str) -> bool:
+    """Whether the pieces spell ``text`` exactly (no normalization, unknown or byte pieces), so
+    that offsets counted on them are offsets of ``text``."""
+    return "".join(pieces).replace("▁", " ").lstrip(" ") == text
+
+
+def word_of_piece(spans: Sequence[tuple[int, int, bool]]) -> list[int]:
+    """For each piece: the number of the word it belongs to."""
+    numbers, word = [], -1
+    for _, _, starts_word in spans:
+        word += bool(starts_word) or word < 0
+        numbers.append(word)
+    return numbers
+
+
+def scale(index: int, count: int, other_count: int) -> int:
+    """Word ``index`` of ``count`` words as an index of ``other_count`` words, by proportion."""
+    if count <= 1 or other_count <= 1:
+        return 0 if index <= 0 or count <= 1 else other_count - 1
+    return min(round(index * (other_count - 1) / (count - 1)), other_count - 1)
+
+
 class AttentionAligner:
-    """Aligns with ``weights(source, target tokens)``: (target pieces, source pieces) attention."""
+    """Aligns with ``weights(source, target tokens)``: (target pieces, source pieces) attention.
+    Results are always word boundaries of the detokenized target: where the pieces do not spell
+    the text (unknown pieces, normalization), words are matched by number instead of offset."""
 
     def __init__(self, weights: Callable[[str, list[int]], Optional[object]], src_pieces: Callable[[str], list[str]],
                  tgt_pieces: Callable[[list[int]], list[str]]):
@@ -80,29 +104,48 @@ class AttentionAligner:
         matrix = self.weights(source, tokens) if tokens and positions else None
         if matrix is None:
             return relative_aligner(source, target, tokens, positions)
-        src = piece_spans(self.src_pieces(source))[: matrix.shape[1]]
-        tgt = piece_spans(self.tgt_pieces(tokens))[: matrix.shape[0]]
-        if not src or not tgt:
+        src_pieces, tgt_pieces = self.src_pieces(source), self.tgt_pieces(tokens)
+        if not src_pieces or not tgt_pieces or not word_bounds(target):
             return relative_aligner(source, target, tokens, positions)
-        return [self._one(offset, side, src, tgt, matrix, target) for offset, side in positions]
+        src_exact, tgt_exact = spells(src_pieces, source), spells(tgt_pieces, target)
+        src, tgt = piece_spans(src_pieces[: matrix.shape[1]]), piece_spans(tgt_pieces[: matrix.shape[0]])
+        out = []
+        for offset, side in positions:
+            piece = self._source_piece(offset, side, src, source, src_exact)
+            if piece is None:
+                out.append(len(target) if side == "start" else 0)
+                continue
+            best = int(matrix[: len(tgt), piece].argmax())
+            out.append(self._target_offset(best, side, tgt, target, tgt_exact))
+        return out
 
     @staticmethod
-    def _one(offset: int, side: str, src, tgt, matrix, target: str) -> int:
+    def _source_piece(offset: int, side: str, src, source: str, exact: bool) -> Optional[int]:
+        """The source piece right after (``start``) or before (``end``) ``offset``."""
+        if not exact:  # offsets of the text are not the pieces': go by word number
+            bounds, words = word_bounds(source), word_of_piece(src)
+            if side == "start":
+                after = [i for i, (start, end) in enumerate(bounds) if end > offset]
+            else:
+                after = [i for i, (start, end) in enumerate(bounds) if start < offset][-1:]
+            if not after:
+                return None
+            word = scale(after[0], len(bounds), words[-1] + 1)
+            matching = [i for i, number in enumerate(words) if number == word]
+            return matching[0] if side == "start" else matching[-1]
         if side == "start":
             after = [i for i, (start, _, _) in enumerate(src) if start >= offset]
-            if not after:
-                return len(target)
-            piece = after[0]
-        else:
-            before = [i for i, (_, end, _) in enumerate(src) if end <= offset]
-            if not before:
-                return 0
-            piece = before[-1]
-        best = int(matrix[: len(tgt), piece].argmax())
-        word_start = max(i for i in range(best + 1) if tgt[i][2])
-        if side == "start":
-            return min(tgt[word_start][0], len(target))
-        word_end = best
-        while word_end + 1 < len(tgt) and not tgt[word_end + 1][2]:
-            word_end += 1
-        return min(tgt[word_end][1], len(target))
+            return after[0] if after else None
+        before = [i for i, (_, end, _) in enumerate(src) if end <= offset]
+        return before[-1] if before else None
+
+    @staticmethod
+    def _target_offset(best: int, side: str, tgt, target: str, exact: bool) -> int:
+        """The start (``start``) or end (``end``) of the target word holding piece ``best``."""
+        words = word_of_piece(tgt)
+        if exact:
+            pieces = [i for i, number in enumerate(words) if number == words[best]]
+            return min(tgt[pieces[0]][0] if side == "start" else tgt[pieces[-1]][1], len(target))
+        bounds = word_bounds(target)
+        start, end = bounds[scale(words[best], words[-1] + 1, len(bounds))]
+        return start if side == "start" else end

@@ -130,8 +130,9 @@ def _matches(text: str, glossary: Optional[Glossary]) -> list[tuple[int, int, st
 def missing_placeholders(target: str, masked: Masked) -> list[int]:
     """Indices (0-based) of the placeholders the translation ``target`` lost (terms left in
     the source: those whose target term it lacks)."""
-    if not masked.placeholders:
-        return [i for i, term in enumerate(masked.targets) if not re.search(rf"(?<!\w){re.escape(term)}(?!\w)", target)]
+    if not masked.placeholders:  # a term the output holds fewer times than the source: all its occurrences
+        found = {term: len(_term_in(term, target)) for term in set(masked.targets)}
+        return [i for i, term in enumerate(masked.targets) if found[term] < masked.targets.count(term)]
     seen = {int(m.group(1)) for m in _placeholders_in(target)}
     return [i for i in range(len(masked.targets)) if i + 1 not in seen]
 
@@ -160,21 +161,47 @@ def _placeholders_in(text: str):
     return re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)
 
 
+def _term_in(term: str, text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in re.finditer(rf"(?<!\w){re.escape(term)}(?!\w)", text)]
+
+
+def whole_words(text: str, start: int, end: int) -> tuple[int, int]:
+    """``text[start:end]`` widened to the whole words (between spaces) it touches, less the
+    punctuation at its outer edges; an empty span moves to the start of the word it is in."""
+    empty = end <= start
+    while start > 0 and not text[start - 1].isspace():
+        start -= 1
+    if empty:
+        return start, start
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    core_start, core_end = start, end
+    while core_start < core_end and not text[core_start].isalnum():
+        core_start += 1
+    while core_end > core_start and not text[core_end - 1].isalnum():
+        core_end -= 1
+    return (core_start, core_end) if core_end > core_start else (start, end)
+
+
 def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, int] | int"]) -> tuple[str, Edits]:
-    """Terms left in the source: the target words aligned to a term (``placed``: their span)
-    replaced by its target term; an empty or already used span gets the term inserted."""
+    """Terms left in the source: the whole target words aligned to a term (``placed``: their
+    span) replaced by its target term; an empty or already used span gets the term inserted
+    before a word; words that already hold the term are left as they are."""
     edits = Edits()
     taken: list[tuple[int, int]] = []
     body = len(target.rstrip(".!?;:,\"')»“” "))
     for index, span in sorted(placed.items(), key=lambda item: item[1] if isinstance(item[1], int) else item[1][0]):
-        start, end = (span, span) if isinstance(span, int) else span
+        start, end = whole_words(target, *((span, span) if isinstance(span, int) else span))
         term = masked.targets[index]
         source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
         if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
             end = start
+        if term == masked.text[masked.spans[index][0]:masked.spans[index][1]]:
+            end = start  # do-not-translate (a name): the model dropped it; its aligned word is what it names
         if end > start and not any(start < e and s < end for s, e in taken):
-            edits.add(start, end - start, term)
             taken.append((start, end))
+            if not _term_in(term, target[start:end]):
+                edits.add(start, end - start, term)
             continue
         at = min(start, body)
         for s, e in taken:

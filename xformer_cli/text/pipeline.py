@@ -40,6 +40,8 @@ class TextResult:
     text: str
     alternatives: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # best, then each alternative: sum over units
+    sentences: list[tuple[int, int, int, int]] = field(default_factory=list)  # plain text: each source
+    # sentence's span -> its translation's span in ``text`` (the best translation)
 
 
 @dataclass
@@ -161,6 +163,7 @@ def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligne
 def _join(plan: list, segment: Segment, texts: dict[int, tuple[str, dict[int, int]]], score: float) -> Rendered:
     """Gaps as in the source, sentences from their units' translations joined by spaces."""
     out: list[str] = []
+    sentences: list[tuple[int, int, int, int]] = []
     offsets = [0] * len(segment.positions)
     at = 0
     for item in plan:
@@ -174,6 +177,7 @@ def _join(plan: list, segment: Segment, texts: dict[int, tuple[str, dict[int, in
             out.append(gap)
             at += len(gap)
             continue
+        begin = at
         for number, (unit, _, _) in enumerate(item.parts):
             if number:
                 out.append(" ")
@@ -183,7 +187,8 @@ def _join(plan: list, segment: Segment, texts: dict[int, tuple[str, dict[int, in
                 offsets[index] = at + where
             out.append(text)
             at += len(text)
-    return Rendered("".join(out), offsets, score)
+        sentences.append((item.start, item.end, begin, at))
+    return Rendered("".join(out), offsets, score, sentences)
 
 
 def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOptions,
@@ -218,16 +223,17 @@ def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOpt
     rendered = iter(translate_segments(engine, segments, opts, search))
     results = []
     for index, text in enumerate(texts):
+        sentences: list[tuple[int, int, int, int]] = []
         if documents:
             outputs = [next(rendered) for _ in documents[index].segments]
             ranks = [documents[index].render([out[rank] for out in outputs]) for rank in range(opts.alternatives + 1)]
             scores = [sum(out[rank].score for out in outputs) for rank in range(opts.alternatives + 1)]
         elif text.strip():
             out = next(rendered)
-            ranks, scores = [r.text for r in out], [r.score for r in out]
+            ranks, scores, sentences = [r.text for r in out], [r.score for r in out], out[0].sentences
         else:
             ranks, scores = [""] * (opts.alternatives + 1), [0.0] * (opts.alternatives + 1)
-        results.append(TextResult(ranks[0], ranks[1:opts.alternatives + 1], scores))
+        results.append(TextResult(ranks[0], ranks[1:opts.alternatives + 1], scores, sentences if not documents else []))
     return results
 
 

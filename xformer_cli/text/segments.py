@@ -23,3 +23,4 @@ class Rendered:
     text: str
     offsets: list[int]  # the segment's positions in ``text``
     score: float
+    sentences: list[tuple[int, int, int, int]] = field(default_factory=list)  # source span -> its span in ``text``
