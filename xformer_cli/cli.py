@@ -217,7 +217,8 @@ def translate(
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
     text_options = _text_options(checkpoints[0], split_sentences, format, glossary, nbest)
-    needs = tuple(name for name, wanted in (("attention", attention is not None), ("sampling_topk", sampling_topk != 0),
+    aligning = attention is not None or format == "html" or glossary is not None  # tags and terms follow attention
+    needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
                                             ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
     translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
