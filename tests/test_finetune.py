@@ -326,3 +326,11 @@ def test_weighted_corpora_mix_by_weight_deterministically_and_resume_exactly(sma
     assert sorted(b) == list(range(1, 15))
     for step in range(8, 15):
         assert b[step] == pytest.approx(a[step], abs=1e-4), step
+
+
+def test_the_shipped_fine_tuning_config_takes_any_pretrained_architecture():
+    cfg = load_config("configs/finetune-opus-mt-en-de.yaml")
+    assert cfg.train.init_from == "Helsinki-NLP/opus-mt-en-de" and cfg.train.schedule == "inverse_sqrt"
+    assert not any(key.startswith(("model.", "tokenizer.")) for key in cfg.set_keys)
+    resolved = init_from.take_architecture(cfg, _pretrained_config(), cfg.train.init_from)
+    assert resolved.model == _pretrained_config().model
