@@ -334,3 +334,26 @@ def test_the_shipped_fine_tuning_config_takes_any_pretrained_architecture():
     assert not any(key.startswith(("model.", "tokenizer.")) for key in cfg.set_keys)
     resolved = init_from.take_architecture(cfg, _pretrained_config(), cfg.train.init_from)
     assert resolved.model == _pretrained_config().model
+
+
+@pytest.mark.slow
+def test_the_cache_records_pairs_per_corpus_and_an_older_cache_is_rebuilt_for_weights(small_corpus, pretrained, tmp_path):
+    import json
+
+    from xformer_cli.data.cache import Filters, build_or_load
+    from xformer_cli.data.sources import PairSource
+
+    tokenizer = init_from.tokenizer_from_state(load_checkpoint(pretrained)["tokenizer"])
+    sources = [PairSource(CorpusConfig(prefix=f"{small_corpus}/{name}"), "en", "de") for name in ("train", "valid")]
+    cache, reused = build_or_load(sources, tokenizer, Filters(max_len=20), tmp_path)
+    assert not reused and len(cache.source_pairs) == 2 and sum(cache.source_pairs) == len(cache)
+    assert 0 < cache.source_pairs[1] <= 100 < cache.source_pairs[0]  # max_len drops some of each
+    meta_path = cache.directory / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["source_pairs"]  # as a cache built before per-corpus weights
+    meta_path.write_text(json.dumps(meta))
+    old, reused = build_or_load(sources, tokenizer, Filters(max_len=20), tmp_path)
+    assert reused and old.source_pairs is None  # enough without weights
+    again, reused = build_or_load(sources, tokenizer, Filters(max_len=20), tmp_path, per_source=True)
+    assert not reused and again.source_pairs == cache.source_pairs and again.directory == cache.directory
+    assert np.array_equal(np.asarray(again.src_ids), np.asarray(cache.src_ids))

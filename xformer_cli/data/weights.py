@@ -18,6 +18,12 @@ from xformer_cli.errors import XformerError
 _STREAM = 0x5EED  # keeps these draws apart from make_batches' (seed, epoch) stream
 
 
+def _split(n: int, weight: float) -> tuple[int, int]:
+    """(whole passes over the corpus, pairs drawn besides) for a corpus of ``n`` pairs."""
+    whole = int(weight)
+    return whole, round((weight - whole) * n)
+
+
 def epoch_indices(source_pairs: Optional[Sequence[int]], weights: Sequence[float], seed: int, epoch: int) -> Optional[np.ndarray]:
     """The cache indices epoch ``epoch`` trains on, sorted (batching orders them); None when
     every weight is 1 (the whole cache, once)."""
@@ -28,10 +34,9 @@ def epoch_indices(source_pairs: Optional[Sequence[int]], weights: Sequence[float
     picked = []
     start = 0
     for corpus, (n, weight) in enumerate(zip(source_pairs, weights)):
-        whole, fraction = int(weight), weight - int(weight)
+        whole, extra = _split(n, weight)
         pairs = np.arange(start, start + n, dtype=np.int64)
         picked.extend([pairs] * whole)
-        extra = round(fraction * n)
         if extra:
             rng = np.random.default_rng([seed, epoch, corpus, _STREAM])
             picked.append(np.sort(rng.choice(pairs, size=extra, replace=False)))
@@ -73,8 +78,8 @@ def describe(source_pairs: Sequence[int], corpora: Sequence, names: Sequence[str
     """One log line: what an epoch takes from each corpus under its weight."""
     parts, total = [], 0
     for n, corpus, name in zip(source_pairs, corpora, names):
-        whole, fraction = int(corpus.weight), corpus.weight - int(corpus.weight)
-        taken = whole * n + round(fraction * n)
+        whole, extra = _split(n, corpus.weight)
+        taken = whole * n + extra
         total += taken
         parts.append(f"{taken} from {name} ({n} pairs x {corpus.weight:g})")
     return f"data: an epoch takes {total} pairs: " + ", ".join(parts)
