@@ -262,7 +262,7 @@ def load_batches(cfg, args, device: torch.device):
     tokenizer = Tokenizer.train(corpus.src, corpus.tgt, joint=True, vocab_size=cfg.tokenizer.vocab_size)
     data = encode_corpus(corpus, tokenizer, cfg.data.max_len)
     plan = plan_for(data, cfg.train.max_tokens, args.length_bucket, seed=1)  # the trainer's batches
-    return tokenizer, plan, [plan.load(idx).to(device) for idx in plan.batches(0)[: args.steps]]
+    return tokenizer, plan, [plan.load(idx).to(device) for idx in plan.batches(0, plan.data.src_lens, plan.data.tgt_lens)[: args.steps]]
 
 
 def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):

@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
@@ -52,6 +52,13 @@ class CorpusConfig:
     # to read instead when the files' folder does not exist (a fresh machine with internet);
     # ignored for a corpus that is itself a dataset or data files.
     fallback_dataset: Optional[str] = None
+    # data.train only: how much of this corpus an epoch takes, as a sampling factor. 1 = every
+    # pair once (the default); 0.2 = a fifth of its pairs, drawn afresh each epoch; 3 = every
+    # pair three times; 2.5 = twice, plus half of its pairs drawn at random. The draw is fixed
+    # by (train.seed, epoch), so a resumed run takes the same pairs (data/weights.py). With a
+    # small in-domain corpus and a large general one, e.g. weights 1 and 0.05, fine-tuning
+    # keeps seeing some general-domain text (less forgetting) without drowning the new domain.
+    weight: float = 1.0
 
 
 @dataclass
@@ -81,6 +88,7 @@ class TokenizerConfig:
 
 
 BATCHINGS = ("dynamic", "packed")
+SCHEDULES = ("noam", "constant", "inverse_sqrt")
 
 
 @dataclass
@@ -103,8 +111,26 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0 = no epoch limit
     max_minutes: float = 0.0  # 0 = no wall-clock limit
+    # Start from a pretrained model's weights: an xformer checkpoint (.pt), a MarianMT / OPUS-MT
+    # directory, or a Hub id such as Helsinki-NLP/opus-mt-en-de (train/init_from.py). Only the
+    # weights are taken: optimizer, schedule, step, best score and early stopping start afresh.
+    # The tokenizer and the model section come from the pretrained model: a model.* or
+    # tokenizer.* key the config file or --set gives must agree with it (keys left out take the
+    # pretrained values; model.dropout, attention_dropout and activation_dropout may differ).
+    # A run that resumes from its last.pt does not read init_from again.
+    init_from: Optional[str] = None
+    # The learning-rate schedule (train/schedule.py):
+    #   noam: lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), the paper's, for
+    #     training from scratch (its peak at d_model 512 and 4000 warm-up steps is 7e-4);
+    #   constant: linear warm-up to train.lr over warmup_steps, then train.lr;
+    #   inverse_sqrt: linear warm-up to train.lr, then train.lr * sqrt(warmup_steps / step).
+    # Fine-tuning a pretrained model wants a learning rate 10-30 times below a scratch run's
+    # peak, e.g. constant or inverse_sqrt with lr 2e-5 to 1e-4 after a warm-up of a few hundred
+    # steps (configs/finetune-opus-mt-en-de.yaml); Noam's peak would undo much of the pretraining.
+    schedule: str = "noam"
+    lr: float = 0.0  # peak learning rate of constant and inverse_sqrt; unused by noam (leave it 0)
     lr_scale: float = 1.0  # the Noam formula's factor
-    warmup_steps: int = 4000
+    warmup_steps: int = 4000  # noam: must be positive; constant / inverse_sqrt: 0 = no warm-up
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -170,6 +196,9 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)  # owned by the model: model/transformer.py
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # The dotted keys the config file and --set gave (load_config), defaults left out: what
+    # train.init_from checks against the pretrained model. Not a field: never in config.yaml.
+    set_keys: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -306,7 +335,19 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         _set_dotted(tree, key, value)
     cfg = _build(Config, tree)
     validate(cfg)
+    cfg.set_keys = frozenset(_dotted_keys(tree))
     return cfg
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
+    """'model.d_model', 'train.lr', ... for every leaf of a config tree (a list is a leaf)."""
+    keys = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            keys.extend(_dotted_keys(value, f"{prefix}{key}."))
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -349,8 +390,7 @@ def validate(cfg: Config) -> None:
     _require(t.max_steps > 0, "train.max_steps", "must be positive")
     _require(t.max_epochs >= 0, "train.max_epochs", "must be >= 0")
     _require(t.max_minutes >= 0, "train.max_minutes", "must be >= 0")
-    _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
-    _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
+    _check_schedule(t)
     _require(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
@@ -373,13 +413,29 @@ def validate(cfg: Config) -> None:
     _require(len(d.train) > 0, "data.train", "needs at least one corpus")
     for i, corpus in enumerate(d.train):
         _check_corpus(corpus, f"data.train[{i}]" if len(d.train) > 1 else "data.train")
+        _require(corpus.weight > 0, f"data.train[{i}].weight" if len(d.train) > 1 else "data.train.weight",
+                 "must be positive (1 = every pair once an epoch)")
     for name in ("valid", "test"):
         if getattr(d, name) is not None:
             _check_corpus(getattr(d, name), f"data.{name}")
+            _require(getattr(d, name).weight == 1, f"data.{name}.weight", "only data.train corpora take a weight")
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
     for name, why in dec.problems():
         _require(False, f"decode.{name}", why)
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
+
+
+def _check_schedule(t: TrainConfig) -> None:
+    _require(t.schedule in SCHEDULES, "train.schedule", f"must be one of {', '.join(SCHEDULES)}")
+    _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
+    if t.schedule == "noam":
+        _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
+        _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
+    else:
+        _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)")
+        _require(t.lr > 0, "train.lr", f"must be positive with train.schedule: {t.schedule}")
+    _require(t.init_from is None or bool(t.init_from.strip()), "train.init_from",
+             "give a checkpoint, a MarianMT directory or a Hub id (or leave it out)")
 
 
 def _check_corpus(c: CorpusConfig, key: str) -> None:

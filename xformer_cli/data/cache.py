@@ -4,7 +4,8 @@ Layout of ``<cache_dir>/<fingerprint>/``::
 
     src.bin, tgt.bin              token ids of every kept pair, back to back (uint16 or uint32)
     src.offsets.npy, tgt.offsets.npy   int64, n + 1 entries: pair i is bin[off[i]:off[i+1]]
-    meta.json                     counts, what was dropped and why, what went into the fingerprint
+    meta.json                     counts, what was dropped and why, what went into the fingerprint,
+                                  and the pairs kept from each source in order (``source_pairs``)
 
 The fingerprint covers the data (file sizes and mtimes, or the dataset's fingerprint), the
 tokenizer model bytes and the filters, so any change builds a new cache and an unchanged
@@ -25,7 +26,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -73,6 +74,12 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self.src_lens)
 
+    @property
+    def source_pairs(self) -> Optional[list[int]]:
+        """Pairs kept from each source, in order (the cache holds them back to back); None
+        in a cache built before it was recorded."""
+        return self.meta.get("source_pairs")
+
     def batch(self, indices: Iterable[int]) -> Batch:
         return collate_flat(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets, np.asarray(indices))
 
@@ -102,20 +109,27 @@ def build_or_load(
     cache_dir: str | Path,
     log: Callable[[str], None] = print,
     threads: int = 0,
+    per_source: bool = False,
 ) -> tuple[TokenCache, bool]:
-    """Returns the cache for this (data, tokenizer, filters) and whether it was reused."""
+    """Returns the cache for this (data, tokenizer, filters) and whether it was reused.
+    ``per_source``: the caller needs ``source_pairs`` (per-corpus weights), so a cache built
+    before they were recorded is built again in its place."""
     cache_dir = Path(cache_dir)
     key = fingerprint(sources, tokenizer, filters)
     final = cache_dir / key
+    outdated = False
     if (final / "meta.json").is_file():
-        return TokenCache(final), True
+        cache = TokenCache(final)
+        if not per_source or cache.source_pairs is not None:
+            return cache, True
+        outdated = True
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(cache_dir, key)
     building = f".{key}.building-{os.getpid()}"
     shutil.rmtree(cache_dir / building, ignore_errors=True)
     intact = "the partial cache was removed; nothing else was touched"
     try:
-        with writing(final, intact=intact), atomic_directory(final, staging_name=building, replace=False) as tmp:
+        with writing(final, intact=intact), atomic_directory(final, staging_name=building, replace=outdated) as tmp:
             meta = _build(sources, tokenizer, filters, tmp, log, threads)
             meta["fingerprint"] = key
             _write_meta(tmp / "meta.json", meta)  # written last: its presence marks a finished build
@@ -157,8 +171,10 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     src_lens: list[np.ndarray] = []
     tgt_lens: list[np.ndarray] = []
     read = 0
+    source_pairs: list[int] = []
     with open(out / "src.bin", "wb") as fs, open(out / "tgt.bin", "wb") as ft:
         for source in sources:
+            source_pairs.append(0)
             for chunk in _chunks(iter(source), CHUNK_PAIRS):
                 read += len(chunk)
                 if filters.dedup:
@@ -175,6 +191,7 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
                 _flat(tgt, dtype, int(lt.sum())).tofile(ft)
                 src_lens.append(ls)
                 tgt_lens.append(lt)
+                source_pairs[-1] += len(ls)
             for reason, n in source.dropped.items():
                 dropped[reason] += n
     all_src = np.concatenate(src_lens) if src_lens else np.zeros(0, np.int64)
@@ -187,7 +204,7 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     meta = {
         "format": FORMAT_VERSION, "dtype": dtype.name, "pairs": int(len(all_src)), "read": read,
         "dropped": dict(dropped), "src_tokens": int(all_src.sum()), "tgt_tokens": int(all_tgt.sum()),
-        "sources": [s.name for s in sources], "filters": asdict(filters), "seconds": round(time.time() - started, 2),
+        "sources": [s.name for s in sources], "source_pairs": source_pairs, "filters": asdict(filters), "seconds": round(time.time() - started, 2),
     }
     log(f"cache: tokenized {describe('training data', meta['pairs'], dropped)} in {meta['seconds']:.1f}s")
     return meta

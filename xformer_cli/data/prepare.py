@@ -19,6 +19,7 @@ from xformer_cli.config import Config
 from xformer_cli.data.cache import Filters, TokenCache, build_or_load
 from xformer_cli.data.encoded import EncodedCorpus, encode_corpus
 from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
+from xformer_cli.data.weights import describe as describe_weights, weighted
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 
@@ -70,12 +71,17 @@ def _tokenizer_settings(config: Config, sources: Sequence[PairSource]) -> str:
 class TokenizerPlan:
     """Where the tokenizer comes from: given in the config, reused from the run, or trained now."""
 
-    def __init__(self, config: Config, sources: Sequence[PairSource], run_dir: Path, log: Callable[[str], None]):
+    def __init__(self, config: Config, sources: Sequence[PairSource], run_dir: Path, log: Callable[[str], None],
+                 given: Optional[Tokenizer] = None):
         self.config, self.sources, self.run_dir, self.log = config, sources, run_dir, log
+        self.given = given  # the pretrained model's (train.init_from): never trained or replaced
         self.settings = _tokenizer_settings(config, sources)
 
     def resolve(self) -> Tokenizer:
         tc = self.config.tokenizer
+        if self.given is not None:
+            self.log(f"tokenizer: the pretrained model's (train.init_from {self.config.train.init_from})")
+            return self.given
         if tc.model:
             if not tc.joint and not tc.tgt_model:
                 raise XformerError("config key 'tokenizer.tgt_model': needed with tokenizer.joint: false and tokenizer.model")
@@ -108,7 +114,7 @@ class TokenizerPlan:
         return tokenizer
 
     def save(self, tokenizer: Tokenizer) -> None:
-        if self.config.tokenizer.model:
+        if self.config.tokenizer.model or self.given is not None:
             return
         directory = self.run_dir / "tokenizer"
         tokenizer.save(directory)
@@ -119,9 +125,10 @@ def cache_dir_for(config: Config) -> Path:
     return Path(config.data.cache_dir) if config.data.cache_dir else Path(config.run_dir) / "cache"
 
 
-def check_inputs(config: Config, log: Callable[[str], None] = print) -> CheckedInputs:
-    """Open and check every corpus and resolve the tokenizer (training it if needed, in
-    memory): any bad input fails here, before a file is written."""
+def check_inputs(config: Config, log: Callable[[str], None] = print, tokenizer: Optional[Tokenizer] = None) -> CheckedInputs:
+    """Open and check every corpus and resolve the tokenizer (``tokenizer`` when given, the
+    pretrained model's; else training one if needed, in memory): any bad input fails here,
+    before a file is written."""
     d = config.data
     sources = open_sources(d.train, d.src_lang, d.tgt_lang, "train", d.skip_invalid_utf8)
     for source in sources:
@@ -131,7 +138,7 @@ def check_inputs(config: Config, log: Callable[[str], None] = print) -> CheckedI
     test = load_corpus(d.test, d.src_lang, d.tgt_lang, "test", d.skip_invalid_utf8, log)
     if valid is not None and d.valid_max_sentences:
         valid.src, valid.tgt = valid.src[: d.valid_max_sentences], valid.tgt[: d.valid_max_sentences]
-    plan = TokenizerPlan(config, sources, Path(config.run_dir), log)
+    plan = TokenizerPlan(config, sources, Path(config.run_dir), log, tokenizer)
     return CheckedInputs(config, sources, valid, test, plan, plan.resolve())
 
 
@@ -144,9 +151,12 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
     if write:
         inputs.plan.save(tokenizer)
     filters = Filters(d.max_len, d.max_len_ratio, d.dedup)
-    train, reused = build_or_load(inputs.sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads)
+    train, reused = build_or_load(inputs.sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads,
+                                  per_source=weighted(d.train))
     if reused:
         log(f"cache: reusing {train.directory} ({train.meta['pairs']} pairs)")
+    if weighted(d.train):
+        log(describe_weights(train.source_pairs, d.train, [source.name for source in inputs.sources]))
     valid_encoded = encode_corpus(valid, tokenizer) if valid is not None else None
     for corpus in (valid, test):
         if corpus is not None:
@@ -155,8 +165,15 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
 
 
 def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True) -> PreparedData:
-    """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs."""
-    return build_data(check_inputs(config, log), log, write)
+    """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs. With train.init_from,
+    the cache is built with the pretrained model's tokenizer, as training will."""
+    tokenizer = None
+    if config.train.init_from:
+        from xformer_cli.train.init_from import resolve  # training's rule, so train finds this very cache
+
+        config, pretrained, _ = resolve(config, False, log)
+        tokenizer = pretrained.tokenizer if pretrained is not None else None
+    return build_data(check_inputs(config, log, tokenizer), log, write)
 
 
 def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print) -> ParallelCorpus:

@@ -1,7 +1,7 @@
 """Which pairs go into each batch of an epoch, and the shape a loaded batch has.
 
-The loop asks a plan for an epoch's batches (index arrays; (seed, epoch) fix them, so a
-position in the list is resumable) and for each batch's host tensors. ``TokenBudgetPlan``
+The loop asks a plan for an epoch's batches over the lengths of the pairs the epoch trains on
+(index arrays into those lengths; (seed, epoch) fix them, so a position in the list is resumable) and for each batch's host tensors. ``TokenBudgetPlan``
 is the default: batches as wide as their longest pair. ``BucketPlan`` (``train.length_bucket``)
 pads every batch to one of a small declared set of shapes, so compiled code and CUDA graphs
 are built once per shape. ``PackedPlan`` (``train.batching: packed``) gives every batch ONE
@@ -33,7 +33,7 @@ class TrainingData(Protocol):
 class BatchPlan(Protocol):
     static_shapes: bool  # every batch has one of a few fixed shapes (compiled code may specialise)
 
-    def batches(self, epoch: int) -> list[np.ndarray]: ...
+    def batches(self, epoch: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> list: ...
 
     def load(self, indices: np.ndarray) -> Batch: ...
 
@@ -48,8 +48,8 @@ class TokenBudgetPlan:
     def __init__(self, data: TrainingData, max_tokens: int, seed: int):
         self.data, self.max_tokens, self.seed = data, max_tokens, seed
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        return make_batches(self.data.src_lens, self.data.tgt_lens, self.max_tokens, self.seed, epoch)
+    def batches(self, epoch: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> list[np.ndarray]:
+        return make_batches(src_lens, tgt_lens, self.max_tokens, self.seed, epoch)
 
     def load(self, indices: np.ndarray) -> Batch:
         return self.data.batch(indices)
@@ -66,8 +66,8 @@ class BucketPlan:
     def __init__(self, data: TrainingData, max_tokens: int, step: int, seed: int):
         self.data, self.max_tokens, self.step, self.seed = data, max_tokens, step, seed
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        return make_bucketed_batches(self.data.src_lens, self.data.tgt_lens, self.max_tokens, self.step, self.seed, epoch)
+    def batches(self, epoch: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> list[np.ndarray]:
+        return make_bucketed_batches(src_lens, tgt_lens, self.max_tokens, self.step, self.seed, epoch)
 
     def shape(self, indices: np.ndarray) -> tuple[int, int]:
         widest = int(max(self.data.src_lens[indices].max(), self.data.tgt_lens[indices].max())) + 1
@@ -90,8 +90,8 @@ class PackedPlan:
         self.data, self.seed = data, seed
         self.shape: PackShape = pack_shape(data.src_lens, data.tgt_lens, max_tokens)
 
-    def batches(self, epoch: int) -> list:
-        return make_packed_batches(self.data.src_lens, self.data.tgt_lens, self.shape, self.seed, epoch)
+    def batches(self, epoch: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> list:
+        return make_packed_batches(src_lens, tgt_lens, self.shape, self.seed, epoch)
 
     def load(self, rows) -> PackedBatch:
         d = self.data

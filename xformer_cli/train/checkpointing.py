@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
-from xformer_cli.config import Config
+from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
 
@@ -47,8 +47,8 @@ def write_config(config: Config, precision: Optional[str] = None) -> None:
 
 # Settings a resumed run must share with the run it continues: they decide the model, the
 # data and its order. Everything else (max_steps, devices, validation cadence...) may change.
-RESUME_KEYS = ("model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq", "train.batching",
-               "train.length_bucket", "train.tokens_per_update")
+RESUME_KEYS = ("train.init_from", "model", "tokenizer", "data", "train.seed", "train.max_tokens", "train.update_freq",
+               "train.batching", "train.length_bucket", "train.tokens_per_update")
 
 
 def _with_defaults(saved: dict, defaults: dict) -> dict:
@@ -60,10 +60,19 @@ def _with_defaults(saved: dict, defaults: dict) -> dict:
     return out
 
 
+def _completed(saved: dict) -> dict:
+    """A saved config with every key it lacks at its default, corpora included (a corpus key
+    added since, such as ``weight``); one this xformer cannot read is completed as far as it goes."""
+    try:
+        return config_from_dict(saved).to_dict()
+    except XformerError:
+        return _with_defaults(saved, Config().to_dict())
+
+
 def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
     """The first of RESUME_KEYS (down to the differing inner key) where two configs differ;
     a key the saved config lacks reads as its default."""
-    saved = _with_defaults(saved, Config().to_dict())
+    saved = _completed(saved)
     for key in RESUME_KEYS:
         a, b = saved, current
         for part in key.split("."):
@@ -76,18 +85,32 @@ def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
     return None
 
 
-def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
-    """The run directory's last.pt to continue from (None: start afresh); refused when it was
-    trained with other settings that matter (RESUME_KEYS)."""
+def mismatch_error(path: Path, key: str) -> XformerError:
+    return XformerError(f"{path} was trained with a different '{key}'; use another run_dir, or --overwrite to start afresh")
+
+
+def read_last(config: Config, overwrite: bool) -> Optional[dict]:
+    """The run directory's last.pt (None: there is none, or ``overwrite`` starts afresh)."""
     path = Path(config.run_dir) / "last.pt"
     if overwrite or not path.is_file():
         return None
-    state = load_checkpoint(path)
-    mismatch = resume_mismatch(state["config"], resumed_config(config, state).to_dict())
+    return load_checkpoint(path)
+
+
+def check_resumable(config: Config, last: Optional[dict]) -> Optional[dict]:
+    """``last`` (read_last), refused when it was trained with other settings that matter (RESUME_KEYS)."""
+    if last is None:
+        return None
+    mismatch = resume_mismatch(last["config"], resumed_config(config, last).to_dict())
     if mismatch:
-        raise XformerError(f"{path} was trained with a different '{mismatch}'; "
-                           "use another run_dir, or --overwrite to start afresh")
-    return state
+        raise mismatch_error(Path(config.run_dir) / "last.pt", mismatch)
+    return last
+
+
+def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
+    """The run directory's last.pt to continue from (None: start afresh); refused when it was
+    trained with other settings that matter (RESUME_KEYS)."""
+    return check_resumable(config, read_last(config, overwrite))
 
 
 def resumed_config(config: Config, state: dict) -> Config:

@@ -29,18 +29,19 @@ from xformer_cli.checkpoint import build_model
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch, shard
 from xformer_cli.data.prepare import build_data, check_inputs
+from xformer_cli.data.weights import epoch_pairs, to_cache_indices
 from xformer_cli.decode.translator import Translator
 from xformer_cli.device import configure_threads, pick_device, resolve_precision
 from xformer_cli.decode.factory import engine_for_model
 from xformer_cli.errors import XformerError
-from xformer_cli.train import after_training, batch_size, checkpointing, forward_loss, validation
+from xformer_cli.train import after_training, batch_size, checkpointing, forward_loss, init_from, validation
 from xformer_cli.train.batch_plan import BatchPlan, plan_for, widest_pair
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.memory_probe import gpu_probe
 from xformer_cli.train.metrics import MetricsLog, StepStats
 from xformer_cli.train.prefetch import prefetch
 from xformer_cli.train.progress import RunProgress
-from xformer_cli.train.schedule import NoamSchedule
+from xformer_cli.train.schedule import make_schedule
 from xformer_cli.train.signals import StopSignals
 
 _AGREE_EVERY = 10  # steps between the ranks' agreement on stopping (a signal, the clock)
@@ -66,7 +67,8 @@ class Trainer:
         self.config, self.log, self.progress = config, log, progress
         self._start_device()
         self.run_dir = Path(config.run_dir)
-        self.resume_state = checkpointing.resume_state(config, overwrite)
+        # train.init_from: the pretrained model's model and tokenizer sections replace the config's
+        self.config, self.pretrained, self.resume_state = init_from.resolve(config, overwrite, log)
         self._prepare_data(overwrite)
         self._resolve_batch_size()
         tc = self.config.train
@@ -106,14 +108,15 @@ class Trainer:
         """Tokenizer and encoded corpora. Every input is read and checked before the run
         directory is touched: bad data must not cost the checkpoints of an earlier run."""
         config, log = self.config, self.log
+        tokenizer = self.pretrained.tokenizer if self.pretrained is not None else None
         if self.dist.is_main:
-            inputs = check_inputs(config, log)
+            inputs = check_inputs(config, log, tokenizer)
             checkpointing.prepare_run_dir(config, overwrite, self.precision)
             prepared = build_data(inputs, log)
             self.dist.barrier()
         else:  # wait for rank 0 to train the tokenizer and build the cache, then reuse both
             self.dist.barrier()
-            prepared = build_data(check_inputs(config, log), log, write=False)
+            prepared = build_data(check_inputs(config, log, tokenizer), log, write=False)
         self.tokenizer, self.train_data = prepared.tokenizer, prepared.train
         self.valid_corpus, self.valid_data = prepared.valid, prepared.valid_encoded
 
@@ -139,7 +142,10 @@ class Trainer:
         bf16), the forward-and-loss function (compiled when asked), the loss scaler and the
         learning-rate schedule."""
         config, tc = self.config, self.config.train
-        self.model = build_model(config, self.tokenizer).to(self.device)
+        self.model = build_model(config, self.tokenizer)
+        if self.pretrained is not None and self.pretrained.weights is not None:  # not when resuming
+            init_from.load_weights(self.model, self.pretrained)
+        self.model = self.model.to(self.device)
         self.forward_model = self.model
         if self.dist.enabled:
             self.forward_model = torch.nn.parallel.DistributedDataParallel(
@@ -164,7 +170,7 @@ class Trainer:
             self.loss_of = forward_loss.compiled(self.loss_of, self.device, self.plan.static_shapes, shapes)
         self.compiled_before = forward_loss.compilations()
         self.shapes_seen: set[tuple] = set()  # batch shapes trained on (compiled code specialises on them)
-        self.schedule = NoamSchedule(self.optimizer, config.model.d_model, tc.warmup_steps, tc.lr_scale)
+        self.schedule = make_schedule(self.optimizer, tc, config.model.d_model)
 
     def valid_translator(self) -> Translator:
         """The model decoding the way `xformer translate --engine xformer` does on this device."""
@@ -321,7 +327,9 @@ class Trainer:
     def _batches_of(self, epoch: int) -> list:
         tc = self.config.train
         if self._cached_epoch != epoch:
-            batches = self.plan.batches(epoch)
+            # data.train weights: this epoch's pairs, drawn per (seed, epoch); all of them by default
+            picked, src_lens, tgt_lens = epoch_pairs(self.train_data, self.config.data.train, tc.seed, epoch)
+            batches = to_cache_indices(self.plan.batches(epoch, src_lens, tgt_lens), picked)
             if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
                 usable = len(batches) // self.dist.world_size * self.dist.world_size
                 batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
