@@ -357,3 +357,40 @@ def test_the_cache_records_pairs_per_corpus_and_an_older_cache_is_rebuilt_for_we
     again, reused = build_or_load(sources, tokenizer, Filters(max_len=20), tmp_path, per_source=True)
     assert not reused and again.source_pairs == cache.source_pairs and again.directory == cache.directory
     assert np.array_equal(np.asarray(again.src_ids), np.asarray(cache.src_ids))
+
+
+@pytest.mark.slow
+def test_a_marian_model_fine_tunes_resumes_and_goes_back_to_transformers(small_corpus, tmp_path):
+    """A real (tiny, random) MarianMTModel directory as init_from: training starts from pad
+    as Marian does, 30 steps lower the valid loss, a stopped run resumes exactly, and the
+    fine-tuned model exports to a directory transformers loads and agrees with."""
+    transformers = pytest.importorskip("transformers")
+    from marian_fixture import make_marian
+
+    from xformer_cli.export.huggingface import export_huggingface
+
+    marian = make_marian(tmp_path / "opus-mt-tiny", dropout=0.0)
+    trainer = Trainer(finetune_config(small_corpus, tmp_path / "ft", marian), log=quiet, progress=False)
+    assert trainer.config.model.bos_id == 0 and trainer.config.model.activation == "swish"
+    batch = trainer._load_group(trainer.epoch_batches(), 0)[0]
+    assert (batch.tgt_in[:, 0] == 0).all()  # Marian's decoder starts from pad
+    before = _valid_loss(trainer.model, trainer)
+    assert trainer.run().steps == 30
+    assert _valid_loss(trainer.model, trainer) < before - 0.1
+
+    train(finetune_config(small_corpus, tmp_path / "b", marian, "train.max_steps=15"), log=quiet, progress=False)
+    train(finetune_config(small_corpus, tmp_path / "b", marian), log=quiet, progress=False)
+    a, b = losses(tmp_path / "ft"), losses(tmp_path / "b")
+    for step in range(16, 31):
+        assert b[step] == pytest.approx(a[step], abs=1e-4), step
+
+    exported = export_huggingface(tmp_path / "ft" / "last.pt", tmp_path / "hf")
+    hf = transformers.MarianMTModel.from_pretrained(exported).eval()
+    model, tokenizer, _ = load_model(tmp_path / "ft" / "last.pt")
+    model.eval()
+    src = torch.tensor([tokenizer.encode_src(["A man is riding a bike."])[0] + [3]])  # + eos
+    start = torch.tensor([[model.cfg.bos_id]])
+    with torch.no_grad():
+        ours = model(src, start)[0, -1]
+        theirs = hf(input_ids=src, decoder_input_ids=start).logits[0, -1]
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)  # the export keeps xformer's ids

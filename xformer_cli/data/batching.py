@@ -40,6 +40,13 @@ class Batch:
         return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
                      self.tgt_out.to(device, non_blocking=nb), self.n_tokens)
 
+    def with_start_token(self, bos_id: int) -> "Batch":
+        """Decoder inputs that start with ``bos_id`` (model.bos_id: Marian's models start from
+        pad) instead of the cache's BOS_ID."""
+        if bos_id != BOS_ID:
+            self.tgt_in[:, 0] = bos_id
+        return self
+
 
 def make_batches(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int = 0, epoch: int = 0, shuffle: bool = True

@@ -53,6 +53,9 @@ def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Fi
         h.update(source.fingerprint().encode())
     h.update(hashlib.sha256(tokenizer.src_model_bytes).digest())
     h.update(hashlib.sha256(tokenizer.tgt_model_bytes or b"joint").digest())
+    for pieces in (tokenizer.vocab, tokenizer.tgt_vocab):  # vocab.json id spaces (imported models)
+        if pieces is not None:
+            h.update(hashlib.sha256("\n".join(pieces).encode()).digest())
     h.update(json.dumps(asdict(filters), sort_keys=True).encode())
     return h.hexdigest()[:20]
 

@@ -58,6 +58,13 @@ class PackedBatch:
         pinned = Packing(*(t.pin_memory() for t in (p.src_segments, p.tgt_segments, p.src_positions, p.tgt_positions)))
         return PackedBatch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens, pinned)
 
+    def with_start_token(self, bos_id: int) -> "PackedBatch":
+        """Every pair's decoder input starts with ``bos_id`` (model.bos_id) instead of BOS_ID."""
+        if bos_id != BOS_ID:
+            starts = (self.packing.tgt_positions == 0) & (self.packing.tgt_segments > 0)
+            self.tgt_in[starts] = bos_id
+        return self
+
     def to(self, device: torch.device) -> "PackedBatch":
         nb = device.type == "cuda"
         return PackedBatch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),

@@ -134,7 +134,7 @@ def state(trainer: "Trainer", rng_per_rank: Optional[list[dict]] = None) -> dict
     rng = {**rng_per_rank[0], "ranks": rng_per_rank}
     return {
         "config": trainer.config.to_dict(),
-        "tokenizer": {"src": trainer.tokenizer.src_model_bytes, "tgt": trainer.tokenizer.tgt_model_bytes},
+        "tokenizer": trainer.tokenizer.state(),
         "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
         "schedule": trainer.schedule.state_dict(), "scaler": trainer.scaler.state_dict(), "rng": rng,
         "step": trainer.step, "epoch": trainer.epoch, "batches_done": trainer.batches_done,

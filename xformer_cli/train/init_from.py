@@ -64,7 +64,7 @@ def load_pretrained(source: str) -> dict:
 
 def tokenizer_from_state(state: dict) -> Tokenizer:
     """The tokenizer a checkpoint state holds."""
-    return Tokenizer(state["src"], state.get("tgt"))
+    return Tokenizer.from_state(state)
 
 
 def take_architecture(config: Config, pretrained: Config, source: str) -> Config:

@@ -250,7 +250,8 @@ class Trainer:
         return torch.tensor(float(value), pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
 
     def _load_group(self, batches: list, start: int) -> list[Batch]:
-        group = [self.plan.load(idx) for idx in batches[start : start + self.config.train.update_freq]]
+        bos = self.config.model.bos_id
+        group = [self.plan.load(idx).with_start_token(bos) for idx in batches[start : start + self.config.train.update_freq]]
         if self.device.type == "cuda":
             group = [b.pin() for b in group]
         return [b.to(self.device) for b in group]

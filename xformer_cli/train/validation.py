@@ -29,7 +29,7 @@ def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     tokens = 0
     with torch.no_grad():
         for idx in make_batches(data.src_lens, data.tgt_lens, max_tokens, shuffle=False):
-            batch = data.batch(idx).to(device)
+            batch = data.batch(idx).with_start_token(model.cfg.bos_id).to(device)
             with autocast(device, precision):
                 logits = model(batch.src, batch.tgt_in)
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, eps, PAD_ID)
