@@ -111,7 +111,7 @@ class Translator(Engine):
         below it often pointed at the neighbouring word: scripts/bench_text.py measures it)."""
         src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
         src = encode_source_batch([src_ids]).to(self.device)
-        tgt_in = pad([tokens], prefix=(BOS_ID,)).to(self.device)
+        tgt_in = pad([tokens], prefix=(self.model.cfg.bos_id,)).to(self.device)
         with torch.no_grad():
             layers = self.model.cross_attention(src, tgt_in)
         chosen = layers[max(len(layers) + layer, 0) if layer < 0 else min(layer, len(layers) - 1)]
