@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,6 +312,17 @@ def test_the_loss_logged_after_a_resume_averages_the_same_steps(small_corpus, tm
         assert b[step] == pytest.approx(a[step], abs=1e-5), step
 
 
+def assert_resumed_bit_identically(whole: Path, resumed: Path, stopped_at: int, steps: int) -> None:
+    """The resumed run's losses after the stop and its final weights are the uninterrupted run's, bit for bit."""
+    a, b = losses(whole), losses(resumed)
+    assert sorted(b) == list(range(1, steps + 1))
+    for step in range(stopped_at + 1, steps + 1):
+        assert b[step] == a[step], step
+    wa, wb = load_checkpoint(whole / "last.pt")["model"], load_checkpoint(resumed / "last.pt")["model"]
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_bucketed_training_resumes_bit_identically(small_corpus, tmp_path, precision):
@@ -324,13 +336,7 @@ def test_bucketed_training_resumes_bit_identically(small_corpus, tmp_path, preci
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
     assert load_checkpoint(tmp_path / "b" / "last.pt")["config"]["train"]["length_bucket"] == 8
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
-    assert sorted(b) == list(range(1, 13))
-    for step in range(7, 13):
-        assert b[step] == a[step], step
-    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+    assert_resumed_bit_identically(tmp_path / "a", tmp_path / "b", stopped_at=6, steps=12)
 
 
 @pytest.mark.slow
@@ -344,13 +350,8 @@ def test_packed_training_has_one_shape_learns_and_resumes_bit_identically(small_
     assert whole.shapes_seen == set(whole.plan.declared(whole.config.data.max_len))
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
-    assert sorted(b) == list(range(1, 13)) and a[12] < a[1]
-    for step in range(7, 13):
-        assert b[step] == a[step], step
-    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+    assert_resumed_bit_identically(tmp_path / "a", tmp_path / "b", stopped_at=6, steps=12)
+    assert losses(tmp_path / "a")[12] < losses(tmp_path / "a")[1]
 
 
 @pytest.mark.slow
