@@ -283,7 +283,8 @@ def test_a_marian_source_goes_through_the_importer(small_corpus, pretrained, tmp
 def test_prepare_builds_the_cache_with_the_pretrained_tokenizer(small_corpus, pretrained, tmp_path):
     from xformer_cli.data.prepare import prepare_data
 
-    prepared = prepare_data(finetune_config(small_corpus, tmp_path / "ft", pretrained), log=quiet)
+    config, tokenizer = init_from.for_prepare(finetune_config(small_corpus, tmp_path / "ft", pretrained), quiet)
+    prepared = prepare_data(config, log=quiet, tokenizer=tokenizer)  # what `xformer prepare` runs
     assert prepared.tokenizer.src_model_bytes == load_checkpoint(pretrained)["tokenizer"]["src"]
     assert not (tmp_path / "ft" / "tokenizer").exists()
 

@@ -107,10 +107,11 @@ def prepare(
     """Train the tokenizer and build the tokenized cache, without training (train reuses both)."""
     from xformer_cli.config import load_config
     from xformer_cli.data.prepare import prepare_data
+    from xformer_cli.train.init_from import for_prepare
 
-    cfg = load_config(config, overrides)
     log = lambda message: typer.echo(message, err=True)  # noqa: E731
-    prepared = prepare_data(cfg, log)
+    cfg, tokenizer = for_prepare(load_config(config, overrides), log)
+    prepared = prepare_data(cfg, log, tokenizer=tokenizer)
     meta = prepared.train.meta
     typer.echo(f"cache: {prepared.train.directory} ({meta['pairs']} pairs, {meta['src_tokens']} source and "
                f"{meta['tgt_tokens']} target tokens, {'reused' if prepared.cache_reused else 'built'})")

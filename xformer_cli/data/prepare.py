@@ -164,15 +164,10 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
     return PreparedData(tokenizer, train, reused, valid, valid_encoded, test)
 
 
-def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True) -> PreparedData:
-    """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs. With train.init_from,
-    the cache is built with the pretrained model's tokenizer, as training will."""
-    tokenizer = None
-    if config.train.init_from:
-        from xformer_cli.train.init_from import resolve  # training's rule, so train finds this very cache
-
-        config, pretrained, _ = resolve(config, False, log)
-        tokenizer = pretrained.tokenizer if pretrained is not None else None
+def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True,
+                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
+    """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs; ``tokenizer``: a
+    given one (a pretrained model's, train.init_from) instead of one trained or loaded."""
     return build_data(check_inputs(config, log, tokenizer), log, write)
 
 

@@ -111,6 +111,15 @@ def resolve(config: Config, overwrite: bool, log: Callable[[str], None]) -> tupl
     return resolved, Pretrained(source, tokenizer, weights), checkpointing.check_resumable(resolved, last)
 
 
+def for_prepare(config: Config, log: Callable[[str], None]) -> tuple[Config, Optional[Tokenizer]]:
+    """What ``xformer prepare`` builds the cache with: with train.init_from, the config and
+    tokenizer training will take from the pretrained model, so train finds this very cache."""
+    if not config.train.init_from:
+        return config, None
+    resolved, pretrained, _ = resolve(config, False, log)
+    return resolved, pretrained.tokenizer if pretrained is not None else None
+
+
 def load_weights(model: nn.Module, pretrained: Pretrained) -> None:
     """Put the pretrained weights into ``model`` (built from the pretrained model section),
     then let them go."""
