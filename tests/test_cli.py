@@ -195,10 +195,12 @@ def test_garbage_lines_are_cut_to_max_input_len_with_one_warning(trained_run):
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode().split("\n")
     assert len(out) == len(lines) + 1 and out[-2] == "" and all(out[:4])
-    # a cut line's output is bounded by max_len_a * 40 + max_len_b pieces
+    # The line with no spaces is cut (its output bounded by max_len_a * 40 + max_len_b pieces);
+    # the 5000 words are cut into parts that are all translated, at most 256 of them a line.
     warnings = [line for line in proc.stderr.decode().splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: 2 input line(s) longer than 40 source pieces were cut to 40 "
+    assert warnings == ["warning: 1 input line(s) longer than 40 source pieces were cut to 40 "
                         "(--max-input-len / decode.max_input_len)"]
+    assert len(out[3].split()) > 10 * len(out[1].split())
     normal = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", stdin=b"A dog runs.\nTwo men.\n")
     assert normal.stdout.decode().splitlines() == [out[0], out[2]]  # short lines are untouched
     assert "warning" not in normal.stderr.decode()
