@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from xformer_cli.config import load_config
-from xformer_cli.data.batching import collate
-from xformer_cli.data.packing import (PackShape, collate_packed, epoch_packed_batches, load_packed_group,
-                                      make_packed_batches, pack_rows, pack_shape, packing_efficiency)
+from xformer_cli.data.batching import collate, shard
+from xformer_cli.data.packing import (PackShape, collate_packed, make_packed_batches, pack_rows, pack_shape,
+                                      packing_efficiency)
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from xformer_cli.train.checkpointing import resume_mismatch
+from xformer_cli.train.batch_plan import PackedPlan
 from xformer_cli.train.loss import label_smoothed_nll
 
 
@@ -150,8 +151,10 @@ def test_the_epoch_is_fixed_by_seed_and_epoch_and_shards_partition_it():
     one = make_packed_batches(src_lens, tgt_lens, shape, seed=3, epoch=5)
     assert flat(one) == flat(make_packed_batches(src_lens, tgt_lens, shape, seed=3, epoch=5))
     assert flat(one) != flat(make_packed_batches(src_lens, tgt_lens, shape, seed=3, epoch=6))
-    data = SimpleNamespace(src_lens=src_lens, tgt_lens=tgt_lens)
-    ranks = [epoch_packed_batches(data, 3000, 3, 5, rank, 2) for rank in range(2)]
+    plan = PackedPlan(SimpleNamespace(src_lens=src_lens, tgt_lens=tgt_lens), 3000, seed=3)
+    epoch = plan.batches(5, src_lens, tgt_lens)
+    usable = len(epoch) // 2 * 2  # the loop's equal shares across ranks (Trainer._batches_of)
+    ranks = [shard(epoch[:usable], rank, 2) for rank in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == len(one) // 2
     mine = [set(np.concatenate([r for rows in b for r in rows]).tolist()) for b in ranks]
     assert not mine[0] & mine[1]
@@ -173,10 +176,11 @@ def test_rows_are_filled_first_fit_decreasing():
     assert sorted(map(sorted, (r.tolist() for r in rows))) == [[0, 4], [1, 2], [3]]
 
 
-def test_the_loop_helpers_load_a_group_of_packed_batches():
+def test_the_loops_plan_loads_packed_batches():
     src, tgt, data = _corpus(60, seed=4)
-    batches = epoch_packed_batches(data, 80, seed=1, epoch=1)
-    group = load_packed_group(data, batches, 1, 2, 80, torch.device("cpu"))
+    plan = PackedPlan(data, 80, seed=1)
+    batches = plan.batches(1, data.src_lens, data.tgt_lens)
+    group = [plan.load(rows) for rows in batches[1:3]]
     shape = pack_shape(data.src_lens, data.tgt_lens, 80)
     assert len(group) == 2 and all(b.src.shape == (shape.rows, shape.src_width) for b in group)
     assert sum(b.n_tokens for b in group) == sum(int(data.tgt_lens[r].sum()) + len(r)

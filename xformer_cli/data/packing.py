@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xformer_cli.data.batching import shard
 from xformer_cli.model.transformer import Packing
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -196,28 +195,3 @@ def packing_efficiency(batches: Sequence[PackedRows], src_lens: np.ndarray, tgt_
     """Real tokens (eos/bos included) over the slots of every batch's full shape, both sides."""
     real = sum(int(src_lens[r].sum() + tgt_lens[r].sum()) + 2 * len(r) for rows in batches for r in rows)
     return real / max(len(batches) * shape.rows * (shape.src_width + shape.tgt_width), 1)
-
-
-# -- what the training loop calls (mirrors Trainer._batches_of / _load_group) --------------
-
-def epoch_packed_batches(data, max_tokens: int, seed: int, epoch: int, rank: int = 0,
-                         world_size: int = 1) -> list[PackedRows]:
-    """This rank's packed batches of an epoch over ``data`` (a ``TokenCache``): equal shares
-    across ranks (the remainder is left out, as the loop does with ``make_batches``)."""
-    shape = pack_shape(data.src_lens, data.tgt_lens, max_tokens)
-    batches = make_packed_batches(data.src_lens, data.tgt_lens, shape, seed, epoch)
-    if world_size > 1:
-        usable = len(batches) // world_size * world_size
-        batches = shard(batches[:usable], rank, world_size)
-    return batches
-
-
-def load_packed_group(data, batches: Sequence[PackedRows], start: int, update_freq: int, max_tokens: int,
-                      device: torch.device) -> list[PackedBatch]:
-    """The ``update_freq`` packed batches from ``start`` on ``device`` (pinned first on CUDA)."""
-    shape = pack_shape(data.src_lens, data.tgt_lens, max_tokens)
-    group = [collate_packed(data.src_ids, data.src_offsets, data.tgt_ids, data.tgt_offsets, rows, shape)
-             for rows in batches[start : start + update_freq]]
-    if device.type == "cuda":
-        group = [b.pin() for b in group]
-    return [b.to(device) for b in group]
