@@ -109,13 +109,18 @@ class Translator(Engine):
         (target pieces + eos, source pieces + eos), mean over the heads of ``layer`` (the
         top one by default: on the Multi30k model it aligned known word pairs best, the one
         below it often pointed at the neighbouring word: scripts/bench_text.py measures it)."""
+        layers = self._cross_attention(line, tokens)
+        chosen = layers[max(len(layers) + layer, 0) if layer < 0 else min(layer, len(layers) - 1)]
+        return chosen.float().mean(dim=0).cpu()
+
+    def _cross_attention(self, line: str, tokens: list[int]) -> list[torch.Tensor]:
+        """Per decoder layer, (heads, target pieces + eos, source pieces + eos): the model fed
+        ``line`` and, teacher-forced, its translation ``tokens``."""
         src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
         src = encode_source_batch([src_ids]).to(self.device)
         tgt_in = pad([tokens], prefix=(self.model.cfg.bos_id,)).to(self.device)
         with torch.no_grad():
-            layers = self.model.cross_attention(src, tgt_in)
-        chosen = layers[max(len(layers) + layer, 0) if layer < 0 else min(layer, len(layers) - 1)]
-        return chosen[0].float().mean(dim=0).cpu()
+            return [w[0] for w in self.model.cross_attention(src, tgt_in)]
 
     def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
         """Translate each line, then read the cross-attention the model paid to produce it."""
@@ -124,10 +129,7 @@ class Translator(Engine):
             if not hyps:
                 continue
             hyp = hyps[0]
-            src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
-            src = encode_source_batch([src_ids]).to(self.device)
-            tgt_in = pad([hyp.tokens], prefix=(self.model.cfg.bos_id,)).to(self.device)
-            weights = torch.stack([w[0] for w in self.model.cross_attention(src, tgt_in)]).float().cpu()
+            weights = torch.stack(self._cross_attention(line, hyp.tokens)).float().cpu()
             maps.append(AttentionMap(
                 source=self.tokenizer.src_pieces(normalize_line(line)) + ["</s>"],
                 target=self.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
