@@ -116,6 +116,9 @@ def paragraphs(engine, name: str, limit: int, repeats: int) -> None:
           f"the splitter, {empty} with an empty translation")
     print(f"  sentence ends: paragraph line = its 5 lines' translations in {ends_equal}/{len(paras)} paragraphs")
     print(f"  BLEU sentence file {bleu(sent_text, ref):.2f}; paragraph file re-split {bleu(split_back, ref):.2f}")
+    same = sum(a == b for a, b in zip(split_back, sent_text))
+    print(f"  agreement (the pipeline alone, whatever the model's quality): re-split line = sentence file's line in "
+          f"{same}/{len(src)} lines; BLEU of the re-split file against the sentence file {bleu(split_back, sent_text):.2f}")
     whole = [i for g, r in zip(groups, para_out) if all_found([src[i] for i in g], r) for i in g]
     print(f"  paragraphs whose every line start the splitter found: {len(whole) // 5}/{len(paras)}; on their lines "
           f"BLEU sentence file {bleu([sent_text[i] for i in whole], [ref[i] for i in whole]):.2f}, re-split "

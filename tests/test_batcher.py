@@ -17,7 +17,7 @@ class Recorder:
         self.delay, self.gate = delay, gate
         self.entered = threading.Event()
 
-    def __call__(self, texts, options):
+    def __call__(self, texts, options, wanted=None):
         self.calls.append((list(texts), dict(options)))
         self.entered.set()
         if self.gate is not None:
@@ -158,3 +158,42 @@ def test_cancelled_jobs_leave_the_queue_and_never_reach_the_engine():
     assert [texts for texts, _ in engine.calls] == [["held"], ["kept"]]  # nobody worked for the gone ones
     assert batcher.stop(5) and batcher.jobs_done == 2
 
+
+
+def test_a_job_withdrawn_while_its_call_runs_is_no_longer_wanted_by_the_engine():
+    gate = threading.Event()
+    asked: list[list[bool]] = []
+
+    def engine(texts, options, wanted):
+        assert gate.wait(10)
+        asked.append([wanted(i) for i in range(len(texts))])
+        return list(texts)
+
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=8)
+    stays, leaves = batcher.submit(["a", "b"]), batcher.submit(["c"])
+    batcher.start()
+    deadline = time.monotonic() + 5
+    while not stays.running():  # both are in the engine's call now
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    batcher.withdraw(leaves)
+    batcher.withdraw(leaves)  # counted once
+    gate.set()
+    assert stays.result(5).texts == ["a", "b"]
+    assert asked == [[True, True, False]]  # the engine was told to drop "c"
+    assert (batcher.abandoned, batcher.dropped) == (1, 0)
+    queued = batcher.submit(["d"])
+    batcher.stop(5)
+    assert queued.result(5).texts == ["d"] and batcher.abandoned == 1
+
+
+def test_withdrawing_a_queued_job_drops_it_before_the_engine():
+    engine = Recorder()
+    batcher = Batcher(engine, max_wait=0.0)
+    gone = batcher.submit(["x"])
+    kept = batcher.submit(["y"])
+    batcher.withdraw(gone)
+    batcher.start()
+    assert kept.result(5).texts == ["Y"] and gone.cancelled()
+    batcher.stop(5)
+    assert engine.calls == [(["y"], {})] and (batcher.dropped, batcher.abandoned) == (1, 0)

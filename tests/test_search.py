@@ -168,3 +168,65 @@ def test_token_batches_respect_both_caps_and_cover_every_sentence():
     for b in batches:
         assert len(b) <= 3
         assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 1) <= 60  # an over-long one goes alone
+
+
+class StepCounter:
+    """Wraps a model's decode_step to count the decoder steps a search takes."""
+
+    def __init__(self, model):
+        self.steps, self.inner = 0, model.decode_step
+        model.decode_step = self
+
+    def __call__(self, *args, **kwargs):
+        self.steps += 1
+        return self.inner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_sentence_no_longer_wanted_leaves_the_search_and_the_others_are_unchanged(beam):
+    model = random_model()
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0], [4, 3, 0, 0, 0]])
+    search = (lambda **kw: [[h] if h else [] for h in greedy_search(model, src, BOS, EOS, max_len_a=2.0, max_len_b=20,
+                                                                    min_len=30, **kw)]) if beam == 1 else (
+        lambda **kw: beam_search(model, src, BOS, EOS, beam_size=beam, alpha=0.6, max_len_a=2.0, max_len_b=20,
+                                 min_len=30, **kw))  # min_len: every sentence runs to its limit
+    full = search()
+    counter = StepCounter(model)
+    asked = []
+
+    def wanted(row):  # row 1's client leaves after the third step
+        asked.append(row)
+        return row != 1 or counter.steps < 3
+
+    partial = search(wanted=wanted)
+    assert partial[1] == [] and set(asked) == {0, 1, 2}
+    for row in (0, 2):
+        assert [h.tokens for h in partial[row]] == [h.tokens for h in full[row]]
+    nobody = StepCounter(model)
+    assert search(wanted=lambda row: nobody.steps < 2) == [[], [], []]
+    assert nobody.steps == 2  # everyone left: the search stopped at once, not at the length limit (30 steps)
+
+
+def test_translator_leaves_out_lines_no_longer_wanted():
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.decode.translator import Translator
+    from xformer_cli.tokenizer import Tokenizer
+
+    words = "a dog runs in the park while two men sit on a bench near the water".split()
+    lines = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1, dropout=0.0)
+    model = Transformer(cfg, src_vocab=tokenizer.src_vocab_size)
+    translator = Translator(model, tokenizer, DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, batch_size=2),
+                            torch.device("cpu"))
+    opts = translator.options()
+    full = translator.search(lines[:5], opts)
+    asked: list[int] = []
+    part = translator.search(lines[:5], opts, wanted=lambda i: asked.append(i) or i != 3)
+    assert part[3] == [] and set(asked) == set(range(5))
+    assert [[h.tokens for h in hyps] for i, hyps in enumerate(part) if i != 3] == \
+        [[h.tokens for h in hyps] for i, hyps in enumerate(full) if i != 3]
+    counter = StepCounter(translator.model)
+    assert translator.search(lines[:5], opts, wanted=lambda i: False) == [[]] * 5
+    assert counter.steps == 0  # no batch was even started

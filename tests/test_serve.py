@@ -29,7 +29,7 @@ class FakeEngine:
     def __init__(self, gate: "threading.Event | None" = None):
         self.gate, self.entered, self.calls = gate, threading.Event(), []
 
-    def translate(self, texts, beam_size=None, alternatives=0):
+    def translate(self, texts, beam_size=None, alternatives=0, wanted=None):
         self.calls.append((list(texts), beam_size))
         self.entered.set()
         if self.gate is not None:

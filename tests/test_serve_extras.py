@@ -309,6 +309,37 @@ def test_vanished_clients_cost_no_translation():
         assert get_json(url + "/health")["queued"] == 0
 
 
+class SlowEngine(FakeEngine):
+    """Decodes "slow" in 1000 steps of 10 ms, asking before each whether it is still wanted."""
+
+    stopped_at = None
+
+    def translate(self, texts, beam_size=None, wanted=None, **options):
+        self.calls.append(list(texts))
+        self.entered.set()
+        for step in range(1000 if "slow" in texts else 0):
+            if not wanted(texts.index("slow")):
+                self.stopped_at = step
+                return ["" for _ in texts]
+            time.sleep(0.01)
+        return [text.upper() for text in texts]
+
+
+def test_a_client_that_leaves_during_its_translation_stops_the_engine():
+    engine = SlowEngine()
+    with real_server(create_app(engine, batcher=dict(max_wait=0.0))) as url:
+        sock = raw_post(int(url.rsplit(":", 1)[1]), {"q": "slow", "source": "en", "target": "de"})
+        assert engine.entered.wait(5)
+        sock.close()
+        deadline = time.monotonic() + 5
+        while get_json(url + "/health")["abandoned"] < 1:
+            assert time.monotonic() < deadline, get_json(url + "/health")
+            time.sleep(0.02)
+        assert get_json(url + "/translate", {"q": "next", "source": "en", "target": "de"}) == {"translatedText": "NEXT"}
+        assert engine.stopped_at is not None and engine.stopped_at < 500  # not decoded to the end for nobody
+        assert engine.calls == [["slow"], ["next"]] and get_json(url + "/health")["dropped"] == 0
+
+
 # -- clients written for LibreTranslate ---------------------------------------------------------
 
 def test_libretranslate_py_and_deep_translator_work_unchanged():

@@ -24,10 +24,13 @@ class FakeEngine(Engine):
         self.outputs: list[str] = []
         self.function = translate
 
-    def search(self, lines, opts):
+    def search(self, lines, opts, wanted=None):
         self.calls.append(list(lines))
         found = []
-        for line in lines:
+        for index, line in enumerate(lines):
+            if wanted is not None and not wanted(index):
+                found.append([])
+                continue
             hyps = []
             for rank in range(opts.nbest):
                 self.outputs.append(self.function(line) + (f" ~{rank}" if rank else ""))

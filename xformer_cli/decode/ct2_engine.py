@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.inputs import source_batches
 from xformer_cli.decode.options import SearchOptions
-from xformer_cli.decode.search import Hypothesis, length_penalty, max_lengths
+from xformer_cli.decode.search import Hypothesis, Wanted, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
 from xformer_cli.export.ctranslate2 import import_ctranslate2
 from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
@@ -86,9 +86,10 @@ class CTranslate2Translator(Engine):
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
                    int(info.get("bos_id", BOS_ID)))
 
-    def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
+    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like
-        ``Translator.search``.
+        ``Translator.search``; a line no longer ``wanted`` is left out of the batches not yet
+        started (one CTranslate2 call cannot be stopped halfway).
 
         ``logprob`` is the sum of token log-probabilities, eos included (pad and bos are
         left out of CTranslate2's softmax, so it is a hair higher than xformer's); ``score``
@@ -100,6 +101,10 @@ class CTranslate2Translator(Engine):
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
         for chunk in batches:
+            if wanted is not None:
+                chunk = [i for i in chunk if wanted(i)]
+                if not chunk:
+                    continue
             # The same per-sentence limits as xformer's search (float32 arithmetic included).
             limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
             found = self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha, opts.min_len)

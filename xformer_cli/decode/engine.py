@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 from xformer_cli.config import DecodeConfig
 from xformer_cli.decode.inputs import chunked
 from xformer_cli.decode.options import SearchOptions, resolve_options
-from xformer_cli.decode.search import Hypothesis
+from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 
@@ -45,8 +45,11 @@ class Engine:
                 raise XformerError(f"the {self.name} engine does not support --{name.replace('_', '-')}")
         return opts
 
-    def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
-        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
+    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line.
+        ``wanted`` (line index -> still wanted?) is asked as the search goes: a line that
+        is no longer wanted (its client went away) is dropped as soon as the engine can,
+        and gets []."""
         raise NotImplementedError
 
     def detokenize(self, hyp: Hypothesis) -> str:

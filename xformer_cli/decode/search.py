@@ -5,12 +5,15 @@ the newest token, and the encoder output is projected once per sentence. Sentenc
 finish leave the batch, so long stragglers do not drag the finished ones along.
 ``use_cache=False`` recomputes the whole prefix at every step instead: the reference the
 cache is tested and benchmarked against. Greedy search can also sample (top-k, temperature).
+A ``wanted`` function (row of ``src`` -> still wanted?) lets a caller whose client went
+away take sentences out mid-search: they leave the batch as finished ones do, and come
+back with no hypothesis.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,9 @@ from xformer_cli.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
     from xformer_cli.decode.options import SearchOptions
+
+
+Wanted = Callable[[int], bool]  # a row of the batch (or line of a call) -> is it still wanted?
 
 
 @dataclass
@@ -84,9 +90,11 @@ def greedy_search(
     temperature: float = 1.0,
     generator: Optional[torch.Generator] = None,
     min_len: int = 1,
-) -> list[Hypothesis]:
+    wanted: Optional[Wanted] = None,
+) -> list[Optional[Hypothesis]]:
     """Best (or sampled) next token until eos, which may come after ``min_len`` tokens at
-    the earliest; scores are the model's log-probabilities."""
+    the earliest; scores are the model's log-probabilities. A row that stops being
+    ``wanted`` leaves at the next step with None."""
     pad = model.pad_id
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
@@ -111,13 +119,15 @@ def greedy_search(
             else:
                 tokens[sentence].append(token)
         seqs = torch.cat([seqs, best.unsqueeze(1)], dim=1)
+        if wanted is not None:
+            done = [finished or not wanted(sentence) for finished, sentence in zip(done, active.tolist())]
         keep = ~torch.tensor(done, device=src.device)
         if not keep.all():
             rows = keep.nonzero().squeeze(1)
             active, limits, seqs, memory, src_mask = active[rows], limits[rows], seqs[rows], memory[rows], src_mask[rows]
             reorder_cache(cache, rows, sentences=rows)
         step += 1
-    return results  # type: ignore[return-value]
+    return results
 
 
 @torch.no_grad()
@@ -134,8 +144,10 @@ def beam_search(
     nbest: int = 1,
     use_cache: bool = True,
     min_len: int = 1,
+    wanted: Optional[Wanted] = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search for every sentence of ``src`` at once; returns the ``nbest`` best per sentence.
+    """Beam search for every sentence of ``src`` at once; returns the ``nbest`` best per
+    sentence ([] for one that stopped being ``wanted``: it leaves at the next step).
 
     At each step the 2K best continuations of the K beams are looked at: those ending in
     eos among the first K become finished hypotheses (scored with the GNMT length
@@ -166,6 +178,9 @@ def beam_search(
         _finish_hypotheses(finished, sentences, beams.seqs, top, is_eos, k, length_penalty(step + 1, alpha))
         reorder_cache(cache, beams.advance(top, is_eos))
         done = _settled(finished, sentences, beams, nbest) | at_limit
+        if wanted is not None:
+            for row in [row for row, sentence in enumerate(sentences) if not wanted(sentence)]:
+                done[row], finished[sentences[row]] = True, []
         if done.any():
             keep = (~done).nonzero().squeeze(1)
             reorder_cache(cache, beams.keep_only(keep), sentences=keep)
@@ -265,15 +280,15 @@ def _settled(finished: list[list[Hypothesis]], sentences: list[int], beams: _Bea
     ], device=beams.scores.device)
 
 
-def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions",
-                 generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions", generator: Optional[torch.Generator] = None,
+                 wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
     """The ``opts.nbest`` best hypotheses per sentence of ``src``: greedy search (or
-    sampling) for beam size 1, beam search otherwise."""
+    sampling) for beam size 1, beam search otherwise; [] for a row no longer ``wanted``."""
     if opts.beam_size == 1:
         found = greedy_search(model, src, model.cfg.bos_id, EOS_ID, max_len_a=opts.max_len_a, max_len_b=opts.max_len_b,
                               use_cache=opts.use_cache, sampling_topk=opts.sampling_topk, temperature=opts.temperature,
-                              generator=generator, min_len=opts.min_len)
-        return [[hyp] for hyp in found]
+                              generator=generator, min_len=opts.min_len, wanted=wanted)
+        return [[hyp] if hyp is not None else [] for hyp in found]
     return beam_search(model, src, model.cfg.bos_id, EOS_ID, beam_size=opts.beam_size, alpha=opts.length_penalty,
                        max_len_a=opts.max_len_a, max_len_b=opts.max_len_b, nbest=opts.nbest,
-                       use_cache=opts.use_cache, min_len=opts.min_len)
+                       use_cache=opts.use_cache, min_len=opts.min_len, wanted=wanted)

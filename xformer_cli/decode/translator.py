@@ -21,7 +21,7 @@ from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.ensemble import Ensemble
 from xformer_cli.decode.inputs import encode_lines, normalize_line, source_batches
 from xformer_cli.decode.options import SearchOptions
-from xformer_cli.decode.search import Hypothesis, search_batch
+from xformer_cli.decode.search import Hypothesis, Wanted, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import Transformer
@@ -88,8 +88,9 @@ class Translator(Engine):
             model = Ensemble([m for m, _, _ in loaded])
         return cls(model, tokenizer, config.decode_settings(), pick_device(device), precision)
 
-    def search(self, lines: Sequence[str], opts: SearchOptions) -> list[list[Hypothesis]]:
-        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line."""
+    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+        """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line and
+        for a line that stops being ``wanted`` (asked before each batch and at every step)."""
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
@@ -97,9 +98,14 @@ class Translator(Engine):
         if opts.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(opts.seed)
         for chunk in batches:
+            if wanted is not None:
+                chunk = [i for i in chunk if wanted(i)]
+                if not chunk:
+                    continue
             src = encode_source_batch([encoded[i] for i in chunk]).to(self.device)
             # The weights' dtype is the precision: no autocast, so no per-step weight casts.
-            found = search_batch(self.model, src, opts, generator)
+            found = search_batch(self.model, src, opts, generator,
+                                 None if wanted is None else lambda row, chunk=chunk: wanted(chunk[row]))
             for i, hyps in zip(chunk, found):
                 results[i] = hyps
         return results

@@ -51,7 +51,7 @@ def create_app(
     from xformer_cli.serve.extras import add_detect_route, add_file_routes, add_settings_route
 
     limits = limits or Limits()
-    queue = Batcher(lambda texts, options: engine.translate(texts, **options), **(batcher or {}))
+    queue = Batcher(lambda texts, options, wanted: engine.translate(texts, **options, wanted=wanted), **(batcher or {}))
     if limits.max_texts > queue.max_queued:
         raise ValueError(f"max_texts ({limits.max_texts}) must not exceed the queue size ({queue.max_queued})")
 
@@ -178,7 +178,7 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
         status = "stopping" if queue.stopping else "ok"
         body = {"status": status, **info, "queued": queue.queued, "batches": queue.batches,
                 "texts": queue.texts_done, "requests": queue.jobs_done, "rejected": queue.rejected,
-                "dropped": queue.dropped,
+                "dropped": queue.dropped, "abandoned": queue.abandoned,
                 "truncated_lines": engine.truncated_lines}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

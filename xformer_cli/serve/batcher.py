@@ -1,6 +1,6 @@
 """Micro-batching: the sentences of many callers, one engine call at a time, in one thread.
 
-    batcher = Batcher(lambda texts, options: engine.translate(texts, **options))
+    batcher = Batcher(lambda texts, options, wanted: engine.translate(texts, **options, wanted=wanted))
     batcher.start()
     result = batcher.submit(["A dog runs."], beam_size=4).result()   # a Translation
     batcher.stop()                                                    # drains, then returns
@@ -21,10 +21,12 @@ of splitting into two half-size batches that take turns (each of which would the
 its own demand met).
 
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
-and nothing is held. A job whose future is cancelled while it waits (its client went
-away) leaves the queue at once and never reaches the engine; one cancelled after its
-batch was formed is skipped when that call starts. ``stop`` refuses new jobs, finishes
-every queued one, and ends the worker. A failing engine call fails only its own jobs (each is retried alone first,
+and nothing is held. A client that goes away calls ``withdraw``: a job still waiting
+leaves the queue at once and never reaches the engine (so does one whose future is
+cancelled, and one cancelled after its batch was formed is skipped when that call starts);
+one whose engine call is running is marked, and the engine, which asks ``wanted(text
+index)`` as it decodes, drops its texts at its next step. ``stop`` refuses new jobs,
+finishes every queued one, and ends the worker. A failing engine call fails only its own jobs (each is retried alone first,
 so one bad job does not sink the others of its batch); the worker lives on.
 """
 
@@ -37,7 +39,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-TranslateFn = Callable[[list[str], dict[str, Any]], Sequence[str]]
+# (texts, options, wanted) -> one output per text; wanted(i): is text i still wanted?
+TranslateFn = Callable[[list[str], dict[str, Any], Callable[[int], bool]], Sequence[str]]
 
 
 class QueueFull(Exception):
@@ -72,6 +75,7 @@ class _Job:
     tokens: int
     future: Future
     enqueued: float
+    withdrawn: bool = False  # its client went away while its engine call ran
 
 
 class Batcher:
@@ -107,6 +111,8 @@ class Batcher:
         self.jobs_done = 0
         self.rejected = 0
         self.dropped = 0  # jobs cancelled while queued (their clients went away)
+        self.abandoned = 0  # jobs withdrawn while their engine call ran
+        self._running: list[_Job] = []  # the jobs of the engine call under way
 
     # -- the callers' side --------------------------------------------------------------------
 
@@ -143,6 +149,17 @@ class Batcher:
                 self.dropped += 1
                 self._cond.notify_all()
 
+    def withdraw(self, future: Future) -> None:
+        """The caller of ``future`` went away: its job leaves the queue, or, when its engine
+        call is already running, the engine stops decoding its texts."""
+        if future.cancel():
+            return  # still queued: _drop_if_cancelled took it out
+        with self._cond:
+            for job in self._running:
+                if job.future is future and not job.withdrawn:
+                    job.withdrawn = True
+                    self.abandoned += 1
+
     @property
     def queued(self) -> int:
         """Texts waiting for the engine (not counting the batch it is running)."""
@@ -168,25 +185,33 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [job for job in batch if job.future.set_running_or_notify_cancel()]  # skip cancelled ones
-            if not live:
-                continue
             try:
-                self._finish(live)
-            except BaseException as exc:  # noqa: BLE001 - a worker that dies would hang every caller
-                if len(live) == 1:
-                    live[0].future.set_exception(exc)
-                    continue
-                for job in live:  # find the culprit: each job alone
-                    try:
-                        self._finish([job])
-                    except BaseException as alone:  # noqa: BLE001
-                        job.future.set_exception(alone)
+                self._run_batch(batch)
+            finally:
+                with self._cond:
+                    self._running = []
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]  # skip cancelled ones
+        if not live:
+            return
+        try:
+            self._finish(live)
+        except BaseException as exc:  # noqa: BLE001 - a worker that dies would hang every caller
+            if len(live) == 1:
+                live[0].future.set_exception(exc)
+                return
+            for job in live:  # find the culprit: each job alone
+                try:
+                    self._finish([job])
+                except BaseException as alone:  # noqa: BLE001
+                    job.future.set_exception(alone)
 
     def _finish(self, jobs: list[_Job]) -> None:
         texts = [text for job in jobs for text in job.texts]
+        owners = [job for job in jobs for _ in job.texts]
         start = time.monotonic()
-        out = list(self._translate(texts, dict(jobs[0].key)))
+        out = list(self._translate(texts, dict(jobs[0].key), lambda i: not owners[i].withdrawn))
         took = time.monotonic() - start
         if len(out) != len(texts):
             raise RuntimeError(f"the engine returned {len(out)} translations for {len(texts)} texts")
@@ -224,6 +249,7 @@ class Batcher:
                     kept.append(job)
             self._jobs = kept
             self._queued -= texts
+            self._running = batch  # from now on withdraw() marks these instead of cancelling
             return batch
 
     def _wait_for_company(self, first: _Job) -> None:

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.factory import load_engine
+from xformer_cli.decode.search import Wanted
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import read_export_info
 from xformer_cli.text import Glossary, TextOptions, TextResult, load_glossary, translate_texts
@@ -37,17 +38,19 @@ class ServedModel:
     glossary: Optional[Glossary] = None  # serve --glossary: every request's, under the request's own
 
     def translate(self, texts: list[str], beam_size: Optional[int] = None, format: str = "text",
-                  glossary: tuple = (), alternatives: int = 0, split_sentences: bool = True) -> list[TextResult]:
+                  glossary: tuple = (), alternatives: int = 0, split_sentences: bool = True,
+                  wanted: Optional[Wanted] = None) -> list[TextResult]:
         """One ``TextResult`` per text: sentences split and translated in one engine call,
         HTML kept around its text, glossary terms (``glossary``: (source, target) pairs, over
-        the server's) forced, and ``alternatives`` more translations from the n-best lists."""
+        the server's) forced, and ``alternatives`` more translations from the n-best lists.
+        ``wanted`` (text index -> bool): the engine drops a text whose client left."""
         terms = self.glossary or (Glossary() if glossary else None)
         if glossary:
             terms = terms.merged(Glossary.from_dict(dict(glossary)))
         opts = TextOptions(source_lang=self.source, split_sentences=split_sentences, format=format, glossary=terms,
                            alternatives=alternatives)
         beam = max(beam_size or self.beam_size or 1, alternatives + 1)
-        return translate_texts(self.translator, texts, opts, self.translator.options(beam_size=beam))
+        return translate_texts(self.translator, texts, opts, self.translator.options(beam_size=beam), wanted)
 
     @property
     def truncated_lines(self) -> int:

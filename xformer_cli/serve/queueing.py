@@ -2,8 +2,9 @@
 
 ``run_translation`` queues a request's texts and waits for them while listening for the
 client's disconnect: a client that closes its connection before its answer has its texts
-taken out of the queue (``Batcher`` never hands a cancelled job to the engine), so nobody
-can make the server work for nobody. POST /translate and POST /translate_file both call it.
+taken out of the queue, or, when they are being decoded, dropped by the engine at its next
+step (``Batcher.withdraw``), so nobody can make the server work for nobody. POST /translate
+and POST /translate_file both call it.
 """
 
 from __future__ import annotations
@@ -27,20 +28,20 @@ async def _disconnected(receive: Callable) -> None:
         pass
 
 
-async def until_answered(request: Any, future: "Future[Translation]") -> Translation:
-    """The future's result; if the client leaves first, cancel the future and raise ClientGone."""
+async def until_answered(request: Any, queue: Batcher, future: "Future[Translation]") -> Translation:
+    """The future's result; if the client leaves first, withdraw its job and raise ClientGone."""
     answer = asyncio.wrap_future(future)
     gone = asyncio.ensure_future(_disconnected(request.receive))
     try:
         await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # the handler itself was cancelled: nobody waits for these texts
-        future.cancel()
+        queue.withdraw(future)
         raise
     finally:
         gone.cancel()
     if answer.done():
         return answer.result()
-    future.cancel()  # still queued: it leaves the queue; already running: its result is dropped
+    queue.withdraw(future)  # still queued: it leaves the queue; running: the engine drops its texts
     answer.cancel()
     raise ClientGone()
 
@@ -56,7 +57,7 @@ async def run_translation(request: Any, queue: Batcher, texts: list[str], option
     except Stopped:
         raise ApiError(503, "the server is shutting down", {"Retry-After": "5"}) from None
     try:
-        return await until_answered(request, future)
+        return await until_answered(request, queue, future)
     except ClientGone:
         raise
     except Exception as exc:  # noqa: BLE001 - the engine failed on this request: say so, live on

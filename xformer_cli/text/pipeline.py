@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, chunked
 from xformer_cli.decode.options import SearchOptions
-from xformer_cli.decode.search import Hypothesis
+from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.text.align import Aligner, AttentionAligner, Position, relative_aligner
 from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
 from xformer_cli.text.long import cut_sentence
@@ -191,25 +191,32 @@ def _join(plan: list, segment: Segment, texts: dict[int, tuple[str, dict[int, in
     return Rendered("".join(out), offsets, score, sentences)
 
 
-def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOptions,
-                       search: SearchOptions) -> list[list[Rendered]]:
+def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOptions, search: SearchOptions,
+                       wanted: Optional[Wanted] = None) -> list[list[Rendered]]:
     """Every segment's translations (the best, then ``opts.alternatives`` more), from one
-    engine call over all their units."""
+    engine call over all their units; the units of a segment no longer ``wanted`` are
+    dropped by the engine as soon as it can."""
     planner = Planner(engine, opts, search.max_input_len)
-    plans = [planner.plan(segment) for segment in segments]
-    wanted = max(search.nbest, opts.alternatives + 1)
-    if wanted > search.nbest:
-        search = engine.options(**{**search.__dict__, "nbest": wanted, "beam_size": max(search.beam_size, wanted)})
-    found = engine.search([unit.text for unit in planner.units], search) if planner.units else []
+    plans, owners = [], []  # owners[unit]: its segment
+    for index, segment in enumerate(segments):
+        plans.append(planner.plan(segment))
+        owners.extend([index] * (len(planner.units) - len(owners)))
+    ranks = max(search.nbest, opts.alternatives + 1)
+    if ranks > search.nbest:
+        search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks)})
+    unit_wanted = None if wanted is None else lambda unit: wanted(owners[unit])
+    found = engine.search([unit.text for unit in planner.units], search, unit_wanted) if planner.units else []
     aligner = pick_aligner(engine, opts.aligner)
-    return [[render(plan, segment, planner.units, found, rank, engine, aligner) for rank in range(wanted)]
+    return [[render(plan, segment, planner.units, found, rank, engine, aligner) for rank in range(ranks)]
             for plan, segment in zip(plans, segments)]
 
 
 def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOptions] = None,
-                    search: Optional[SearchOptions] = None) -> list[TextResult]:
+                    search: Optional[SearchOptions] = None, wanted: Optional[Wanted] = None) -> list[TextResult]:
     """Each text's translation (and ``opts.alternatives`` more) in one engine call. A blank
-    plain text gives ""; HTML keeps everything but its text."""
+    plain text gives ""; HTML keeps everything but its text. A text that stops being
+    ``wanted`` (text index -> bool; its client went away) costs no more decoding than the
+    engine has begun, and its result is partial."""
     from xformer_cli.text.html import parse_html
 
     opts = opts or TextOptions()
@@ -217,10 +224,13 @@ def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOpt
     if opts.format == "html":
         documents = [parse_html(text) for text in texts]
         segments = [segment for document in documents for segment in document.segments]
+        owners = [index for index, document in enumerate(documents) for _ in document.segments]
     else:
         documents = []
-        segments = [Segment(text, keep_ends=False) for text in texts if text.strip()]
-    rendered = iter(translate_segments(engine, segments, opts, search))
+        owners = [index for index, text in enumerate(texts) if text.strip()]
+        segments = [Segment(texts[index], keep_ends=False) for index in owners]
+    segment_wanted = None if wanted is None else lambda segment: wanted(owners[segment])
+    rendered = iter(translate_segments(engine, segments, opts, search, segment_wanted))
     results = []
     for index, text in enumerate(texts):
         sentences: list[tuple[int, int, int, int]] = []
