@@ -124,6 +124,40 @@ def batch_translate(args, sentences: list[str]) -> dict:
             "seconds": net, "sentences_per_s": len(sentences) / net}
 
 
+def vanishing(url: str, lines: list[str], clients: int) -> dict:
+    """``clients`` clients each send a ~100-word text and close their connection at once; then
+    one honest client asks for one sentence. Its latency, beside the same request's on the
+    idle server, shows whether the server worked for the vanished ones."""
+    import socket
+
+    parts = urlsplit(url)
+    honest = lines[0]
+    Client(url).call("POST", "/translate", {"q": honest, "source": "auto", "target": "de"})  # loads the detector
+    started = time.perf_counter()
+    Client(url).call("POST", "/translate", {"q": honest, "source": "auto", "target": "de"})
+    idle_ms = (time.perf_counter() - started) * 1000
+    before = Client(url).call("GET", "/health")[1]
+    for i in range(clients):
+        words: list[str] = []
+        for line in lines[i:]:
+            words += line.split()
+            if len(words) >= 100:
+                break
+        body = json.dumps({"q": " ".join(words), "source": "en", "target": "de"}).encode()
+        sock = socket.create_connection((parts.hostname, parts.port))
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.close()
+    started = time.perf_counter()
+    Client(url).call("POST", "/translate", {"q": honest, "source": "auto", "target": "de"})
+    after_ms = (time.perf_counter() - started) * 1000
+    time.sleep(1.0)
+    after = Client(url).call("GET", "/health")[1]
+    return {"clients": clients, "idle_ms": idle_ms, "after_ms": after_ms,
+            "dropped": after["dropped"] - before["dropped"], "abandoned": after.get("abandoned", 0) - before.get("abandoned", 0),
+            "texts_in_engine_calls": after["texts"] - before["texts"] - 1}  # servers before "abandoned": 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/runs/draw1/best.pt"))
@@ -138,6 +172,8 @@ def main() -> None:
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                         help="Passed on to xformer serve (last on the line), e.g. --max-wait-ms 10.")
     parser.add_argument("--no-batch", action="store_true", help="Skip the xformer translate side.")
+    parser.add_argument("--vanishing", type=int, default=0,
+                        help="Also: this many clients send a 100-word text and leave at once; an honest request's latency after them.")
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     args = parser.parse_args()
     args.translate_args = ["--engine", "ctranslate2"] if args.engine == "ctranslate2" else []
@@ -169,6 +205,12 @@ def main() -> None:
             print(f"c={clients:3d}: {row['requests']} requests in {row['seconds']:.1f} s, {row['rps']:.1f} req/s, "
                   f"p50 {row['p50_ms']:.0f} ms, p95 {row['p95_ms']:.0f} ms, mean batch {row['mean_batch']:.1f}, "
                   f"failures {row['failures']}", flush=True)
+        if args.vanishing:
+            gone = results["vanishing"] = vanishing(url, lines, args.vanishing)
+            print(f"vanishing: {gone['clients']} clients sent ~100 words and left; the next honest request took "
+                  f"{gone['after_ms']:.0f} ms (idle server: {gone['idle_ms']:.0f} ms); dropped from the queue "
+                  f"{gone['dropped']}, abandoned mid-decoding {gone['abandoned']}, texts that reached the engine (abandoned ones included) "
+                  f"{gone['texts_in_engine_calls']}", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
