@@ -26,8 +26,9 @@ leaves the queue at once and never reaches the engine (so does one whose future 
 cancelled, and one cancelled after its batch was formed is skipped when that call starts);
 one whose engine call is running is marked, and the engine, which asks ``wanted(text
 index)`` as it decodes, drops its texts at its next step. ``stop`` refuses new jobs,
-finishes every queued one, and ends the worker. A failing engine call fails only its own jobs (each is retried alone first,
-so one bad job does not sink the others of its batch); the worker lives on.
+finishes every queued one, and ends the worker. A failing engine call fails only its own
+jobs (each is retried alone first, so one bad job does not sink the others of its batch);
+the worker lives on.
 """
 
 from __future__ import annotations
