@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch
 from xformer_cli.decode.engine import Engine
-from xformer_cli.decode.inputs import source_batches
+from xformer_cli.decode.inputs import source_batches, still_wanted
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
@@ -100,11 +100,7 @@ class CTranslate2Translator(Engine):
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
-        for chunk in batches:
-            if wanted is not None:
-                chunk = [i for i in chunk if wanted(i)]
-                if not chunk:
-                    continue
+        for chunk in still_wanted(batches, wanted):
             # The same per-sentence limits as xformer's search (float32 arithmetic included).
             limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
             found = self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha, opts.min_len)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from xformer_cli.data.batching import token_batches
 from xformer_cli.decode.options import SearchOptions
@@ -39,6 +39,15 @@ def source_batches(tokenizer: Tokenizer, lines: Sequence[str], opts: SearchOptio
     lengths = [len(ids) for ids in encoded]
     order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: lengths[i])
     return encoded, token_batches(lengths, order, opts.batch_size, max(opts.max_tokens // opts.beam_size, 1)), cut
+
+
+def still_wanted(batches: Iterable[list[int]], wanted: Optional[Callable[[int], bool]]) -> Iterator[list[int]]:
+    """The batches (line indices) without the lines no longer ``wanted``, asked as each batch
+    is reached (a client may leave while the earlier ones decode); a batch left empty is skipped."""
+    for batch in batches:
+        batch = batch if wanted is None else [i for i in batch if wanted(i)]
+        if batch:
+            yield batch
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -19,7 +19,7 @@ from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.ensemble import Ensemble
-from xformer_cli.decode.inputs import encode_lines, normalize_line, source_batches
+from xformer_cli.decode.inputs import encode_lines, normalize_line, source_batches, still_wanted
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
@@ -97,11 +97,7 @@ class Translator(Engine):
         generator = None
         if opts.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(opts.seed)
-        for chunk in batches:
-            if wanted is not None:
-                chunk = [i for i in chunk if wanted(i)]
-                if not chunk:
-                    continue
+        for chunk in still_wanted(batches, wanted):
             src = encode_source_batch([encoded[i] for i in chunk]).to(self.device)
             # The weights' dtype is the precision: no autocast, so no per-step weight casts.
             found = search_batch(self.model, src, opts, generator,

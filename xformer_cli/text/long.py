@@ -5,9 +5,10 @@ short clauses are packed together, up to ``limit // CLAUSE_SHARE`` pieces: a mod
 sentences keeps a clause-sized part whole, while parts packed up to the hard limit lost most of
 their content on the Multi30k model (scripts/bench_text.py measures it). A clause still over
 the limit is cut at word boundaries (windows of words). Every part is translated and the
-translations are joined with a space, so no real text is dropped. A word longer than the limit on its own (a 3000-character
-token with no spaces) stays one part, which the engine cuts with its counted warning
-(``decode.inputs.encode_lines``): that bound against garbage stays.
+translations are joined with a space, so no real text is dropped. A word longer than the
+limit on its own (a 3000-character token with no spaces) stays one part, which the engine
+cuts with its counted warning (``decode.inputs.encode_lines``): that bound against garbage
+stays.
 """
 
 from __future__ import annotations

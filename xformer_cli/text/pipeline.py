@@ -243,7 +243,7 @@ def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOpt
             ranks, scores, sentences = [r.text for r in out], [r.score for r in out], out[0].sentences
         else:
             ranks, scores = [""] * (opts.alternatives + 1), [0.0] * (opts.alternatives + 1)
-        results.append(TextResult(ranks[0], ranks[1:opts.alternatives + 1], scores, sentences if not documents else []))
+        results.append(TextResult(ranks[0], ranks[1:opts.alternatives + 1], scores, sentences))
     return results
 
 
