@@ -8,7 +8,7 @@ from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.config import TrainConfig
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
-from xformer_cli.train import trainer as trainer_module
+from xformer_cli.train import plan as plan_module
 from xformer_cli.train.batch_size import largest_fitting, resolved, split_update, with_headroom
 from xformer_cli.train.memory_probe import probe_shape
 from xformer_cli.train.trainer import train
@@ -66,11 +66,11 @@ def test_auto_on_a_cpu_takes_the_default_budget_and_says_so():
 def test_auto_probes_once_records_the_value_and_a_resume_reuses_it(small_corpus, tmp_path, monkeypatch):
     probes: list[int] = []
 
-    def fake_gpu_probe(config, tokenizer, device, precision, width):
+    def fake_gpu_probe(config, tokenizer, data, device, precision, dist, width):
         probes.append(width)
         return lambda: 1000  # "the largest batch that fits": 1000 tokens
 
-    monkeypatch.setattr(trainer_module, "gpu_probe", fake_gpu_probe)
+    monkeypatch.setattr(plan_module, "gpu_probe", fake_gpu_probe)
     auto = {"train.max_tokens": "auto", "train.tokens_per_update": 1200, "train.length_bucket": 8}
     lines: list[str] = []
     train(tiny_config(small_corpus, tmp_path / "run", **auto, **{"train.max_steps": 4}), log=lines.append, progress=False)
@@ -86,7 +86,7 @@ def test_auto_probes_once_records_the_value_and_a_resume_reuses_it(small_corpus,
     saved = load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]
     assert (saved["max_tokens"], saved["update_freq"]) == (600, 2)
 
-    monkeypatch.setattr(trainer_module, "gpu_probe", lambda *a: pytest.fail("a resume must not probe again"))
+    monkeypatch.setattr(plan_module, "gpu_probe", lambda *a: pytest.fail("a resume must not probe again"))
     resumed = train(tiny_config(small_corpus, tmp_path / "run", **auto, **{"train.max_steps": 6}), log=quiet, progress=False)
     assert resumed.steps == 6 and sorted(losses(tmp_path / "run")) == list(range(1, 7))
     # the same run with the resolved numbers written out trains the same steps

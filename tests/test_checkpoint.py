@@ -77,8 +77,8 @@ def test_the_upgrade_fills_what_version_1_training_checkpoints_may_lack():
     rng = {"torch": torch.ByteTensor([1, 2, 3])}
     old = {"format": "xformer-checkpoint", "version": 1, "optimizer": {}, "rng": rng, "step": 3}
     state = upgrade_checkpoint(old)
-    assert state["version"] == VERSION == 2
-    assert state["scaler"] == {} and state["nonfinite_total"] == 0
+    assert state["version"] == VERSION == 3
+    assert state["scaler"] == {} and state["nonfinite_total"] == 0 and state["oom_total"] == 0
     assert state["log_window"] == {"loss_sum": 0.0, "good_tokens": 0.0}
     assert len(state["rng"]["ranks"]) == 1 and torch.equal(state["rng"]["ranks"][0]["torch"], rng["torch"])
     assert "ranks" not in state["rng"]["ranks"][0]
@@ -87,3 +87,7 @@ def test_the_upgrade_fills_what_version_1_training_checkpoints_may_lack():
                                "nonfinite_total": 4, "log_window": {"loss_sum": 2.0, "good_tokens": 9.0}})
     assert kept["nonfinite_total"] == 4 and kept["rng"]["ranks"] == ["r0", "r1"] and kept["log_window"]["loss_sum"] == 2.0
     assert upgrade_checkpoint({"model": {}}) == {"model": {}, "version": VERSION}
+    # Version 2 had everything but the count of out-of-memory skips.
+    v2 = upgrade_checkpoint({"version": 2, "optimizer": {}, "rng": {"torch": rng["torch"], "ranks": ["r0"]},
+                             "nonfinite_total": 1})
+    assert v2["oom_total"] == 0 and v2["nonfinite_total"] == 1

@@ -210,7 +210,7 @@ def finetune_config(corpus: Path, run_dir: Path, source, *sets: str, train_corpo
 
 
 def _valid_loss(model, trainer: Trainer) -> float:
-    return validation_loss(model, trainer.valid_data, 600, torch.device("cpu"), 0.1)[0]
+    return validation_loss(model, trainer.state.valid.encoded, 600, torch.device("cpu"), 0.1)[0]
 
 
 @pytest.mark.slow
@@ -219,17 +219,17 @@ def test_init_from_starts_from_the_pretrained_weights_afresh_and_30_steps_lower_
     trainer = Trainer(finetune_config(small_corpus, tmp_path / "ft", pretrained), log=quiet, progress=False)
     saved = load_checkpoint(pretrained)
     assert saved["step"] == 12 and saved["best_bleu"] is not None and saved["optimizer"]["state"]
-    assert (trainer.step, trainer.epoch, trainer.best_bleu, trainer.bad_validations) == (0, 0, None, 0)
-    assert trainer.schedule.step_num == 0 and not trainer.optimizer.state
+    assert (trainer.counters.step, trainer.counters.epoch, trainer.counters.best_bleu, trainer.counters.bad_validations) == (0, 0, None, 0)
+    assert trainer.state.schedule.step_num == 0 and not trainer.state.optimizer.state
     assert trainer.config.model == load_model(pretrained)[2].model
-    assert trainer.tokenizer.src_model_bytes == saved["tokenizer"]["src"]
-    for key, value in trainer.model.state_dict().items():
+    assert trainer.state.tokenizer.src_model_bytes == saved["tokenizer"]["src"]
+    for key, value in trainer.state.model.state_dict().items():
         assert torch.equal(value, saved["model"][key]), key
-    before = _valid_loss(trainer.model, trainer)
+    before = _valid_loss(trainer.state.model, trainer)
     assert before == _valid_loss(load_model(pretrained)[0], trainer)  # step 0 is the pretrained model
     result = trainer.run()
     assert result.steps == 30
-    assert _valid_loss(trainer.model, trainer) < before - 0.1
+    assert _valid_loss(trainer.state.model, trainer) < before - 0.1
     written = yaml.safe_load((tmp_path / "ft" / "config.yaml").read_text())
     assert written["train"]["init_from"] == str(pretrained) and written["model"]["encoder_layers"] == 2
 
@@ -275,7 +275,7 @@ def test_a_marian_source_goes_through_the_importer(small_corpus, pretrained, tmp
     monkeypatch.setitem(sys.modules, "xformer_cli.importers.marian", fake)
     trainer = Trainer(finetune_config(small_corpus, tmp_path / "ft", "Helsinki-NLP/opus-mt-en-de"), log=quiet, progress=False)
     saved = load_checkpoint(pretrained)["model"]
-    assert all(torch.equal(value, saved[key]) for key, value in trainer.model.state_dict().items())
+    assert all(torch.equal(value, saved[key]) for key, value in trainer.state.model.state_dict().items())
     assert trainer.config.train.init_from == "Helsinki-NLP/opus-mt-en-de"
 
 
@@ -375,9 +375,9 @@ def test_a_marian_model_fine_tunes_resumes_and_goes_back_to_transformers(small_c
     assert trainer.config.model.bos_id == 0 and trainer.config.model.activation == "swish"
     batch = trainer._load_group(trainer.epoch_batches(), 0)[0]
     assert (batch.tgt_in[:, 0] == 0).all()  # Marian's decoder starts from pad
-    before = _valid_loss(trainer.model, trainer)
+    before = _valid_loss(trainer.state.model, trainer)
     assert trainer.run().steps == 30
-    assert _valid_loss(trainer.model, trainer) < before - 0.1
+    assert _valid_loss(trainer.state.model, trainer) < before - 0.1
 
     train(finetune_config(small_corpus, tmp_path / "b", marian, "train.max_steps=15"), log=quiet, progress=False)
     train(finetune_config(small_corpus, tmp_path / "b", marian), log=quiet, progress=False)

@@ -45,8 +45,8 @@ def test_compiled_bucketed_epoch_compiles_at_most_once_per_batch_shape(small_cor
     result = trainer.run()
     assert result.stopped_because == "epochs" and result.steps > 20
     declared = {(rows, width, width) for rows, width in trainer.plan.declared(trainer.config.data.max_len)}
-    assert trainer.shapes_seen <= declared and len(trainer.shapes_seen) >= 2
-    assert 1 <= trainer.compilations() <= len(trainer.shapes_seen)
+    assert trainer.step_fn.shapes_seen <= declared and len(trainer.step_fn.shapes_seen) >= 2
+    assert 1 <= trainer.compilations() <= len(trainer.step_fn.shapes_seen)
 
 
 def test_a_compiled_packed_epoch_compiles_once(small_corpus, tmp_path):
@@ -56,7 +56,7 @@ def test_a_compiled_packed_epoch_compiles_once(small_corpus, tmp_path):
     trainer = Trainer(tiny_config(small_corpus, tmp_path / "run", **sets), log=quiet, progress=False)
     result = trainer.run()
     assert result.stopped_because == "epochs" and result.steps > 5
-    assert len(trainer.shapes_seen) == 1 and trainer.compilations() == 1
+    assert len(trainer.step_fn.shapes_seen) == 1 and trainer.compilations() == 1
 
 
 def test_fp16_with_a_gradient_scaler_skips_an_overflowing_step(small_corpus, tmp_path, monkeypatch):
@@ -100,13 +100,13 @@ def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_aut
     with linear.plain_products():
         with forced_half_weights(True):
             cached = Trainer(tiny_config(small_corpus, tmp_path / "cached", **sets), log=quiet, progress=False)
-            assert cached.half_weights is not None
-            cached.decode_precision = "fp32"  # validation: plain products take no bf16 weights on a CPU
+            assert cached.step_fn.half_weights is not None
+            cached.state.decode_precision = "fp32"  # validation: plain products take no bf16 weights on a CPU
             assert cached.run().steps == 6
         with forced_half_weights(False):
             plain = Trainer(tiny_config(small_corpus, tmp_path / "autocast", **sets), log=quiet, progress=False)
-            assert plain.half_weights is None
-            plain.decode_precision = "fp32"
+            assert plain.step_fn.half_weights is None
+            plain.state.decode_precision = "fp32"
             plain.run()
     assert refreshes["n"] == 6  # one refresh per optimizer step, not per micro-batch or per use
     a, b = losses(tmp_path / "cached"), losses(tmp_path / "autocast")

@@ -23,7 +23,7 @@ from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
 FORMAT = "xformer-checkpoint"
-VERSION = 2  # what save_checkpoint writes; load_checkpoint upgrades older ones (upgrade_checkpoint)
+VERSION = 3  # what save_checkpoint writes; load_checkpoint upgrades older ones (upgrade_checkpoint)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
@@ -75,13 +75,17 @@ def upgrade_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     Version 1 (also a checkpoint without a version) may lack parts of the training state that
     later runs save: the loss scaler, the count of skipped non-finite updates, the open logging
     window, and the random state per rank (one process then). Version 2 always has them.
+    Version 3 adds the count of updates skipped because a rank ran out of memory (none before).
     """
-    if state.get("version", 1) < 2 and "optimizer" in state:  # a training checkpoint, not average.pt
+    version = state.get("version", 1)
+    if version < 2 and "optimizer" in state:  # a training checkpoint, not average.pt
         state.setdefault("scaler", {})  # an empty state: the scaler was off
         state.setdefault("nonfinite_total", 0)
         state.setdefault("log_window", {"loss_sum": 0.0, "good_tokens": 0.0})
         rng = state["rng"]
         rng.setdefault("ranks", [dict(rng)])
+    if version < 3 and "optimizer" in state:
+        state.setdefault("oom_total", 0)
     state["version"] = VERSION
     return state
 

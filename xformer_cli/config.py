@@ -154,6 +154,12 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # CPU threads for torch; 0 = torch's default
+    # Several processes (torchrun): auto = NCCL on CUDA, gloo on a CPU; gloo also runs on CUDA
+    # tensors and lets ranks share one GPU (train/distributed.py).
+    dist_backend: str = "auto"
+    # The longest a rank waits in a collective (the others validating, rank 0 building the
+    # data cache) before the run stops with one line instead of hanging.
+    dist_timeout_minutes: float = 30.0
 
 
 @dataclass
@@ -407,6 +413,8 @@ def validate(cfg: Config) -> None:
     _require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(t.threads >= 0, "train.threads", "must be >= 0")
+    _require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
+    _require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
     _require(d.max_len > 0, "data.max_len", "must be positive")
     _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import yaml
@@ -20,26 +20,22 @@ from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, save_check
 from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
-
-if TYPE_CHECKING:
-    from xformer_cli.train.trainer import Trainer
+from xformer_cli.train.state import Counters, RunState
 
 
-def prepare_run_dir(config: Config, overwrite: bool, precision: Optional[str] = None) -> Path:
-    """Create (or, with ``overwrite``, clear) the run directory and write config.yaml, headed by
-    the precision this machine resolved ``train.precision`` to."""
+def prepare_run_dir(config: Config, overwrite: bool) -> Path:
+    """Create (or, with ``overwrite``, clear) the run directory."""
     run_dir = Path(config.run_dir)
     if overwrite:
         for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in kept_checkpoints(run_dir))]:
             (run_dir / old).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_config(config, precision)
     return run_dir
 
 
 def write_config(config: Config, precision: Optional[str] = None) -> None:
-    """RUN_DIR/config.yaml: the config as the run trains with it, headed by the precision this
-    machine resolved ``train.precision`` to (rewritten once train.max_tokens: auto is resolved)."""
+    """RUN_DIR/config.yaml: the config as the run trains with it (what the plan worked out
+    included), headed by the precision this machine resolved ``train.precision`` to."""
     header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
     text = header + yaml.safe_dump(config.to_dict(), sort_keys=False)
     (Path(config.run_dir) / "config.yaml").write_text(text, encoding="utf-8")
@@ -127,46 +123,46 @@ def rng_state(device: torch.device) -> dict:
     return rng
 
 
-def state(trainer: "Trainer", rng_per_rank: Optional[list[dict]] = None) -> dict:
+def state(run: RunState, rng_per_rank: Optional[list[dict]] = None) -> dict:
     """Everything to continue exactly; ``rng_per_rank``: every rank's random state
     (``Distributed.gather``), so each resumes its own dropout stream."""
-    rng_per_rank = rng_per_rank or [rng_state(trainer.device)]
+    rng_per_rank = rng_per_rank or [rng_state(run.device)]
     rng = {**rng_per_rank[0], "ranks": rng_per_rank}
+    c = run.counters
     return {
-        "config": trainer.config.to_dict(),
-        "tokenizer": trainer.tokenizer.state(),
-        "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-        "schedule": trainer.schedule.state_dict(), "scaler": trainer.scaler.state_dict(), "rng": rng,
-        "step": trainer.step, "epoch": trainer.epoch, "batches_done": trainer.batches_done,
-        "best_bleu": trainer.best_bleu, "bad_validations": trainer.bad_validations,
-        "nonfinite_total": trainer.nonfinite_total, "precision": trainer.precision,
-        "log_window": {"loss_sum": trainer.window_loss_sum, "good_tokens": trainer.window_good_tokens},
+        "config": run.config.to_dict(),
+        "tokenizer": run.tokenizer.state(),
+        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "schedule": run.schedule.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng,
+        "step": c.step, "epoch": c.epoch, "batches_done": c.batches_done,
+        "best_bleu": c.best_bleu, "bad_validations": c.bad_validations,
+        "nonfinite_total": c.nonfinite_total, "oom_total": c.oom_total, "precision": run.precision,
+        "log_window": {"loss_sum": c.window_loss_sum, "good_tokens": c.window_good_tokens},
     }
 
 
-def restore(trainer: "Trainer", state: dict) -> None:
-    """Put a (current-format) checkpoint's training state into ``trainer``."""
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.schedule.load_state_dict(state["schedule"])
+def restore(run: RunState, state: dict) -> None:
+    """Put a (current-format) checkpoint's training state into ``run``."""
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.schedule.load_state_dict(state["schedule"])
     if state["scaler"]:  # empty when the run had no loss scaling
-        trainer.scaler.load_state_dict(state["scaler"])
-    _restore_rng(trainer, state["rng"]["ranks"], state["step"])
-    trainer.step, trainer.epoch, trainer.batches_done = state["step"], state["epoch"], state["batches_done"]
-    trainer.best_bleu, trainer.bad_validations = state["best_bleu"], state["bad_validations"]
-    trainer.nonfinite_total = state["nonfinite_total"]
+        run.scaler.load_state_dict(state["scaler"])
+    _restore_rng(run, state["rng"]["ranks"], state["step"])
     window = state["log_window"]
-    trainer.window_loss_sum, trainer.window_good_tokens = window["loss_sum"], window["good_tokens"]
-    trainer.log(f"resuming {trainer.run_dir / 'last.pt'}: step {trainer.step}, epoch {trainer.epoch}, "
-                f"batch {trainer.batches_done}")
+    run.counters = Counters(state["step"], state["epoch"], state["batches_done"], state["best_bleu"],
+                            state["bad_validations"], state["nonfinite_total"], state["oom_total"],
+                            window["loss_sum"], window["good_tokens"])
+    run.log(f"resuming {run.run_dir / 'last.pt'}: step {run.counters.step}, epoch {run.counters.epoch}, "
+            f"batch {run.counters.batches_done}")
 
 
-def _restore_rng(trainer: "Trainer", ranks: list[dict], step: int) -> None:
-    dist, device = trainer.dist, trainer.device
+def _restore_rng(run: RunState, ranks: list[dict], step: int) -> None:
+    dist, device = run.dist, run.device
     if len(ranks) != dist.world_size:  # another number of processes than the run was saved with
-        trainer.log(f"resuming with {dist.world_size} processes, saved with {len(ranks)}: "
-                    "data order and weights continue exactly, dropout draws do not")
-        torch.manual_seed(trainer.config.train.seed + dist.rank + 1_000_003 * step)  # fresh, distinct streams
+        run.log(f"resuming with {dist.world_size} processes, saved with {len(ranks)}: "
+                "data order and weights continue exactly, dropout draws do not")
+        torch.manual_seed(run.config.train.seed + dist.rank + 1_000_003 * step)  # fresh, distinct streams
         return
     rng = ranks[dist.rank]  # each rank takes up its own stream again
     torch.set_rng_state(rng["torch"])
@@ -176,19 +172,19 @@ def _restore_rng(trainer: "Trainer", ranks: list[dict], step: int) -> None:
         torch.cuda.set_rng_state(cuda[device.index or 0] if isinstance(cuda, list) else cuda, device)
 
 
-def save(trainer: "Trainer", best: bool = False) -> None:
+def save(run: RunState, best: bool = False) -> None:
     """Write last.pt (and best.pt, and a kept step checkpoint) on rank 0; every rank calls it,
     handing its random state over."""
-    rng_per_rank = trainer.dist.gather(rng_state(trainer.device))
-    if not trainer.dist.is_main:
+    rng_per_rank = run.dist.gather(rng_state(run.device), "a checkpoint (every rank's random state)")
+    if not run.dist.is_main:
         return
-    current = state(trainer, rng_per_rank)
-    run_dir = trainer.run_dir
+    current = state(run, rng_per_rank)
+    run_dir = run.run_dir
     save_checkpoint(current, run_dir / "last.pt")
     if best:
         save_checkpoint(current, run_dir / "best.pt")
-    keep = trainer.config.train.keep_checkpoints
+    keep = run.config.train.keep_checkpoints
     if keep:
-        save_checkpoint(current, step_checkpoint(run_dir, trainer.step))
+        save_checkpoint(current, step_checkpoint(run_dir, run.counters.step))
         for old in kept_checkpoints(run_dir)[:-keep]:
             old.unlink(missing_ok=True)

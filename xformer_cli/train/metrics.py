@@ -13,7 +13,8 @@ from xformer_cli.fileio import writing
 
 
 class StepStats:
-    """Training figures accumulated on the device, so the loop never waits to read them."""
+    """Training figures accumulated on the device, so the loop never waits to read them.
+    float32: MPS has no float64, and a logging window's sums stay well inside its precision."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -21,22 +22,26 @@ class StepStats:
         self._reset()
 
     def _reset(self) -> None:
-        zero = lambda: torch.zeros((), device=self.device, dtype=torch.float64)
-        self.loss_sum, self.good_tokens, self.skipped = zero(), zero(), zero()
+        zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
+        self.loss_sum, self.good_tokens, self.skipped, self.ooms = zero(), zero(), zero(), zero()
         self.max_in_row = self.in_row.clone()
 
-    def add(self, loss: Tensor, finite: Tensor, n_tokens: "int | Tensor") -> None:
-        self.loss_sum += torch.where(finite, loss, 0.0).double()
-        self.good_tokens += finite.double() * n_tokens
-        self.skipped += (~finite).double()
-        self.in_row = torch.where(finite, 0.0, self.in_row + 1)
+    def add(self, loss: Tensor, nonfinite: Tensor, oom: Tensor, n_tokens: "int | Tensor") -> None:
+        """One step's summed loss; ``nonfinite`` / ``oom``: its update was skipped for that reason."""
+        applied = ~(nonfinite | oom)
+        self.loss_sum += torch.where(applied, loss, 0.0)
+        self.good_tokens += applied.float() * n_tokens
+        self.skipped += nonfinite.float()
+        self.ooms += oom.float()
+        self.in_row = torch.where(nonfinite, self.in_row + 1, torch.where(applied, 0.0, self.in_row))
         self.max_in_row = torch.maximum(self.max_in_row, self.in_row)
 
-    def drain(self) -> tuple[float, float, int, int]:
-        """(loss sum, tokens of applied updates, skipped updates, most skipped in a row); resets."""
-        values = torch.stack([self.loss_sum, self.good_tokens, self.skipped, self.max_in_row.double()]).tolist()
+    def drain(self) -> tuple[float, float, int, int, int]:
+        """(loss sum, tokens of applied updates, non-finite skips, most in a row, out-of-memory
+        skips) since the last drain; resets."""
+        values = torch.stack([self.loss_sum, self.good_tokens, self.skipped, self.max_in_row, self.ooms]).tolist()
         self._reset()
-        return values[0], values[1], int(values[2]), int(values[3])
+        return values[0], values[1], int(values[2]), int(values[3]), int(values[4])
 
 
 def tensorboard_writer(directory: Path):

@@ -1,0 +1,104 @@
+"""Everything a run works out before its first step, once: the plan the loop receives.
+
+In this order: the device, its precision and the process group; resume or a fresh start
+(last.pt); train.init_from's model and tokenizer sections; the data (every input read and
+checked before the run directory is touched, then the tokenizer and the cache); the batch
+size (train.max_tokens: auto probes GPU memory, tokens_per_update splits the update). The
+config as resolved is written to config.yaml once, and a resumed run takes what its
+checkpoint recorded (it never probes again), so the values are worked out in one place and
+the loop only reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from xformer_cli.config import Config, TrainConfig
+from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
+from xformer_cli.device import configure_threads, pick_device, resolve_precision
+from xformer_cli.train import batch_size, checkpointing, init_from
+from xformer_cli.train.batch_plan import widest_pair
+from xformer_cli.train.distributed import Distributed
+from xformer_cli.train.init_from import Pretrained
+from xformer_cli.train.memory_probe import gpu_probe
+
+
+@dataclass
+class RunPlan:
+    config: Config  # as the run trains with it: init_from's sections, the resolved batch size
+    dist: Distributed
+    device: torch.device
+    precision: str
+    data: PreparedData  # tokenizer, training cache, valid set
+    resume: Optional[dict]  # last.pt's state; None = a fresh run
+    pretrained: Optional[Pretrained]  # the weights a fresh run starts from (train.init_from)
+    log: Callable[[str], None]  # silent on every rank but 0
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None] = print) -> RunPlan:
+    """Work out the run ``config`` describes (see the module's docstring); writes the run
+    directory's tokenizer, cache and config.yaml, nothing else."""
+    dist = Distributed.from_environment()
+    if not dist.is_main:  # one voice: rank 0 logs, validates and writes checkpoints
+        log = _silent
+    device, precision = start_device(config.train, dist, log)
+    config, pretrained, resume = init_from.resolve(config, overwrite, log)
+    data = _prepare_data(config, overwrite, precision, dist, log, pretrained)
+    config = _batch_size(config, resume, data, device, precision, dist, log)
+    if dist.is_main:
+        checkpointing.write_config(config, precision)
+    return RunPlan(config, dist, device, precision, data, resume, pretrained, log)
+
+
+def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None]) -> tuple[torch.device, str]:
+    """Threads, seed, device (this rank's GPU under torchrun), process group; the precision."""
+    configure_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    device = dist.device_for(pick_device(tc.device))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = dist.start(device, tc.dist_backend, tc.dist_timeout_minutes)
+    if backend:
+        log(f"distributed: {dist.world_size} processes over {backend}; a collective waits at most "
+            f"{tc.dist_timeout_minutes:g} minutes (train.dist_timeout_minutes)")
+    precision, why = resolve_precision(tc.precision, device)
+    log(f"precision: {precision} ({why})" if tc.precision != "auto" else f"precision: auto -> {precision} ({why})")
+    return device, precision
+
+
+def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distributed, log: Callable[[str], None],
+                  pretrained: Optional[Pretrained]) -> PreparedData:
+    """Tokenizer and encoded corpora. Every input is read and checked before the run
+    directory is touched: bad data must not cost the checkpoints of an earlier run."""
+    tokenizer = pretrained.tokenizer if pretrained is not None else None
+    if dist.is_main:
+        inputs = check_inputs(config, log, tokenizer)
+        checkpointing.prepare_run_dir(config, overwrite)
+        prepared = build_data(inputs, log)
+        dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
+        return prepared
+    dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
+    return build_data(check_inputs(config, log, tokenizer), log, write=False)  # rank 0's tokenizer and cache
+
+
+def _batch_size(config: Config, resume: Optional[dict], data: PreparedData, device: torch.device, precision: str,
+                dist: Distributed, log: Callable[[str], None]) -> Config:
+    """train.max_tokens and update_freq as this run trains with them: a resumed run's from its
+    checkpoint; a fresh run's resolved (auto probes GPU memory: every rank, the smallest wins)."""
+    if resume is not None:
+        return checkpointing.resumed_config(config, resume)
+    probe = None
+    if config.train.max_tokens == "auto":
+        probe = gpu_probe(config, data.tokenizer, data.train, device, precision, dist, widest_pair(data.train))
+    if probe is not None and dist.enabled:
+        rank_probe = probe
+        probe = lambda: min(dist.gather(rank_probe(), "the memory probe"))  # noqa: E731
+    return dataclasses.replace(config, train=batch_size.resolved(config.train, probe, log))

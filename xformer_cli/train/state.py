@@ -1,0 +1,89 @@
+"""What the training loop and the modules beside it share: one ``RunState``, below them all.
+
+The loop (trainer.py) owns the run; checkpointing.py saves and restores this state,
+validation.py scores it and after_training.py works on it after the loop. None of them
+imports the trainer: they read and write this object, so the imports of the train package
+go one way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+
+from xformer_cli.config import Config
+from xformer_cli.data.encoded import EncodedCorpus
+from xformer_cli.data.sources import ParallelCorpus
+from xformer_cli.decode.factory import engine_for_model
+from xformer_cli.tokenizer import Tokenizer
+from xformer_cli.train.distributed import Distributed
+from xformer_cli.train.metrics import MetricsLog
+
+if TYPE_CHECKING:
+    from xformer_cli.decode.translator import Translator
+    from xformer_cli.model.transformer import Transformer
+
+
+@dataclass
+class Counters:
+    """Where the run is, beside its weights: saved in every checkpoint, so a run continues exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batches_done: int = 0  # of this epoch's batches (on this rank)
+    best_bleu: Optional[float] = None
+    bad_validations: int = 0  # validations in a row without a better BLEU (early stopping)
+    nonfinite_total: int = 0  # updates skipped for a non-finite loss
+    oom_total: int = 0  # updates skipped because a rank ran out of memory
+    # The open logging window's loss: saved, so the first train_loss after a resume
+    # averages the same steps an uninterrupted run's would.
+    window_loss_sum: float = 0.0
+    window_good_tokens: float = 0.0
+
+
+@dataclass
+class ValidSet:
+    corpus: ParallelCorpus  # the text, for BLEU
+    encoded: EncodedCorpus  # the piece ids, for the loss
+
+
+@dataclass
+class RunState:
+    """A training run's model, optimizer state, counters and the means to log and save them."""
+
+    config: Config
+    dist: Distributed
+    device: torch.device
+    precision: str
+    tokenizer: Tokenizer
+    model: "Transformer"
+    optimizer: torch.optim.Optimizer
+    schedule: object  # train.schedule.LrSchedule
+    scaler: torch.amp.GradScaler
+    metrics: MetricsLog
+    valid: Optional[ValidSet]
+    log: Callable[[str], None]
+    counters: Counters = field(default_factory=Counters)
+    started: float = field(default_factory=time.time)
+    decode_precision: str = "auto"  # validation decodes as `xformer translate --precision auto` does
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run_dir)
+
+    def minutes(self) -> float:
+        return (time.time() - self.started) / 60
+
+    def valid_engine(self) -> "Translator":
+        """The model decoding the way `xformer translate --engine xformer` does on this device."""
+        return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device,
+                                self.decode_precision)
+
+    def event(self, **figures) -> dict:
+        """A metrics.jsonl row for an event of this run (validation, averaging, ...): where and when."""
+        c = self.counters
+        return {"step": c.step, "epoch": c.epoch, "minutes": round(self.minutes(), 3), **figures}
