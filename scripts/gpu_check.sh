@@ -5,14 +5,19 @@
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
 #   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
-#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; GPU_CHECK_PART=3 ...  # the whole check in
-#                                           # three device calls of under 10 minutes each (a call's limit)
+#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; ... GPU_CHECK_PART=5  # the whole check in
+#                                           # five device calls of under 10 minutes each (a call's limit)
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
 #   2. the test suite on this machine (the CPU paths stay covered), then the CUDA paths of the
-#      trainer: bf16, fp16 with the gradient scaler, torch.compile, pinned prefetch, and a
-#      one-process NCCL run under torchrun, each a few steps of a tiny model
+#      trainer: bf16, fp16 with the gradient scaler, torch.compile, pinned prefetch, each a few
+#      steps of a tiny model
+#   2a. (part 5) data-parallel training for real on the one GPU: two ranks sharing it over gloo
+#      with CUDA tensors (the gradient sum, sharded validation), compared with one process
+#      accumulating the same two batches (scripts/compare_runs.py); then fp16 with the loss
+#      scaler against bf16 on the same GPU, the same steps. What it cannot show: NCCL between
+#      two devices (one GPU here; NCCL refuses two ranks on one device)
 #   3. bench_train at the paper's base and big sizes (issue 20): tokens/s, MFU against the bf16
 #      peak and conventional MFU (spec peak), kernels per step; base at 8k tokens (bf16 vs
 #      fp32/TF32), base at 25k tokens, base compiled vs eager at 8k on the same bucketed
@@ -30,10 +35,11 @@ DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 QUICK="${GPU_CHECK_QUICK:-0}"
 ONLY="${GPU_CHECK_ONLY:-}"  # space-separated step names; empty = every step (a lease split into calls)
 case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on an H100
-  1) ONLY="tests train_bf16 train_fp16 train_compile train_compile_buckets train_max_tokens_auto train_torchrun_nccl bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled" ;;
+  1) ONLY="tests train_bf16 train_fp16 train_compile train_compile_buckets train_max_tokens_auto bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled" ;;
   2) ONLY="train_wmt_news bleu_newstest2014 bench_decode" ;;
   3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~9 minutes: the 8-minute run, averaging, tuning, test2016
   4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
+  5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -103,8 +109,30 @@ grep -h '"compilations"' "$OUT/tiny_compile/metrics.jsonl" "$OUT/tiny_compile_bu
 step train_max_tokens_auto xformer train -c configs/multi30k.yaml --overwrite "${TINY[@]}" \
   --set "run_dir=$OUT/tiny_auto" --set train.max_tokens=auto --set train.tokens_per_update=25000 --set train.length_bucket=8
 grep -hE "max_tokens: auto|tokens_per_update" "$OUT/train_max_tokens_auto.log" >> "$SUMMARY" 2>/dev/null
-step train_torchrun_nccl torchrun --standalone --nproc_per_node 1 -m xformer_cli train -c configs/multi30k.yaml --quiet \
-  --overwrite "${TINY[@]}" --set "run_dir=$OUT/tiny_ddp"
+# 2a. two ranks on the one GPU (gloo over CUDA tensors) against one process accumulating two batches
+DDP_SETS=("${TINY[@]}" --set model.dropout=0.0 --set train.log_every=1 --set "train.max_steps=$STEPS")
+step ddp_single_accumulating xformer train -c configs/multi30k.yaml --quiet --overwrite "${DDP_SETS[@]}" \
+  --set "run_dir=$OUT/ddp_single" --set train.update_freq=2
+step ddp_two_ranks_one_gpu torchrun --standalone --nproc_per_node 2 -m xformer_cli train -c configs/multi30k.yaml --quiet \
+  --overwrite "${DDP_SETS[@]}" --set "run_dir=$OUT/ddp_two" --set train.update_freq=1 --set train.dist_backend=gloo
+step ddp_compare python scripts/compare_runs.py "$OUT/ddp_single" "$OUT/ddp_two"
+grep -hE "^(steps|weights|losses|agree|DIFFER)" "$OUT/ddp_compare.log" 2>/dev/null | sed 's/^/ddp: /' >> "$SUMMARY"
+# fp16 with the loss scaler against bf16: the same steps of the GPU config, tokens/s and valid loss
+PRECISION_STEPS=$([[ "$QUICK" == 1 ]] && echo 4 || echo 600)
+for variant in bf16 fp16; do
+  step "precision_$variant" xformer train -c configs/multi30k-gpu.yaml --quiet --overwrite "${M30K_GPU_SETS[@]}" \
+    --set "run_dir=$OUT/precision_$variant" --set "train.device=$DEVICE" --set "train.precision=$variant" \
+    --set "train.max_steps=$PRECISION_STEPS" --set train.max_minutes=0 --set train.tune_length_penalty=[] \
+    --set train.average_last=0
+  python - "$OUT/precision_$variant/metrics.jsonl" "$variant" >> "$SUMMARY" 2>/dev/null <<'PY'
+import json, statistics, sys
+rows = list(map(json.loads, open(sys.argv[1])))
+rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:] or [0]
+valid = [r for r in rows if "valid_loss" in r]
+print(f"precision {sys.argv[2]}: median {statistics.median(rates):.0f} target tokens/s; last valid loss "
+      f"{valid[-1]['valid_loss'] if valid else '-'} BLEU {valid[-1]['valid_bleu'] if valid else '-'}")
+PY
+done
 
 # 3. training throughput at the paper's sizes (MFU against the bf16 matmul peak in the same process)
 SETS_BASE=(); for kv in "${SIZES_BASE[@]}"; do SETS_BASE+=("$kv"); done

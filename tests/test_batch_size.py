@@ -93,3 +93,43 @@ def test_auto_probes_once_records_the_value_and_a_resume_reuses_it(small_corpus,
     fixed = {"train.max_tokens": 600, "train.update_freq": 2, "train.length_bucket": 8, "train.max_steps": 6}
     train(tiny_config(small_corpus, tmp_path / "fixed", **fixed), log=quiet, progress=False)
     assert losses(tmp_path / "fixed") == losses(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_the_memory_probe_takes_the_real_step_with_everything_it_allocates(small_corpus, tmp_path, monkeypatch):
+    """The probe's step is the run's TrainStep: on CUDA's bf16 path it holds the half-weight
+    cache, with several ranks the gradient buckets (and communicates nothing), and a packed run
+    is probed on a real packed batch of the run's one shape, attention masks included."""
+    import torch
+
+    from xformer_cli.data.prepare import prepare_data
+    from xformer_cli.train.batch_plan import PackedPlan, widest_pair
+    from xformer_cli.train.distributed import Distributed
+    from xformer_cli.train.forward_loss import forced_half_weights
+    from xformer_cli.train.memory_probe import step_fits
+    from xformer_cli.train.step import TrainStep
+
+    config = tiny_config(small_corpus, tmp_path / "run", **{"train.batching": "packed", "train.precision": "bf16"})
+    prepared = prepare_data(config, log=quiet)
+    calls = []
+    real_call = TrainStep.__call__
+
+    def recorded(self, group, all_tokens):
+        calls.append((self, group))
+        return real_call(self, group, all_tokens)
+
+    monkeypatch.setattr(TrainStep, "__call__", recorded)
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda *a, **k: pytest.fail("the probe communicated"))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *a, **k: pytest.fail("the probe communicated"))
+    cpu = torch.device("cpu")
+    with forced_half_weights(True):
+        fits = step_fits(config, prepared.tokenizer, prepared.train, cpu, "bf16", Distributed(world_size=2),
+                         widest_pair(prepared.train), compiled=False)
+        assert fits(1500) and fits(3000)
+    step, group = calls[0]
+    assert step is fits.step and step.half_weights is not None
+    params = {id(p): p for p in step.model.parameters()}.values()
+    assert step.sync is not None and sum(b.numel() for b in step.sync.buckets) == sum(p.numel() for p in params)
+    shape = PackedPlan(prepared.train, 1500, config.train.seed).shape
+    assert group[0].packing is not None and tuple(group[0].src.shape) == (shape.rows, shape.src_width)
+    assert tuple(calls[1][1][0].src.shape) == (PackedPlan(prepared.train, 3000, 1).shape.rows, shape.src_width)

@@ -73,6 +73,8 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("bogus.key=1", "unknown config key 'bogus'"),
         ("train.precision=fp64", "config key 'train.precision': must be one of auto, bf16, fp16, fp32, not 'fp64'"),
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
+        ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),
+        ("train.dist_timeout_minutes=0", "config key 'train.dist_timeout_minutes': must be positive"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

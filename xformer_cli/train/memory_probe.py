@@ -63,7 +63,8 @@ def step_fits(config: Config, tokenizer, data, device: torch.device, precision: 
         try:
             batch = widest_batch(config, data, tokens, width, vocab, config.model.bos_id).to(device)
             step([batch], batch.n_tokens)
-            torch.cuda.synchronize(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # an allocation failure surfaces here at the latest
             return True
         except torch.cuda.OutOfMemoryError:
             return False
