@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from xformer_cli.model.linear import HalfWeightCache, Linear, plain_products
+from xformer_cli.model.transformer import ModelConfig, Transformer
 
 
 def test_padded_bf16_linear_matches_f_linear_forward_and_backward():
@@ -99,3 +100,17 @@ def test_cached_half_weights_cast_no_weight_per_micro_batch():
         cached = count_ops(two_micro_batches_and_a_step).ops
     assert cached["_to_copy"] == plain["_to_copy"] - 2 * 3  # w1, b1, w2 no longer cast per micro-batch
     assert cached["_foreach_copy_"] == 1  # ... but copied once per optimizer step
+
+
+def test_the_half_weight_cache_is_for_cuda_autocast_in_bf16_and_fp16_alike():
+    from xformer_cli.train.forward_loss import attach_half_weights, forced_half_weights, wants_half_weights
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert wants_half_weights(cuda, "bf16", False) and wants_half_weights(cuda, "fp16", False)  # 8.0+ and 7.x cards
+    assert not wants_half_weights(cuda, "fp32", False) and not wants_half_weights(cuda, "bf16", True)
+    assert not wants_half_weights(cpu, "bf16", False)
+    model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, encoder_layers=1, decoder_layers=1), src_vocab=30)
+    optimizer = torch.optim.Adam(model.parameters())
+    with forced_half_weights(True):
+        assert attach_half_weights(model, optimizer, cpu, "fp16", False).dtype == torch.float16
+        assert attach_half_weights(model, optimizer, cpu, "bf16", False).dtype == torch.bfloat16

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
-from xformer_cli.device import autocast
+from xformer_cli.device import autocast, autocast_dtype
 from xformer_cli.model.linear import HalfWeightCache
 from xformer_cli.model.transformer import Packing
 from xformer_cli.tokenizer import PAD_ID
@@ -41,20 +41,21 @@ def forced_half_weights(on: bool) -> Iterator[None]:
 
 
 def wants_half_weights(device: torch.device, precision: str, compiled: bool) -> bool:
-    """bf16 weight copies made once per optimizer step replace autocast's per-use casts on CUDA
-    (a kernel per weight per micro-batch); a CPU's own bf16 products need none, and compiled
-    code fuses the casts into its kernels itself."""
+    """Half-precision (bf16, or fp16 on cards without bf16) weight copies made once per
+    optimizer step replace autocast's per-use casts on CUDA (a kernel per weight per
+    micro-batch); a CPU's own bf16 products need none, and compiled code fuses the casts
+    into its kernels itself."""
     if _half_weights_forced is not None:
         return _half_weights_forced
-    return device.type == "cuda" and precision == "bf16" and not compiled
+    return device.type == "cuda" and precision in ("bf16", "fp16") and not compiled
 
 
 def attach_half_weights(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
                         precision: str, compiled: bool) -> Optional[HalfWeightCache]:
-    """The cache on ``model`` itself (not a DDP or compile wrapper) when it pays; else None."""
+    """The cache on ``model`` itself (not a compile wrapper) when it pays; else None."""
     if not wants_half_weights(device, precision, compiled):
         return None
-    return HalfWeightCache(model, optimizer, torch.bfloat16)
+    return HalfWeightCache(model, optimizer, autocast_dtype(precision) or torch.bfloat16)
 
 
 def forward_loss(model: torch.nn.Module, device: torch.device, precision: str, epsilon: float) -> LossFn:
