@@ -153,3 +153,20 @@ def test_missing_matplotlib_is_one_clear_line(trained_run, tmp_path):
     proc = xformer("report", trained_run, "--output", tmp_path / "r.png", python_prelude=hide)
     assert_one_line_error(proc, "matplotlib", "pip install 'xformer[plot]'")
     assert_one_line_error(xformer("report", tmp_path), "no metrics.jsonl")
+
+
+def test_the_report_keeps_the_averaged_checkpoint_apart_from_the_runs_validations(tmp_path):
+    from xformer_cli.plots import plot_report
+
+    rows = [{"step": s, "epoch": 1, "train_loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 100.0, "minutes": s / 100}
+            for s in range(25, 301, 25)]
+    rows += [{"step": s, "epoch": 1, "minutes": s / 100, "valid_loss": 3.0 - s / 1000, "valid_ppl": 10.0,
+              "valid_bleu": 20.0 + s / 30} for s in (100, 200, 300)]
+    rows.append({"step": 300, "epoch": 1, "minutes": 3.1, "averaged_steps": [200, 225, 250, 275, 300],
+                 "valid_loss": 2.6, "valid_ppl": 9.0, "valid_bleu": 31.5})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = plot_report(tmp_path, tmp_path / "report.png")
+    assert "BLEU 30.00 at step 300; best BLEU 30.00 at step 300" in summary  # the run's own line
+    assert "average of 5 checkpoints (steps 200-300): valid loss 2.600, BLEU 31.50" in summary
+    with Image.open(tmp_path / "report.png") as image:
+        assert image.size == (int(REPORT_SIZE[0] * REPORT_DPI), int(REPORT_SIZE[1] * REPORT_DPI))

@@ -131,6 +131,19 @@ class TrainConfig:
     lr: float = 0.0  # peak learning rate of constant and inverse_sqrt; unused by noam (leave it 0)
     lr_scale: float = 1.0  # the Noam formula's factor
     warmup_steps: int = 4000  # noam: must be positive; constant / inverse_sqrt: 0 = no warm-up
+    # > 0: the warm-up is this share of the planned steps instead (train/budget.py), so a
+    # 25-minute run warms up for the same share of itself on a slow machine as on a fast one.
+    warmup_fraction: float = 0.0
+    # > 0: the last cooldown x planned steps bring the rate linearly down to ~0 at the planned
+    # last step (train/schedule.py). 0 = the schedule alone (the paper's Noam).
+    cooldown: float = 0.0
+    # The steps this run plans to take: 0 = work them out (train/budget.py: from max_minutes,
+    # by measuring a few steps once, else max_steps) when cooldown, warmup_fraction or
+    # validations need them. The run writes the value into config.yaml and resumes with it.
+    planned_steps: int = 0
+    # > 0: validate this many times, evenly over the planned steps (the last at the end),
+    # instead of every valid_every steps.
+    validations: int = 0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -436,6 +449,10 @@ def validate(cfg: Config) -> None:
 def _check_schedule(t: TrainConfig) -> None:
     _require(t.schedule in SCHEDULES, "train.schedule", f"must be one of {', '.join(SCHEDULES)}")
     _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
+    _require(0.0 <= t.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1) (0 = train.warmup_steps)")
+    _require(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1] (a share of the planned steps; 0 = none)")
+    _require(t.planned_steps >= 0, "train.planned_steps", "must be >= 0 (0 = work it out)")
+    _require(t.validations >= 0, "train.validations", "must be >= 0 (0 = every train.valid_every steps)")
     if t.schedule == "noam":
         _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
         _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")

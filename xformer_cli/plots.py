@@ -48,7 +48,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def summarize(rows: Sequence[dict]) -> str:
     """A few lines a person can read in the terminal."""
     train = [r for r in rows if "train_loss" in r]
-    valid = [r for r in rows if "valid_loss" in r]
+    valid = [r for r in rows if "valid_loss" in r and "averaged_steps" not in r]
+    averaged = [r for r in rows if "averaged_steps" in r]
     last = rows[-1]
     lines = [f"steps: {last.get('step', 0)}  epochs: {last.get('epoch', 0)}  minutes: {last.get('minutes', 0):.1f}"]
     if train:
@@ -60,23 +61,35 @@ def summarize(rows: Sequence[dict]) -> str:
         lines.append(f"valid: loss {valid[-1]['valid_loss']:.3f}, ppl {valid[-1]['valid_ppl']:.2f}, "
                      f"BLEU {valid[-1]['valid_bleu']:.2f} at step {valid[-1]['step']}; "
                      f"best BLEU {best['valid_bleu']:.2f} at step {best['step']}")
+    for r in averaged:
+        lines.append(f"average of {len(r['averaged_steps'])} checkpoints (steps {r['averaged_steps'][0]}-"
+                     f"{r['averaged_steps'][-1]}): valid loss {r['valid_loss']:.3f}, BLEU {r['valid_bleu']:.2f}")
     return "\n".join(lines)
 
 
 def plot_report(run_dir: str | Path, output: str | Path) -> str:
-    """Losses, validation BLEU and learning rate against steps (top) and minutes (bottom)."""
+    """Losses, validation BLEU and learning rate against steps (top) and minutes (bottom); the
+    averaged checkpoint's validation is a marker of its own, not a point on the run's line."""
     plt = _pyplot()
     rows = read_metrics(run_dir)
     train = [r for r in rows if "train_loss" in r]
-    valid = [r for r in rows if "valid_loss" in r]
+    valid = [r for r in rows if "valid_loss" in r and "averaged_steps" not in r]
+    averaged = [r for r in rows if "averaged_steps" in r]
     fig, axes = plt.subplots(2, 3, figsize=REPORT_SIZE, dpi=REPORT_DPI)
     for row, x_key, x_label in ((0, "step", "step"), (1, "minutes", "wall time (minutes)")):
         loss_ax, bleu_ax, lr_ax = axes[row]
         loss_ax.plot([r[x_key] for r in train], [r["train_loss"] for r in train], label="train (label-smoothed)")
         loss_ax.plot([r[x_key] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid (label-smoothed)")
         loss_ax.set_ylabel("loss per target token")
+        bleu_ax.plot([r[x_key] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="tab:green",
+                     label="valid, as trained")
+        for r in averaged:
+            label = f"average of {len(r['averaged_steps'])} checkpoints"
+            loss_ax.plot([r[x_key]], [r["valid_loss"]], "*", color="tab:purple", markersize=14, label=label)
+            bleu_ax.plot([r[x_key]], [r["valid_bleu"]], "*", color="tab:purple", markersize=14, label=label)
         loss_ax.legend()
-        bleu_ax.plot([r[x_key] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="tab:green")
+        if averaged:
+            bleu_ax.legend()
         bleu_ax.set_ylabel("valid sacreBLEU")
         lr_ax.plot([r[x_key] for r in train], [r["lr"] for r in train], color="tab:red")
         lr_ax.set_ylabel("learning rate")

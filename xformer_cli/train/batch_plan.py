@@ -10,12 +10,13 @@ shape, several pairs back to back in a row (``data/packing.py``).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
-from xformer_cli.data.batching import Batch, bucket_shape, declared_shapes, make_batches, make_bucketed_batches
+from xformer_cli.data.batching import Batch, bucket_shape, declared_shapes, make_batches, make_bucketed_batches, shard
 from xformer_cli.data.packing import PackedBatch, PackShape, collate_packed, make_packed_batches, pack_shape
+from xformer_cli.data.weights import epoch_pairs, to_cache_indices
 
 
 class TrainingData(Protocol):
@@ -108,6 +109,19 @@ def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int,
     if length_bucket > 0:
         return BucketPlan(data, max_tokens, length_bucket, seed)
     return TokenBudgetPlan(data, max_tokens, seed)
+
+
+def epoch_share(plan: BatchPlan, cache, corpora: Sequence, seed: int, epoch: int, rank: int = 0,
+                world_size: int = 1) -> list:
+    """This rank's batches of ``epoch`` (cache indices): the pairs data.train's weights pick for
+    the epoch, batched by ``plan``, cut to a multiple of the ranks (every rank takes the same
+    number of steps) and shared out."""
+    picked, src_lens, tgt_lens = epoch_pairs(cache, corpora, seed, epoch)
+    batches = to_cache_indices(plan.batches(epoch, src_lens, tgt_lens), picked)
+    if world_size > 1:
+        usable = len(batches) // world_size * world_size
+        batches = shard(batches[:usable], rank, world_size)
+    return batches
 
 
 def widest_pair(data: TrainingData) -> int:

@@ -110,9 +110,14 @@ def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
 
 
 def resumed_config(config: Config, state: dict) -> Config:
-    """``config`` with the batch size the checkpointed run resolved (train.max_tokens: auto,
-    train.tokens_per_update): a resume takes it from the checkpoint and never probes again."""
-    return dataclasses.replace(config, train=batch_size.from_checkpoint(config.train, state["config"]["train"]))
+    """``config`` with what the checkpointed run worked out before its first step: the batch
+    size (train.max_tokens: auto, train.tokens_per_update) and the planned steps. A resume
+    takes them from the checkpoint and never probes or measures again."""
+    saved = state["config"]["train"]
+    train = batch_size.from_checkpoint(config.train, saved)
+    if not train.planned_steps:  # a checkpoint from before planning has none: then max_steps plans
+        train = dataclasses.replace(train, planned_steps=saved.get("planned_steps", 0))
+    return dataclasses.replace(config, train=train)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -3,9 +3,10 @@
 In this order: the device, its precision and the process group; resume or a fresh start
 (last.pt); train.init_from's model and tokenizer sections; the data (every input read and
 checked before the run directory is touched, then the tokenizer and the cache); the batch
-size (train.max_tokens: auto probes GPU memory, tokens_per_update splits the update). The
-config as resolved is written to config.yaml once, and a resumed run takes what its
-checkpoint recorded (it never probes again), so the values are worked out in one place and
+size (train.max_tokens: auto probes GPU memory, tokens_per_update splits the update); the
+planned steps (train/budget.py: a max_minutes run times a few steps once). The config as
+resolved is written to config.yaml once, and a resumed run takes what its checkpoint
+recorded (it never probes or measures again), so the values are worked out in one place and
 the loop only reads them.
 """
 
@@ -20,7 +21,7 @@ import torch
 from xformer_cli.config import Config, TrainConfig
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
 from xformer_cli.device import configure_threads, pick_device, resolve_precision
-from xformer_cli.train import batch_size, checkpointing, init_from
+from xformer_cli.train import batch_size, budget, checkpointing, init_from
 from xformer_cli.train.batch_plan import widest_pair
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.init_from import Pretrained
@@ -37,6 +38,7 @@ class RunPlan:
     resume: Optional[dict]  # last.pt's state; None = a fresh run
     pretrained: Optional[Pretrained]  # the weights a fresh run starts from (train.init_from)
     log: Callable[[str], None]  # silent on every rank but 0
+    valid_seconds: float = 0.0  # a validation's time as the budget plan measured it (0: not measured)
 
 
 def _silent(_: str) -> None:
@@ -53,9 +55,10 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     config, pretrained, resume = init_from.resolve(config, overwrite, log)
     data = _prepare_data(config, overwrite, precision, dist, log, pretrained)
     config = _batch_size(config, resume, data, device, precision, dist, log)
+    config, valid_seconds = _planned_steps(config, resume, data, device, precision, dist, log)
     if dist.is_main:
         checkpointing.write_config(config, precision)
-    return RunPlan(config, dist, device, precision, data, resume, pretrained, log)
+    return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds)
 
 
 def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None]) -> tuple[torch.device, str]:
@@ -87,6 +90,20 @@ def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distrib
         return prepared
     dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
     return build_data(check_inputs(config, log, tokenizer), log, write=False)  # rank 0's tokenizer and cache
+
+
+def _planned_steps(config: Config, resume: Optional[dict], data: PreparedData, device: torch.device, precision: str,
+                   dist: Distributed, log: Callable[[str], None]) -> tuple[Config, float]:
+    """train.planned_steps as this run trains with them (a resumed run's from its checkpoint),
+    and a validation's measured seconds (0 when nothing was measured)."""
+    measured: dict[str, float] = {}
+
+    def measure() -> tuple[float, float]:
+        step_s, measured["valid_s"] = budget.measure_seconds(config, data, device, precision, dist)
+        return step_s, measured["valid_s"]
+
+    train = budget.planned_train(config.train, None if resume is not None else measure, log)
+    return dataclasses.replace(config, train=train), measured.get("valid_s", 0.0)
 
 
 def _batch_size(config: Config, resume: Optional[dict], data: PreparedData, device: torch.device, precision: str,

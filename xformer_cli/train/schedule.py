@@ -1,4 +1,5 @@
-"""Learning-rate schedules: the paper's ("Noam", section 5.3) and two for fine-tuning.
+"""Learning-rate schedules: the paper's ("Noam", section 5.3) and two for fine-tuning, each
+with an optional cool-down that ends the rate near zero at the run's planned last step.
 
 noam: lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): linear warm-up for
 ``warmup`` steps, then decay with the inverse square root of the step. Its peak suits training
@@ -6,6 +7,13 @@ from random weights.
 constant and inverse_sqrt (fairseq's name) take the peak learning rate itself: linear warm-up
 to ``lr``, then ``lr`` (constant) or ``lr * sqrt(warmup / step)`` (inverse_sqrt); a small
 ``lr`` is what fine-tuning a pretrained model wants (config.py, train.schedule).
+
+Cool-down (``train.cooldown``, a share of the planned steps; train/budget.py plans them): over
+the last ``cooldown x planned`` steps the rate is multiplied by a factor falling linearly from 1
+to 1/(length + 1) at the planned last step. A run that stops at its budget then stops at a
+rate near zero, as budgeted training wants (Li, Yumer and Ramanan, ICLR 2020), instead of
+wherever the inverse square root happens to be; the warm-up and the decay before it are the
+schedule's own. With cooldown 0 the schedule is the plain one.
 """
 
 from __future__ import annotations
@@ -36,16 +44,27 @@ def inverse_sqrt_lr(step: int, lr: float, warmup: int) -> float:
     return lr * math.sqrt(max(warmup, 1) / step)
 
 
-class LrSchedule:
-    """Sets the optimizer's learning rate for each step from ``formula(step)``; its only
-    state is the step."""
+def cooldown_factor(step: int, planned: int, length: int) -> float:
+    """1 before the last ``length`` steps of ``planned``, then linearly down to 1/(length + 1)
+    at step ``planned`` (and that floor after it)."""
+    if length <= 0 or planned <= 0:
+        return 1.0
+    left = planned - step  # steps after this one up to the planned last
+    return min(1.0, max(left + 1, 1) / (length + 1))
 
-    def __init__(self, optimizer, formula: Callable[[int], float]):
+
+class LrSchedule:
+    """Sets the optimizer's learning rate for each step from ``formula(step)`` times the
+    cool-down factor; its state is the step and the planned steps (which a slower machine
+    may shorten mid-run, train/budget.py)."""
+
+    def __init__(self, optimizer, formula: Callable[[int], float], planned_steps: int = 0, cooldown_steps: int = 0):
         self.optimizer, self.formula = optimizer, formula
         self.step_num = 0
+        self.planned_steps, self.cooldown_steps = planned_steps, cooldown_steps
 
     def lr(self, step: int) -> float:
-        return self.formula(step)
+        return self.formula(step) * cooldown_factor(step, self.planned_steps, self.cooldown_steps)
 
     def step(self) -> float:
         """Advance to the next step and set its learning rate (call before optimizer.step)."""
@@ -56,22 +75,38 @@ class LrSchedule:
         return value
 
     def state_dict(self) -> dict:
-        return {"step_num": self.step_num}
+        return {"step_num": self.step_num, "planned_steps": self.planned_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.step_num = int(state["step_num"])
+        self.planned_steps = int(state.get("planned_steps", self.planned_steps))  # older checkpoints: the plan's
 
 
 class NoamSchedule(LrSchedule):
-    def __init__(self, optimizer, d_model: int, warmup: int, scale: float = 1.0):
-        super().__init__(optimizer, functools.partial(noam_lr, d_model=d_model, warmup=warmup, scale=scale))
+    def __init__(self, optimizer, d_model: int, warmup: int, scale: float = 1.0, planned_steps: int = 0,
+                 cooldown_steps: int = 0):
+        super().__init__(optimizer, functools.partial(noam_lr, d_model=d_model, warmup=warmup, scale=scale),
+                         planned_steps, cooldown_steps)
         self.d_model, self.warmup, self.scale = d_model, warmup, scale
 
 
+def warmup_steps(train: TrainConfig) -> int:
+    """train.warmup_fraction of the planned steps when given, else train.warmup_steps."""
+    if train.warmup_fraction > 0 and train.planned_steps > 0:
+        return max(1, round(train.warmup_fraction * train.planned_steps))
+    return train.warmup_steps
+
+
+def cooldown_steps(train: TrainConfig) -> int:
+    return round(train.cooldown * train.planned_steps) if train.planned_steps > 0 else 0
+
+
 def make_schedule(optimizer, train: TrainConfig, d_model: int) -> LrSchedule:
-    """The schedule ``train.schedule`` names, with its settings."""
+    """The schedule ``train.schedule`` names, with its settings and the cool-down over the
+    planned steps (train.planned_steps, worked out before the run by train/budget.py)."""
+    warmup, planned, cooldown = warmup_steps(train), train.planned_steps, cooldown_steps(train)
     if train.schedule == "constant":
-        return LrSchedule(optimizer, functools.partial(constant_lr, lr=train.lr, warmup=train.warmup_steps))
+        return LrSchedule(optimizer, functools.partial(constant_lr, lr=train.lr, warmup=warmup), planned, cooldown)
     if train.schedule == "inverse_sqrt":
-        return LrSchedule(optimizer, functools.partial(inverse_sqrt_lr, lr=train.lr, warmup=train.warmup_steps))
-    return NoamSchedule(optimizer, d_model, train.warmup_steps, train.lr_scale)
+        return LrSchedule(optimizer, functools.partial(inverse_sqrt_lr, lr=train.lr, warmup=warmup), planned, cooldown)
+    return NoamSchedule(optimizer, d_model, warmup, train.lr_scale, planned, cooldown)

@@ -23,11 +23,11 @@ import torch
 
 from xformer_cli.checkpoint import build_model
 from xformer_cli.config import Config
-from xformer_cli.data.batching import Batch, shard
-from xformer_cli.data.weights import epoch_pairs, to_cache_indices
+from xformer_cli.data.batching import Batch
 from xformer_cli.errors import XformerError
 from xformer_cli.train import after_training, checkpointing, forward_loss, init_from, validation
-from xformer_cli.train.batch_plan import BatchPlan, plan_for
+from xformer_cli.train.batch_plan import BatchPlan, epoch_share, plan_for
+from xformer_cli.train.budget import BudgetKeeper, validation_steps
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog, StepStats
 from xformer_cli.train.plan import RunPlan, plan_run
@@ -48,7 +48,8 @@ class TrainResult:
     minutes: float
     best_bleu: Optional[float]
     run_dir: Path
-    stopped_because: str = "finished"  # finished | max_steps | time | epochs | patience | interrupted | already done
+    # finished | max_steps | planned steps | time | epochs | patience | interrupted | already done
+    stopped_because: str = "finished"
 
 
 class Trainer:
@@ -70,6 +71,8 @@ class Trainer:
         if plan.resume is not None:
             checkpointing.restore(self.state, plan.resume)
         self.stats = StepStats(self.device)
+        self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
+        self.keeper: Optional[BudgetKeeper] = None
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
 
     def _build_state(self, plan: RunPlan) -> RunState:
@@ -154,15 +157,17 @@ class Trainer:
         tc, c = self.config.train, self.counters
         self.state.started = time.time()
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
-        if c.step >= tc.max_steps:
-            self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}); "
-                           "raise train.max_steps to train on")
+        if c.step >= self.last_step():
+            self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
+                           f"planned {self.state.schedule.planned_steps or '-'}); raise train.max_steps to train on")
             return TrainResult(c.step, c.epoch, 0.0, c.best_bleu, self.state.run_dir, "already done")
+        if tc.max_minutes and self.state.schedule.planned_steps:
+            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps())
         self.state.model.train()
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
         self.window_start = time.time()
-        bar = RunProgress(tc.max_steps, tc.max_minutes, c.step, self.progress, self.state.started)
+        bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started)
         with StopSignals() as signals:
             reason, last_validated = self._loop(signals, bar)
             bar.close()
@@ -188,20 +193,41 @@ class Trainer:
                 c.batches_done = min(start + tc.update_freq, len(batches))
                 self.window_tokens += self.train_step(group)
                 bar.update(c.step)
-                due_to_save = c.step % tc.valid_every == 0 or bool(tc.save_every and c.step % tc.save_every == 0)
-                if c.step % tc.log_every == 0 or due_to_save or c.step >= tc.max_steps:
+                due_to_validate = self.due_to_validate(c.step)
+                due_to_save = due_to_validate or bool(tc.save_every and c.step % tc.save_every == 0)
+                if c.step % tc.log_every == 0 or due_to_save or c.step >= self.last_step():
                     self.read_stats()  # the one read of device figures, before anything is logged or saved
                 if c.step % tc.log_every == 0:
                     self.log_window(bar)
                 reason = self.stop_reason(signals, due_to_save)
-                if not reason and c.step % tc.valid_every == 0:
+                started = time.time()
+                if not reason and due_to_validate:
                     last_validated = c.step
                     if validation.validate(self.state):
                         reason = "patience"
+                    if self.keeper is not None:
+                        self.keeper.validated(time.time() - started)
                 elif not reason and due_to_save:
                     checkpointing.save(self.state)
+                    if self.keeper is not None:
+                        self.keeper.exclude(time.time() - started)
                 if reason:
                     return reason, last_validated
+
+    def last_step(self) -> int:
+        """train.max_steps, or the planned steps when a plan ends the run sooner."""
+        planned = self.state.schedule.planned_steps
+        return min(self.config.train.max_steps, planned) if planned else self.config.train.max_steps
+
+    def validation_steps(self) -> list[int]:
+        """The steps train.validations spreads over the plan ([] when valid_every decides)."""
+        return validation_steps(self.config.train, self.last_step())
+
+    def due_to_validate(self, step: int) -> bool:
+        tc = self.config.train
+        if tc.validations:
+            return step in self.validation_steps()
+        return step % tc.valid_every == 0
 
     def epoch_batches(self) -> Optional[list]:
         """This epoch's batches (this rank's share), moving to the next epoch when the current
@@ -220,15 +246,10 @@ class Trainer:
         return batches
 
     def _batches_of(self, epoch: int) -> list:
-        tc = self.config.train
         if self._cached_epoch != epoch:
-            # data.train weights: this epoch's pairs, drawn per (seed, epoch); all of them by default
-            picked, src_lens, tgt_lens = epoch_pairs(self.train_data, self.config.data.train, tc.seed, epoch)
-            batches = to_cache_indices(self.plan.batches(epoch, src_lens, tgt_lens), picked)
-            if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
-                usable = len(batches) // self.dist.world_size * self.dist.world_size
-                batches = shard(batches[:usable], self.dist.rank, self.dist.world_size)
-            self._cached_epoch, self._cached_batches = epoch, batches
+            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data.train,
+                                               self.config.train.seed, epoch, self.dist.rank, self.dist.world_size)
+            self._cached_epoch = epoch
         return self._cached_batches
 
     def read_stats(self) -> None:
@@ -258,21 +279,38 @@ class Trainer:
         return forward_loss.compilations() - self.compiled_before
 
     def stop_reason(self, signals: StopSignals, due_to_save: bool) -> str:
-        """Why the run stops after this step ("" to go on): interrupted, max_steps or time."""
+        """Why the run stops after this step ("" to go on): interrupted, the step limit or time.
+        Every few steps the budget keeper may also shorten the planned steps."""
         tc, step = self.config.train, self.counters.step
-        # Ranks must agree on stopping (a signal or the clock may reach them a step apart):
-        # one collective every few steps, not a host sync on every step.
-        interrupted, out_of_time = signals.received is not None, time.time() >= self.deadline
+        now, planned = time.time(), self.last_step()
+        interrupted, out_of_time = signals.received is not None, now >= self.deadline
+        agree = not step % _AGREE_EVERY or due_to_save or step >= planned
+        proposal = self.keeper.proposal(step, planned, now) if agree and self.keeper is not None else planned
+        # Ranks must agree (a signal or the clock may reach them a step apart, their paces
+        # differ a little): one collective every few steps, not a host sync on every step.
         if self.dist.enabled:
-            if step % _AGREE_EVERY and not due_to_save and step < tc.max_steps:
+            if not agree:
                 interrupted = out_of_time = False
             else:
-                interrupted, out_of_time = (v > 0 for v in self.dist.sum([float(interrupted), float(out_of_time)], self.device))
+                flags = self.dist.sum([float(interrupted), float(out_of_time), float(proposal)], self.device)
+                interrupted, out_of_time = flags[0] > 0, flags[1] > 0
+                proposal = math.floor(flags[2] / self.dist.world_size)
+        if proposal < planned:
+            self.shorten_plan(proposal)
         if interrupted:
             return "interrupted"
-        if step >= tc.max_steps:
-            return "max_steps"
+        if step >= self.last_step():
+            return "max_steps" if step >= tc.max_steps else "planned steps"
         return "time" if out_of_time else ""
+
+    def shorten_plan(self, steps: int) -> None:
+        """The machine has slowed: the schedule's cool-down and the validations move to fewer steps."""
+        schedule, c = self.state.schedule, self.counters
+        self.state.log(f"step {c.step}: at this pace {schedule.planned_steps} steps no longer fit in "
+                       f"{self.config.train.max_minutes:g} minutes; planned steps {schedule.planned_steps} -> {steps}")
+        self.state.metrics.record(self.state.event(planned_steps=steps, planned_before=schedule.planned_steps))
+        schedule.planned_steps = steps
+        self.keeper.validations = self.validation_steps()
 
     def finish(self, reason: str) -> TrainResult:
         """After the loop: release the process group, average checkpoints, say how it ended."""

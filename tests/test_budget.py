@@ -1,0 +1,192 @@
+"""A schedule that knows its budget: the planned steps (train/budget.py), the cool-down and the
+warm-up share (train/schedule.py), validations spread over the plan, and a plan that shrinks
+when the machine slows down. Unit tests first; the runs at the end are slow."""
+
+import json
+import time
+
+import pytest
+import torch
+import yaml
+
+from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.config import TrainConfig
+from xformer_cli.train import budget
+from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, validation_steps
+from xformer_cli.train.schedule import cooldown_factor, make_schedule, noam_lr
+
+from helpers import quiet, tiny_config
+
+
+def _optimizer():
+    return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+
+
+def test_the_cooldown_falls_linearly_to_near_zero_at_the_planned_last_step():
+    assert cooldown_factor(699, 1000, 300) == 1.0  # before the last 300 steps
+    assert cooldown_factor(700, 1000, 300) == 1.0  # 300 left after it: still full
+    assert cooldown_factor(850, 1000, 300) == pytest.approx(151 / 301)
+    assert cooldown_factor(1000, 1000, 300) == pytest.approx(1 / 301)
+    assert cooldown_factor(1005, 1000, 300) == pytest.approx(1 / 301)  # the floor after the plan
+    assert cooldown_factor(10, 1000, 0) == 1.0 and cooldown_factor(10, 0, 300) == 1.0  # off
+
+
+def test_a_planned_noam_schedule_warms_up_for_its_share_and_ends_under_a_tenth_of_its_peak():
+    tc = TrainConfig(lr_scale=0.7, warmup_fraction=0.05, cooldown=0.3, planned_steps=1300)
+    schedule = make_schedule(_optimizer(), tc, 256)
+    rates = [schedule.step() for _ in range(1300)]
+    peak = max(rates)
+    assert rates.index(peak) + 1 == 65  # 5% of 1300
+    assert peak == pytest.approx(noam_lr(65, 256, 65, 0.7))
+    assert rates[-1] < 0.1 * peak and rates[-1] == pytest.approx(noam_lr(1300, 256, 65, 0.7) / 391)
+    assert rates[909] == pytest.approx(noam_lr(910, 256, 65, 0.7))  # the paper's shape until the cool-down
+    plain = make_schedule(_optimizer(), TrainConfig(lr_scale=0.7, warmup_steps=400), 256)
+    assert [plain.step() for _ in range(1300)][-1] == pytest.approx(noam_lr(1300, 256, 400, 0.7))  # noam unchanged
+
+
+def test_the_schedule_state_keeps_a_shortened_plan_and_reads_older_checkpoints():
+    tc = TrainConfig(cooldown=0.2, planned_steps=100)
+    schedule = make_schedule(_optimizer(), tc, 64)
+    for _ in range(10):
+        schedule.step()
+    schedule.planned_steps = 60  # the keeper shortened it
+    again = make_schedule(_optimizer(), tc, 64)
+    again.load_state_dict(schedule.state_dict())
+    assert again.planned_steps == 60 and again.step() == pytest.approx(schedule.step())
+    older = make_schedule(_optimizer(), tc, 64)
+    older.load_state_dict({"step_num": 10})  # before plans: the config's
+    assert older.planned_steps == 100
+
+
+def test_the_steps_that_fit_leave_time_for_their_validations():
+    tc = TrainConfig(validations=5, max_steps=100_000)
+    steps = fit_steps(1500, 0.75, 20.0, tc)
+    assert steps == int((1500 * budget.MARGIN - 5 * 20) / 0.75)
+    assert steps * 0.75 + 5 * 20 <= 1500
+    every = TrainConfig(valid_every=500, max_steps=100_000)
+    n = fit_steps(1500, 0.75, 20.0, every)
+    assert n == int((1500 * budget.MARGIN - 20) / (0.75 + 20 / 500))  # one validation per 500 steps, one at the end
+    assert n * 0.75 + (n // 500 + 1) * 20 <= 1500 * budget.MARGIN
+    assert fit_steps(1500, 0.75, 20.0, TrainConfig(validations=5, max_steps=300)) == 300  # max_steps still caps
+
+
+def test_validations_are_spread_evenly_and_the_last_is_at_the_end():
+    assert validation_steps(TrainConfig(validations=4), 1291) == [323, 646, 968, 1291]
+    assert validation_steps(TrainConfig(validations=3), 2) == [1, 2]
+    assert validation_steps(TrainConfig(validations=0), 1291) == []
+
+
+def test_the_plan_is_measured_once_only_for_a_minutes_bound_run_that_needs_it():
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 0.5, 10.0
+
+    lines: list[str] = []
+    timed = planned_train(TrainConfig(max_minutes=10, cooldown=0.3, validations=4), measure, lines.append)
+    assert timed.planned_steps == int((600 * budget.MARGIN - 40) / 0.5) and calls == [1]
+    assert lines[0].startswith(f"planned steps: {timed.planned_steps} in 10 minutes (0.500 s a step, 10.0 s a validation")
+    assert planned_train(timed, measure, quiet) is timed and calls == [1]  # given (or resumed): not measured again
+    assert planned_train(TrainConfig(max_steps=900, cooldown=0.3), measure, quiet).planned_steps == 900
+    assert planned_train(TrainConfig(max_minutes=10), measure, quiet).planned_steps == 0  # plain noam: no plan
+    assert calls == [1]
+
+
+def test_the_keeper_shortens_the_plan_only_when_the_pace_no_longer_fits():
+    start = 1000.0
+    keeper = BudgetKeeper(deadline=start + 200, valid_s=5.0, validations=[100, 200])
+    assert keeper.proposal(0, 200, start) == 200  # the first call only marks the pace's start
+    assert keeper.proposal(50, 200, start + 20) == 200  # 0.4 s a step: 150 steps and 2 validations fit in 180 s
+    keeper.validated(5.0)  # the validation's time is not pace
+    assert keeper.proposal(100, 200, start + 45) == 200  # still 0.4 s a step: 100 steps and 1 validation in 155 s
+    slowed = keeper.proposal(150, 200, start + 145)  # 2 s a step now: 50 s left, one validation to come
+    assert slowed == 150 + int((200 - 145 - 5) * budget.MARGIN / 2.0) == 174
+    assert keeper.proposal(160, 174, start + 165) == 174  # fewer than PACE_STEPS since the last look: no opinion
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+def _lr_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_zero(small_corpus, tmp_path, monkeypatch):
+    """The plan is measured once (faked: 24 steps fit), written to config.yaml, taken from the
+    checkpoint on resume (not measured again); a run interrupted at step 12 and resumed equals
+    the uninterrupted one, weights and losses; the last step's rate is under a tenth of the peak."""
+    import os
+    import signal
+
+    from xformer_cli.train.trainer import Trainer, train
+
+    measured = []
+    step_s = (600 * budget.MARGIN - 3 * 1.0) / 24  # 24 steps and 3 validations of 1 s fit in 10 minutes
+
+    def fake_measure(*args):
+        measured.append(1)
+        return step_s, 1.0
+
+    monkeypatch.setattr(budget, "measure_seconds", fake_measure)
+    sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.warmup_fraction": 0.1,
+            "train.validations": 3, "train.save_every": 0}
+    whole = train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=quiet, progress=False)
+    assert whole.steps == 24 and whole.stopped_because == "planned steps" and measured == [1]
+    assert yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["train"]["planned_steps"] == 24
+    rows = _lr_rows(tmp_path / "whole")
+    rates = {r["step"]: r["lr"] for r in rows if "lr" in r}
+    assert rates[24] < 0.1 * max(rates.values())
+    assert [r["step"] for r in rows if "valid_bleu" in r and "averaged_steps" not in r] == [8, 16, 24]
+
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
+    real_step = trainer.train_step
+
+    def step_then_signal(group):
+        done = real_step(group)
+        if trainer.counters.step == 12:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(trainer, "train_step", step_then_signal)
+    assert trainer.run().stopped_because == "interrupted" and measured == [1, 1]
+    resumed = train(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
+    assert resumed.steps == 24 and measured == [1, 1]  # the resume took the plan from its checkpoint
+    a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "parts" / "last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert {r["step"]: r["lr"] for r in _lr_rows(tmp_path / "parts") if "lr" in r} == rates
+
+
+@pytest.mark.slow
+def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_corpus, tmp_path, monkeypatch):
+    """The plan says 0.05 s a step; from step 10 every step takes 0.3 s more. The keeper sees the
+    new pace and shortens the plan, so the cool-down and the last validation still come, and the
+    run ends inside its 30 seconds."""
+    from xformer_cli.train.step import TrainStep
+    from xformer_cli.train.trainer import train
+
+    monkeypatch.setattr(budget, "measure_seconds", lambda *a: (0.05, 0.5))
+    real_call = TrainStep.__call__
+    calls = {"n": 0}
+
+    def slowing(self, group, all_tokens):
+        calls["n"] += 1
+        if calls["n"] > 10:
+            time.sleep(0.3)
+        return real_call(self, group, all_tokens)
+
+    monkeypatch.setattr(TrainStep, "__call__", slowing)
+    lines: list[str] = []
+    sets = {"train.max_minutes": 0.5, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
+            "train.save_every": 0}
+    started = time.time()
+    result = train(tiny_config(small_corpus, tmp_path / "run", **sets), log=lines.append, progress=False)
+    assert time.time() - started < 0.5 * 60 + 25  # the loop's 30 s, plus the start and the passes after it
+    assert result.minutes <= 0.5 + 0.05
+    shortened = [line for line in lines if "no longer fit" in line]
+    assert shortened, lines
+    rows = _lr_rows(tmp_path / "run")
+    assert any("planned_before" in r for r in rows)
+    rates = {r["step"]: r["lr"] for r in rows if "lr" in r}
+    if result.stopped_because == "planned steps":  # the usual end: the shortened plan, cooled down
+        assert rates[max(rates)] < 0.1 * max(rates.values())

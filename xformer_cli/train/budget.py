@@ -1,0 +1,180 @@
+"""How many steps a run will take, worked out once before its first step (``train.planned_steps``).
+
+The schedule's cool-down (train.cooldown), a warm-up given as a share (train.warmup_fraction)
+and validations spread over the run (train.validations) all need the run's last step before
+the run starts. A ``max_steps`` run knows it. A run bounded by ``train.max_minutes`` does not:
+how many steps fit depends on the machine. So, as ``max_tokens: auto`` probes memory once,
+the plan times a few real training steps of a throwaway copy of the model on batches of the
+run's first epoch, and a greedy decoding of a sample of the valid set, and fits the steps and
+their validations into the minutes (``fit_steps``). The value is written to config.yaml, and
+a resumed run takes it from its checkpoint: it is never measured again, so a resume stays
+exact.
+
+When the machine slows down mid-run (another job, thermal throttling), ``BudgetKeeper``
+notices at the ranks' regular agreement (every few steps) that the planned steps no longer
+fit, and shortens the plan to what does, so the cool-down still ends near zero; it never
+lengthens it. The run stops at its minutes whatever happens (the loop's deadline), and a
+shortened plan is kept in the checkpoint (the schedule's state) and logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from xformer_cli.checkpoint import build_model
+from xformer_cli.config import Config, TrainConfig
+from xformer_cli.data.prepare import PreparedData
+from xformer_cli.decode.factory import engine_for_model
+from xformer_cli.train.batch_plan import epoch_share, plan_for
+from xformer_cli.train.distributed import Distributed
+from xformer_cli.train.step import TrainStep
+from xformer_cli.train.validation import validation_sums
+
+PROBE_WARM = 3  # untimed first steps: kernel selection, the allocator's first requests
+PROBE_STEPS = 10  # timed steps
+VALID_SAMPLE = 48  # valid sentences decoded to estimate a validation's time
+MARGIN = 0.97  # of the budget planned for steps and validations: checkpoints and logging take the rest
+
+Measure = Callable[[], tuple[float, float]]  # () -> (seconds per step, seconds per validation)
+
+
+def needs_plan(tc: TrainConfig) -> bool:
+    return tc.cooldown > 0 or tc.warmup_fraction > 0 or tc.validations > 0
+
+
+def fit_steps(budget_s: float, step_s: float, valid_s: float, tc: TrainConfig) -> int:
+    """The most steps that fit in ``budget_s`` with the validations they bring (``valid_s``
+    each): train.validations of them, or one every train.valid_every steps and one at the end."""
+    usable = budget_s * MARGIN
+    if tc.validations:
+        steps = (usable - tc.validations * valid_s) / step_s
+    else:
+        steps = (usable - valid_s) / (step_s + valid_s / tc.valid_every)
+    return max(1, min(tc.max_steps, math.floor(steps)))
+
+
+def validation_steps(tc: TrainConfig, planned: int) -> list[int]:
+    """The steps train.validations spreads evenly over ``planned`` (the last one at the end)."""
+    n = min(tc.validations, planned)
+    return sorted({round(planned * k / n) for k in range(1, n + 1)}) if n else []
+
+
+def planned_train(tc: TrainConfig, measure: Optional[Measure], log: Callable[[str], None]) -> TrainConfig:
+    """``tc`` with planned_steps worked out where the config needs it and does not give it:
+    max_steps, or for a max_minutes run what ``measure`` says fits."""
+    if not needs_plan(tc) or tc.planned_steps:
+        return tc
+    if not tc.max_minutes or measure is None:
+        log(f"planned steps: {tc.max_steps} (train.max_steps)")
+        return dataclasses.replace(tc, planned_steps=tc.max_steps)
+    started = time.time()
+    step_s, valid_s = measure()
+    steps = fit_steps(tc.max_minutes * 60, step_s, valid_s, tc)
+    log(f"planned steps: {steps} in {tc.max_minutes:g} minutes ({step_s:.3f} s a step, {valid_s:.1f} s a "
+        f"validation, measured in {time.time() - started:.0f} s)" + (" = train.max_steps" if steps == tc.max_steps else ""))
+    return dataclasses.replace(tc, planned_steps=steps)
+
+
+def measure_seconds(config: Config, data: PreparedData, device: torch.device, precision: str,
+                    dist: Distributed) -> tuple[float, float]:
+    """(seconds per training step, seconds per validation), timed on a throwaway copy of the
+    model under a forked random state (the run's weights and dropout draws stay as they were)."""
+    tc = config.train
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model = build_model(config, data.tokenizer).to(device).train()
+        plan = plan_for(data.train, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
+        step = TrainStep(model, tc, device, precision, dist, plan.static_shapes, compile=False)
+        batches = epoch_share(plan, data.train, config.data.train, tc.seed, 1, dist.rank, dist.world_size)
+        step_s = _time_steps(step, [plan.load(b).with_start_token(config.model.bos_id) for b in _spread(batches, tc)],
+                             tc.update_freq, device)
+        valid_s = _time_validation(model, config, data, device, dist) if data.valid is not None else 0.0
+    step_s, valid_s = (max(v) for v in zip(*dist.gather((step_s, valid_s), "the step-time probe")))
+    return step_s, valid_s
+
+
+def _spread(batches: list, tc: TrainConfig) -> list:
+    """Batches from across the epoch, enough for the probe's steps (lengths vary along it)."""
+    wanted = (PROBE_WARM + PROBE_STEPS) * tc.update_freq
+    stride = max(1, len(batches) // wanted)
+    picked = batches[::stride][:wanted]
+    return (picked * (wanted // max(len(picked), 1) + 1))[:wanted]
+
+
+def _time_steps(step: TrainStep, batches: list, update_freq: int, device: torch.device) -> float:
+    groups = [batches[i : i + update_freq] for i in range(0, len(batches), update_freq)]
+    started = 0.0
+    for i, group in enumerate(groups):
+        if i == PROBE_WARM:
+            _sync(device)
+            started = time.perf_counter()
+        group = [b.to(device) for b in group]
+        step(group, sum(b.n_tokens for b in group))
+    _sync(device)
+    return (time.perf_counter() - started) / max(len(groups) - PROBE_WARM, 1)
+
+
+def _time_validation(model: torch.nn.Module, config: Config, data: PreparedData, device: torch.device,
+                     dist: Distributed) -> float:
+    """A validation's seconds on this rank: a sample of its share of the valid set decoded
+    greedily to the references' length (a trained model stops about there; the probe's
+    untrained one would run on to the length limit), scaled to the share."""
+    valid, encoded, tc = data.valid, data.valid_encoded, config.train
+    share = list(range(dist.rank, len(valid.src), dist.world_size))
+    sample = share[:: max(1, len(share) // VALID_SAMPLE)][:VALID_SAMPLE]
+    if not sample:
+        return 0.0
+    length = math.ceil(sum(len(encoded.tgt[i]) for i in sample) / len(sample)) + 1
+    engine = engine_for_model(model, data.tokenizer, config.decode_settings(), device, "auto")
+    model.eval()
+    lines = [valid.src[i] for i in sample]
+    engine.translate(lines[:2], beam_size=tc.valid_beam_size, max_len_a=0, max_len_b=length, min_len=length)
+    started = time.perf_counter()
+    engine.translate(lines, beam_size=tc.valid_beam_size, max_len_a=0, max_len_b=length, min_len=length)
+    validation_sums(model, encoded, tc.max_tokens, device, tc.label_smoothing, indices=sample)
+    _sync(device)
+    model.train()
+    return (time.perf_counter() - started) * len(share) / len(sample)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+PACE_STEPS = 50  # the pace is measured over at least this many steps (one slow step is no trend)
+
+
+class BudgetKeeper:
+    """Shortens the planned steps when the recent pace no longer fits them into the minutes left."""
+
+    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int]):
+        self.deadline, self.valid_s, self.validations = deadline, valid_s, list(validations)
+        self.mark: Optional[tuple[int, float]] = None  # (step, time) the pace is measured from
+        self.excluded = 0.0  # seconds since the mark spent validating and saving
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def validated(self, seconds: float) -> None:
+        """A validation took ``seconds``: later ones are expected to take as long."""
+        self.valid_s = seconds
+        self.exclude(seconds)
+
+    def proposal(self, step: int, planned: int, now: float) -> int:
+        """The planned steps to keep: ``planned``, or fewer when the pace since the last call
+        would end them past the deadline (never fewer than ``step`` + 1)."""
+        if self.mark is None:
+            self.mark, self.excluded = (step, now), 0.0
+            return planned
+        if step - self.mark[0] < PACE_STEPS or step >= planned:
+            return planned
+        step_s = max(now - self.mark[1] - self.excluded, 1e-9) / (step - self.mark[0])
+        self.mark, self.excluded = (step, now), 0.0
+        left = self.deadline - now - self.valid_s * sum(1 for v in self.validations if v > step)
+        fits = step + max(1, math.floor(left * MARGIN / step_s))
+        return min(planned, fits)
