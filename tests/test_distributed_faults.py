@@ -34,12 +34,12 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank_together(sm
 
 
 def test_validation_is_shared_so_no_rank_waits_past_the_collective_timeout(small_corpus, tmp_path):
-    """Validation's translations take 0.8 s a line; 8 lines on one rank would keep the other
-    waiting 6.4 s, past a 4.8-second collective timeout. Each rank translates its 4 lines at the
+    """Validation's translations take 1 s a line; 8 lines on one rank would keep the other
+    waiting 8 s, past a 6-second collective timeout. Each rank translates its 4 lines at the
     same time, so nobody waits that long, and the score is the whole set's."""
-    sets = {**COMMON, "train.valid_every": 2, "data.valid_max_sentences": 8, "train.dist_timeout_minutes": 0.08,
+    sets = {**COMMON, "train.valid_every": 2, "data.valid_max_sentences": 8, "train.dist_timeout_minutes": 0.1,
             "corpus": small_corpus, "run_dir": tmp_path / "run"}
-    slow = {"slow_translation": (0.8,)}
+    slow = {"slow_translation": (1.0,)}
     results = _ok(run_ranks(tmp_path, sets, faults={0: slow, 1: slow}))
     assert [r["steps"] for r in results] == [4, 4]
     assert results[0]["best_bleu"] == results[1]["best_bleu"] is not None
@@ -48,11 +48,11 @@ def test_validation_is_shared_so_no_rank_waits_past_the_collective_timeout(small
 
 
 def test_a_rank_stuck_past_the_timeout_stops_the_run_with_one_line_instead_of_hanging(small_corpus, tmp_path):
-    """Rank 0's first validation stalls for 8 s; rank 1 waits 3 s (the timeout) and stops,
+    """Rank 0's first validation stalls for 12 s; rank 1 waits 3 s (the timeout) and stops,
     naming the wait and the setting: the job ends, it does not hang."""
     sets = {**COMMON, "train.valid_every": 2, "data.valid_max_sentences": 2, "train.dist_timeout_minutes": 0.05,
             "corpus": small_corpus, "run_dir": tmp_path / "run"}
-    results = run_ranks(tmp_path, sets, faults={0: {"slow_translation": (4.0, True)}}, deadline_s=120)
+    results = run_ranks(tmp_path, sets, faults={0: {"slow_translation": (12.0, True)}}, deadline_s=120)
     error = results[1].get("error", "")
     assert error.startswith("XformerError: rank 1: waited more than train.dist_timeout_minutes (0.05)"), results[1]
     assert "\n" not in error

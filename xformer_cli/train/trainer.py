@@ -63,10 +63,13 @@ class Trainer:
         self.train_data = plan.data.train
         tc = self.config.train
         self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
-        self.state = self._build_state(plan)
-        self.step_fn = self._build_step(plan)
-        self.state.optimizer, self.state.scaler = self.step_fn.optimizer, self.step_fn.scaler
-        self.state.schedule = make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model)
+        model = self._build_model(plan)
+        self.step_fn = self._build_step(plan, model)
+        valid = ValidSet(plan.data.valid, plan.data.valid_encoded) if plan.data.valid_encoded is not None else None
+        self.state = RunState(self.config, self.dist, self.device, plan.precision, plan.data.tokenizer, model,
+                              self.step_fn.optimizer, make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model),
+                              self.step_fn.scaler, MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main),
+                              valid, plan.log)
         self.resumed = plan.resume is not None
         if plan.resume is not None:
             checkpointing.restore(self.state, plan.resume)
@@ -75,23 +78,15 @@ class Trainer:
         self.keeper: Optional[BudgetKeeper] = None
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
 
-    def _build_state(self, plan: RunPlan) -> RunState:
-        """The model (the pretrained weights on a fresh init_from run) and what is saved with it."""
+    def _build_model(self, plan: RunPlan) -> torch.nn.Module:
+        """The model, with the pretrained weights on a fresh init_from run, on this rank's device."""
         model = build_model(self.config, plan.data.tokenizer)
         if plan.pretrained is not None and plan.pretrained.weights is not None:  # not when resuming
             init_from.load_weights(model, plan.pretrained)
-        model = model.to(self.device)
-        valid = None
-        if plan.data.valid is not None and plan.data.valid_encoded is not None:
-            valid = ValidSet(plan.data.valid, plan.data.valid_encoded)
-        # optimizer, schedule and scaler are the TrainStep's, set once it is built
-        return RunState(self.config, self.dist, self.device, plan.precision, plan.data.tokenizer, model,
-                        optimizer=None, schedule=None, scaler=None,  # type: ignore[arg-type]
-                        metrics=MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main), valid=valid,
-                        log=plan.log)
+        return model.to(self.device)
 
-    def _build_step(self, plan: RunPlan) -> TrainStep:
-        tc, model = self.config.train, self.state.model
+    def _build_step(self, plan: RunPlan, model: torch.nn.Module) -> TrainStep:
+        tc = self.config.train
         shapes = len(self.plan.declared(self.config.data.max_len)) if tc.compile else 0
         step = TrainStep(model, tc, self.device, plan.precision, self.dist, self.plan.static_shapes, shapes)
         if self.dist.enabled:
