@@ -94,8 +94,17 @@ class VocabPieces:
 
     def decode(self, ids):
         if ids and isinstance(ids[0], int):
-            return self.sp.decode_pieces([self.pieces[i] for i in ids])
-        return [self.sp.decode_pieces([self.pieces[i] for i in line]) for line in ids]
+            return self._text(ids)
+        return [self._text(line) for line in ids]
+
+    def _text(self, ids) -> str:
+        """MarianTokenizer's text (``batch_decode(..., skip_special_tokens=True)``): pad, unk
+        and eos left out, the pieces decoded, and every "▁" left over turned into a space.
+        The vocabulary is shared by both sides, so the decoder may emit a piece only the
+        source model has; sentencepiece writes such a piece as it is ("▁Man")."""
+        special = {PAD_ID, UNK_ID, EOS_ID}
+        text = self.sp.decode_pieces([self.pieces[i] for i in ids if i not in special])
+        return text.replace("\u2581", " ").strip()
 
     def id_to_piece(self, i: int) -> str:
         return self.pieces[i]
