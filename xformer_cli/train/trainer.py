@@ -328,8 +328,8 @@ class Trainer:
     def _batches_of(self, epoch: int) -> list:
         tc = self.config.train
         if self._cached_epoch != epoch:
-            # data.train weights: this epoch's pairs, drawn per (seed, epoch); all of them by default
-            picked, src_lens, tgt_lens = epoch_pairs(self.train_data, self.config.data.train, tc.seed, epoch)
+            # corpus and pair weights: this epoch's pairs, drawn per (seed, epoch); all of them by default
+            picked, src_lens, tgt_lens = epoch_pairs(self.train_data, self.config.data, tc.seed, epoch)
             batches = to_cache_indices(self.plan.batches(epoch, src_lens, tgt_lens), picked)
             if self.dist.enabled:  # equal shares, so every rank takes the same number of steps
                 usable = len(batches) // self.dist.world_size * self.dist.world_size
