@@ -5,15 +5,16 @@ model ships inside its wheel (nothing is downloaded at run time).
     plainly_other("Zwei Hunde spielen im Schnee.", "en")   # ("de", 0.969): refuse it
     plainly_other("Hallo Welt", "en")             # None: too short to tell
 
-The identifier is loaded on first use (under a second), once per process.
+The identifier (``xformer_cli/langid.py``) is loaded on first use (under a second), once per process.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from typing import Optional
 
+from xformer_cli.errors import XformerError
+from xformer_cli.langid import rank
 from xformer_cli.serve.protocol import ApiError, language_name
 
 # A text is refused as "plainly another language" only when it has at least MIN_LETTERS
@@ -26,27 +27,16 @@ MIN_CONFIDENCE = 0.9
 MAX_SOURCE_CONFIDENCE = 0.05
 
 _TAG = re.compile(r"<[^>]*>")
-_lock = threading.Lock()
-_identifier = None
-
-
-def _load():
-    global _identifier
-    with _lock:
-        if _identifier is None:
-            try:
-                from py3langid.langid import MODEL_FILE, LanguageIdentifier
-            except ImportError:
-                raise ApiError(500, "language detection needs py3langid: pip install 'xformer[serve]'") from None
-            _identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    return _identifier
 
 
 def detect(text: str, strip_tags: bool = False) -> list[tuple[str, float]]:
     """Every language the identifier knows with its probability, best first."""
     if strip_tags:
         text = _TAG.sub(" ", text)
-    return [(code, float(p)) for code, p in _load().rank(text)]
+    try:
+        return rank(text)
+    except XformerError as exc:  # py3langid is not installed
+        raise ApiError(500, str(exc)) from None
 
 
 def candidates(text: str, most: int = 3, floor: float = 0.05) -> list[dict[str, object]]:
