@@ -195,9 +195,10 @@ def _generation_config(transformers, decode, bos_id: int = BOS_ID):
         min_new_tokens=decode.min_len,  # pieces before eos at least, as xformer counts them
         max_new_tokens=xformer_max_new_tokens(max_source, decode.max_len_a, decode.max_len_b),
         num_beams=decode.beam_size,
-        length_penalty=round(HF_LENGTH_PENALTY_SCALE * decode.length_penalty, 4),
-        early_stopping="never",
         do_sample=False,
+        # beam search's settings; transformers refuses them with num_beams 1 (decode.beam_size 1)
+        **(dict(length_penalty=round(HF_LENGTH_PENALTY_SCALE * decode.length_penalty, 4), early_stopping="never")
+           if decode.beam_size > 1 else {}),
     )
 
 

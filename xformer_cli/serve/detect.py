@@ -11,10 +11,11 @@ The identifier (``xformer_cli/langid.py``) is loaded on first use (under a secon
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from xformer_cli.errors import XformerError
 from xformer_cli.langid import rank
+from xformer_cli.languages import same_language
 from xformer_cli.serve.protocol import ApiError, language_name
 
 # A text is refused as "plainly another language" only when it has at least MIN_LETTERS
@@ -47,27 +48,46 @@ def candidates(text: str, most: int = 3, floor: float = 0.05) -> list[dict[str, 
     return [{"confidence": round(p * 100, 1), "language": code} for code, p in kept]
 
 
-def plainly_other(text: str, source: str, strip_tags: bool = False) -> Optional[tuple[str, float]]:
-    """(language, probability) when ``text`` is plainly in a language other than ``source``;
-    None when it is in ``source``, or too short or too mixed to tell."""
+def plainly_other(text: str, source: "str | Sequence[str]", strip_tags: bool = False) -> Optional[tuple[str, float]]:
+    """(language, probability) when ``text`` is plainly in a language other than ``source``
+    (or than every one of several); None when it is in one of them, or too short or too mixed
+    to tell."""
     if sum(ch.isalpha() for ch in (_TAG.sub(" ", text) if strip_tags else text)) < MIN_LETTERS:
         return None
+    sources = [source] if isinstance(source, str) else list(source)
     ranked = detect(text, strip_tags)
-    base = source.split("-")[0].lower()
+    ours = lambda code: any(same_language(code, s.split("-")[0]) for s in sources)  # noqa: E731
     best, confidence = ranked[0]
-    own = next((p for code, p in ranked if code == base), 0.0)
-    if best != base and confidence >= MIN_CONFIDENCE and own < MAX_SOURCE_CONFIDENCE:
+    own = max((p for code, p in ranked if ours(code)), default=0.0)
+    if not ours(best) and confidence >= MIN_CONFIDENCE and own < MAX_SOURCE_CONFIDENCE:
         return best, confidence
     return None
 
 
-def refuse_other_language(texts: list[str], source: str, batch: bool, html: bool = False) -> None:
+def refuse_other_language(texts: list[str], source: "str | Sequence[str]", batch: bool, html: bool = False) -> None:
     """400 naming the language when a text of a ``source: "auto"`` request is plainly not in
-    the model's ``source`` language (a translation of it would be garbage)."""
+    the model's ``source`` language(s) (a translation of it would be garbage)."""
+    sources = [source] if isinstance(source, str) else list(source)
     for at, text in enumerate(texts):
-        found = plainly_other(text, source, strip_tags=html)
+        found = plainly_other(text, sources, strip_tags=html)
         if found:
             code, confidence = found
             where = f"q[{at}]" if batch else "q"
+            names = " or ".join(language_name(s) for s in sources)
             raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} ({code}, {confidence:.0%} sure), "
-                                f"not {language_name(source)}: this model translates from {source} only")
+                                f"not {names}: this model translates from {', '.join(sources)} only")
+
+
+def auto_sources(texts: list[str], candidates: Sequence[str], batch: bool, html: bool = False) -> list[dict]:
+    """``source: "auto"``: each text's language among ``candidates`` (the model's sources for
+    the target asked for) as LibreTranslate's {"language", "confidence"}; one candidate is
+    taken as it is (confidence 100). A text plainly in none of them is a 400."""
+    refuse_other_language(texts, list(candidates), batch, html)
+    if len(candidates) == 1:
+        return [{"language": candidates[0], "confidence": 100.0}] * len(texts)
+    found = []
+    for text in texts:
+        ranked = detect(text, html) if text.strip() else []
+        best = next(((c, p) for code, p in ranked for c in candidates if same_language(code, c)), (candidates[0], 0.0))
+        found.append({"language": best[0], "confidence": round(best[1] * 100, 1)})
+    return found

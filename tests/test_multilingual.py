@@ -1,0 +1,355 @@
+"""One model, many directions (issue 27): the config's pairs and their one-line refusals, the
+tags as single pieces, per-pair sampling, the data a multilingual run reads, translate's
+--target-lang, the exports and the server. Unit tier: synthetic multi-parallel files
+(tests/multilingual_fixture.py), random weights. The slow tests train on Multi30k."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import quiet
+from multilingual_fixture import multilingual_checkpoint, multilingual_config, parallel_lines, write_corpus
+from xformer_cli.config import config_from_dict
+from xformer_cli.errors import XformerError
+
+TAGS = {"de": ">>deu<<", "fr": ">>fra<<", "cs": ">>ces<<"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("multi") / "m")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(corpus, tmp_path_factory) -> Path:
+    return multilingual_checkpoint(corpus, tmp_path_factory.mktemp("ckpt") / "mul.pt")
+
+
+# -- the config ------------------------------------------------------------------------------------
+
+def test_pairs_read_their_corpora_with_their_languages_and_a_bilingual_config_is_unchanged():
+    base = {"train": {"prefix": "m/train"}, "valid": {"prefix": "m/valid"}}
+    cfg = config_from_dict({"data": {**base, "pairs": ["en-de", {"src_lang": "de", "tgt_lang": "fr",
+                                                                  "train": [{"prefix": "other/train"}]}]}}).data
+    directions = cfg.directions()
+    assert [(d.src_lang, d.tgt_lang) for d in directions] == [("en", "de"), ("de", "fr")]
+    assert directions[0].train[0].prefix == "m/train" and directions[1].train[0].prefix == "other/train"
+    assert directions[1].valid.prefix == "m/valid"  # what a pair leaves out comes from data.*
+    assert dict(cfg.languages().tags) == {"de": ">>deu<<", "fr": ">>fra<<"}
+    bilingual = config_from_dict({"data": {**base, "src_lang": "en", "tgt_lang": "de"}}).data
+    assert [(d.src_lang, d.tgt_lang) for d in bilingual.directions()] == [("en", "de")]
+    assert not bilingual.languages().tagged  # one target: no tags, the model reads what it always read
+    many_to_one = config_from_dict({"data": {**base, "pairs": ["de-en", "fr-en"]}}).data
+    assert not many_to_one.languages().tagged  # one target language needs no tag (OPUS-MT's mul-en)
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"pairs": ["en-de", "en-xx"]}, "config key 'data.pairs[1].tgt_lang': unknown language code 'xx'"),
+    ({"pairs": ["en-de", "en-fr"], "train": []}, "config key 'data.pairs[0].train': en-de has no training data"),
+    ({"pairs": ["ende"]}, "config key 'data.pairs[0]': expected SRC-TGT such as en-de"),
+    ({"pairs": ["en-de", "en-de"]}, "config key 'data.pairs[1]': en-de is listed twice"),
+    ({"pairs": ["en-en"]}, "config key 'data.pairs[0].tgt_lang': must differ"),
+    ({"pairs": ["en-de", {"src_lang": "en", "tgt_lang": "fr", "weight": 2}], "sampling_temperature": 5},
+     "config key 'data.pairs[1].weight': give pair weights or data.sampling_temperature, not both"),
+    ({"pairs": ["en-de", "en-fr"], "sampling_temperature": 0}, "config key 'data.sampling_temperature': must be positive"),
+    ({"pairs": ["en-de", "en-gsw"], "lang_tags": {"gsw": "gsw"}}, "config key 'data.lang_tags.gsw'"),
+    ({"pairs": ["en-de", "en-fr"], "target_tag": "bos"}, "config key 'data.target_tag'"),
+])
+def test_bad_pairs_are_refused_naming_the_key(data, fragment):
+    with pytest.raises(XformerError) as caught:
+        config_from_dict({"data": {"train": {"prefix": "m/train"}, **data}})
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_language_codes_and_their_tags():
+    from xformer_cli.languages import Languages, code_of_tag, tag_for
+
+    assert [tag_for(c) for c in ("de", "fr", "cs", "deu", "cmn_Hans")] == [">>deu<<", ">>fra<<", ">>ces<<", ">>deu<<",
+                                                                            ">>cmn_Hans<<"]
+    assert [code_of_tag(t) for t in (">>fra<<", ">>cmn_Hans<<")] == ["fr", "cmn_Hans"]
+    assert tag_for("xx", {"xx": ">>xxx<<"}) == ">>xxx<<"
+    langs = Languages.of([("en", "de"), ("en", "fr"), ("de", "en")], tagged=True)
+    assert (langs.target("fra"), langs.target(">>deu<<"), langs.source("eng")) == ("fr", "de", "en")
+    assert langs.sources_into("en") == ["de"] and not langs.trained("de", "fr")
+    with pytest.raises(XformerError, match="translates into de, fr, en: say which with --target-lang"):
+        langs.target(None)
+    with pytest.raises(XformerError, match="--target-lang es: this model translates into de, fr, en only"):
+        langs.target("es")
+    assert Languages.from_dict(langs.to_dict()) == langs
+    with pytest.raises(XformerError, match="--target-lang fr: this model translates en->de only"):
+        Languages.of([("en", "de")]).target("fr")
+
+
+# -- tags and the tokenizer -----------------------------------------------------------------------
+
+def test_tags_are_single_pieces_and_lead_the_source(checkpoint):
+    from xformer_cli.checkpoint import load_model
+
+    _, tokenizer, config = load_model(checkpoint)
+    assert config.data.languages().tags == (("de", ">>deu<<"), ("fr", ">>fra<<"))
+    for tag in (">>deu<<", ">>fra<<"):
+        tag_id = tokenizer.tag_id(tag)
+        assert tokenizer.src.id_to_piece(tag_id) == tag
+        tagged, plain = tokenizer.encode_src([f"{tag} A man rides.", "A man rides."])
+        assert tagged == [tag_id] + plain  # the tag is split off before sentencepiece, as MarianTokenizer does
+        assert tokenizer.src_pieces(f"{tag} A man.")[0] == tag
+    assert tokenizer.encode_src([">>spa<< A"])[0][0] not in tokenizer.src_tags.values()  # not a tag of this model
+
+
+def test_a_given_tokenizer_whose_tag_splits_is_refused_in_one_line(corpus, tmp_path):
+    from xformer_cli.data.prepare import check_inputs
+    from xformer_cli.tokenizer import Tokenizer
+
+    lines = parallel_lines(200, 5)
+    plain = Tokenizer.train(lines["en"], lines["de"] + lines["fr"], joint=True, vocab_size=120)  # no tags
+    plain.save(tmp_path / "tok")
+    config = multilingual_config(corpus, tmp_path / "run", tokenizer={"model": str(tmp_path / "tok" / "joint.model")})
+    with pytest.raises(XformerError) as caught:
+        check_inputs(config, log=quiet)
+    message = str(caught.value)
+    assert "tokenizer.model" in message and "the tag >>deu<< is not one piece" in message and "splits into" in message
+    assert "\n" not in message and not (tmp_path / "run").exists()  # nothing written
+
+
+def test_the_tokenizer_sample_is_balanced_across_languages(corpus, tmp_path):
+    """en is read by both pairs (the same file): it counts once, as much as de and fr."""
+    from xformer_cli.data.directions import language_sample, train_sources
+
+    config = multilingual_config(corpus, tmp_path / "run", pairs=("en-de", "en-fr", "de-fr"))
+    sources = train_sources(config.data, quiet)
+    by_language = language_sample(sources, config.data, 450, seed=1)
+    assert {lang: len(lines) for lang, lines in by_language.items()} == {"en": 150, "de": 150, "fr": 150}
+    everything = language_sample(sources, config.data, 10**6, seed=1)
+    assert {lang: len(lines) for lang, lines in everything.items()} == {"en": 300, "de": 300, "fr": 300}
+
+
+# -- the data a run reads ---------------------------------------------------------------------------
+
+def test_prepared_data_holds_every_pair_tagged_and_valid_sets_per_direction(corpus, tmp_path):
+    from xformer_cli.data.prepare import prepare_data
+
+    config = multilingual_config(corpus, tmp_path / "run", pairs=("en-de", "en-fr", "de-fr"))
+    prepared = prepare_data(config, log=quiet)
+    tok = prepared.tokenizer
+    assert prepared.train.source_pairs == [300, 300, 300]
+    starts = [int(prepared.train.src_ids[prepared.train.src_offsets[i]]) for i in (0, 300, 600)]
+    assert starts == [tok.tag_id(">>deu<<"), tok.tag_id(">>fra<<"), tok.tag_id(">>fra<<")]
+    assert list(prepared.valid_sets) == [("en", "de"), ("en", "fr"), ("de", "fr")]
+    assert prepared.valid_sets[("de", "fr")].src == parallel_lines(20, 1)["de"]  # untagged, the pair's languages
+    assert prepared.valid_encoded_sets[("en", "fr")].src[0][0] == tok.tag_id(">>fra<<")
+    assert len(prepared.valid) == 60 and prepared.valid.src[20].startswith(">>fra<< ")  # validation's one set, tagged
+    assert prepared.valid_encoded.src[0][0] == tok.tag_id(">>deu<<")
+    assert list(prepared.test_sets) == [("en", "de"), ("en", "fr"), ("de", "fr")]
+
+
+def test_a_pair_left_without_data_stops_the_run_in_one_line(corpus, tmp_path):
+    from xformer_cli.data.prepare import prepare_data
+
+    long_lines = {lang: [" ".join(line for line in lines[:12]) for _ in range(30)]
+                  for lang, lines in parallel_lines(12, 3).items()}
+    for lang in ("en", "de"):
+        (tmp_path / f"long.{lang}").write_text("".join(line + "\n" for line in long_lines[lang]), encoding="utf-8")
+    config = multilingual_config(corpus, tmp_path / "run", max_len=60,
+                                 pairs=[{"src_lang": "en", "tgt_lang": "de", "train": {"prefix": str(tmp_path / "long")}},
+                                        "en-fr"])
+    with pytest.raises(XformerError, match=r"data.pairs\[0\] \(en-de\): no training pair left"):
+        prepare_data(config, log=quiet)
+
+
+# -- per-pair sampling -----------------------------------------------------------------------------
+
+class _Cache:
+    def __init__(self, sizes):
+        n = sum(sizes)
+        self.src_lens = self.tgt_lens = np.arange(1, n + 1) % 37 + 1
+        self.source_pairs = sizes
+
+
+def _taken(picked, sizes) -> list[int]:
+    bounds = np.cumsum([0, *sizes])
+    return [int(((picked >= a) & (picked < b)).sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _data(**data):
+    return config_from_dict({"data": {"train": {"prefix": "m/train"}, "pairs": ["en-de", "en-fr", "en-cs"], **data}}).data
+
+
+@pytest.mark.parametrize("temperature", [2.0, 5.0])
+def test_temperature_sampling_gives_each_pair_its_share(temperature):
+    from xformer_cli.data.weights import epoch_pairs
+
+    sizes = [3000, 600, 100]
+    picked, src, _ = epoch_pairs(_Cache(sizes), _data(sampling_temperature=temperature), seed=1, epoch=1)
+    shares = np.array(sizes, float) ** (1 / temperature)
+    expected = shares / shares.sum() * sum(sizes)
+    taken = _taken(picked, sizes)
+    assert all(abs(t - e) <= 1 for t, e in zip(taken, expected)), (taken, expected)
+    assert taken[2] > 100 and taken[0] < 3000  # the small pair drawn more often, the large one less
+    assert len(src) == len(picked) and abs(sum(taken) - sum(sizes)) <= 2  # an epoch as long as the data
+
+
+def test_explicit_pair_weights_multiply_the_corpus_weights_and_draw_per_seed_and_epoch():
+    from xformer_cli.config import CorpusConfig
+    from xformer_cli.data.weights import epoch_pairs
+
+    sizes = [400, 200, 100, 100]  # en-cs reads two corpora, the second at weight 0.5
+    data = _data(pairs=["en-de", {"src_lang": "en", "tgt_lang": "fr", "weight": 2.5},
+                        {"src_lang": "en", "tgt_lang": "cs", "weight": 0.5,
+                         "train": [{"prefix": "a"}, {"prefix": "b", "weight": 0.5}]}])
+    assert isinstance(data.directions()[2].train[1], CorpusConfig)
+    picked, _, _ = epoch_pairs(_Cache(sizes), data, seed=1, epoch=1)
+    assert _taken(picked, sizes) == [400, 500, 50, 25]
+    again, _, _ = epoch_pairs(_Cache(sizes), data, seed=1, epoch=1)
+    other, _, _ = epoch_pairs(_Cache(sizes), data, seed=1, epoch=2)
+    assert np.array_equal(picked, again) and not np.array_equal(picked, other)
+    counts = Counter(picked[(picked >= 400) & (picked < 600)].tolist())
+    assert sorted(set(counts.values())) == [2, 3]  # 2.5: every en-fr pair twice, half of them a third time
+    assert epoch_pairs(_Cache([3, 3, 3]), _data(), seed=1, epoch=1)[0] is None  # weights 1, T 1: the whole cache
+
+
+def test_the_bilingual_call_with_data_train_still_works_and_a_mismatch_is_loud():
+    from xformer_cli.config import CorpusConfig
+    from xformer_cli.data.weights import epoch_pairs
+
+    picked, _, _ = epoch_pairs(_Cache([300, 200]), [CorpusConfig(), CorpusConfig(weight=0.5)], seed=1, epoch=1)
+    assert _taken(picked, [300, 200]) == [300, 100]
+    with pytest.raises(XformerError, match="pass the DataConfig"):
+        epoch_pairs(_Cache([300, 200, 100]), [CorpusConfig()], seed=1, epoch=1)
+
+
+# -- translation -----------------------------------------------------------------------------------
+
+def test_the_engine_takes_the_target_language(checkpoint):
+    from xformer_cli import Translator
+
+    engine = Translator.from_checkpoint(checkpoint, device="cpu")
+    lines = parallel_lines(12, 9)["en"]
+    de = engine.translate(lines, target_lang="de")
+    assert engine.translate(lines, target_lang="deu") == de  # ISO 639-3 names the same language
+    assert engine.translate([f">>deu<< {line}" for line in lines]) == de  # a tag in the text, MarianTokenizer's way
+    assert engine.translate(lines, target_lang="fr") != de  # the tag is read
+    with pytest.raises(XformerError, match="this model translates into de, fr: give target_lang"):
+        engine.translate(lines)
+    with pytest.raises(XformerError, match="target_lang es: this model translates into de, fr only"):
+        engine.translate(lines, target_lang="es")
+
+
+def test_the_text_pipeline_takes_the_target_language(checkpoint):
+    from xformer_cli import Translator
+    from xformer_cli.text import TextOptions, translate_texts
+
+    engine = Translator.from_checkpoint(checkpoint, device="cpu")
+    line = parallel_lines(1, 4)["en"][0]
+    for target in ("de", "fr"):
+        result = translate_texts(engine, [line], TextOptions(target_lang=target))[0]
+        assert result.text == engine.translate([line], target_lang=target)[0]
+
+
+def cli(*args: str, stdin: str = ""):
+    """The CLI in this process (typer's runner): the unit tier starts no process."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+
+
+def test_translate_refuses_a_missing_or_unknown_target_lang_in_one_line(checkpoint):
+    for args, fragment in (((), "this model translates into de, fr: say which with --target-lang"),
+                           (("-t", "es"), "--target-lang es: this model translates into de, fr only"),
+                           (("-t", "de", "--source-lang", "cs"), "--source-lang cs: this model reads en only")):
+        result = cli("translate", "-m", checkpoint, *args, stdin="A man.\n")
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and lines[-1].startswith("error: ") and fragment in lines[-1], result.output
+        assert sum(line.startswith("error") for line in lines) == 1
+    ok = cli("translate", "-m", checkpoint, "-t", "fr", "--engine", "xformer", stdin="A man.\n\nA dog.\n")
+    assert ok.exit_code == 0, ok.output
+
+
+def test_translate_refuses_a_target_lang_a_bilingual_model_lacks(corpus, tmp_path):
+    bilingual = multilingual_checkpoint(corpus, tmp_path / "en-de.pt", pairs=("en-de",))
+    result = cli("translate", "-m", bilingual, "-t", "fr", stdin="A man.\n")
+    assert result.exit_code == 1 and "--target-lang fr: this model translates en->de only" in result.output
+    assert cli("translate", "-m", bilingual, "-t", "de", "--engine", "xformer", stdin="A man.\n").exit_code == 0
+
+
+def test_zero_shot_is_allowed_with_a_warning(corpus, tmp_path):
+    from xformer_cli.decode.direction import choose_direction
+    from xformer_cli.languages import Languages
+
+    said = []
+    langs = Languages.of([("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")], tagged=True)
+    direction = choose_direction(langs, "fr", "de", log=said.append)
+    assert (direction.source, direction.target, direction.trained) == ("de", "fr", False)
+    assert len(said) == 1 and said[0].startswith("warning: de->fr is zero-shot")
+    detected = choose_direction(langs, "en", None, text=lambda: "Zwei Hunde spielen im Schnee mit einem Ball.",
+                                log=said.append)
+    assert detected.source == "de" and detected.trained and "detected among de, fr" in said[-1]
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+def test_huggingface_export_reads_the_tags_and_generate_agrees(checkpoint, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from xformer_cli import Translator
+    from xformer_cli.export.huggingface import export_huggingface
+
+    out = export_huggingface(checkpoint, tmp_path / "hf")
+    tok = transformers.MarianTokenizer.from_pretrained(out)
+    model = transformers.MarianMTModel.from_pretrained(out).eval()
+    assert tok.supported_language_codes == [">>deu<<", ">>fra<<"]
+    ours = Translator.from_checkpoint(checkpoint, device="cpu")
+    lines = parallel_lines(10, 3)["en"]
+    for target, tag in (("de", ">>deu<<"), ("fr", ">>fra<<")):
+        tagged = [f"{tag} {line}" for line in lines]
+        theirs_ids = tok(tagged).input_ids
+        assert [ids[:-1] for ids in theirs_ids] == ours.tokenizer.encode_src(tagged)  # the same source ids, tag first
+        opts = ours.options(beam_size=1, max_len_a=0.0, max_len_b=11, min_len=1, target_lang=target)
+        with torch.no_grad():
+            out_ids = model.generate(**tok(tagged, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=12,
+                                     do_sample=False)
+        special = {0, 2, 3}
+        assert [[t for t in row if t not in special] for row in out_ids.tolist()] == \
+            [h[0].tokens for h in ours.search(lines, opts)]
+        assert tok.batch_decode(out_ids, skip_special_tokens=True) == \
+            ours.translate(lines, target_lang=target, beam_size=1, max_len_a=0.0, max_len_b=11)
+    info = json.loads((out / "xformer_export.json").read_text())
+    assert info["languages"]["pairs"] == [["en", "de"], ["en", "fr"]]
+    assert json.loads((out / "tokenizer_config.json").read_text())["target_lang"] == "mul"
+
+
+def test_huggingface_export_imports_back_with_every_direction(checkpoint, tmp_path):
+    pytest.importorskip("transformers")
+    from xformer_cli import Translator
+    from xformer_cli.export.huggingface import export_huggingface
+    from xformer_cli.importers.marian import import_marian
+
+    back = Translator.from_checkpoint(import_marian(str(export_huggingface(checkpoint, tmp_path / "hf")),
+                                                    tmp_path / "back.pt"), device="cpu")
+    first = Translator.from_checkpoint(checkpoint, device="cpu")
+    assert back.languages == first.languages
+    lines = parallel_lines(6, 8)["en"]
+    assert back.translate(lines, target_lang="fr", beam_size=1) == first.translate(lines, target_lang="fr", beam_size=1)
+
+
+def test_ctranslate2_export_translates_with_the_tag(checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from xformer_cli import Translator
+    from xformer_cli.decode.ct2_engine import CTranslate2Translator
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+
+    ct2 = CTranslate2Translator.from_directory(export_ctranslate2(checkpoint, tmp_path / "ct2"))
+    ours = Translator.from_checkpoint(checkpoint, device="cpu")
+    assert ct2.languages == ours.languages
+    lines = parallel_lines(10, 6)["en"]
+    for target in ("de", "fr"):
+        assert ct2.translate(lines, beam_size=1, target_lang=target) == ours.translate(lines, beam_size=1, target_lang=target)
+    assert ct2.translate(lines, beam_size=1, target_lang="de") != ct2.translate(lines, beam_size=1, target_lang="fr")
+    with pytest.raises(XformerError, match="give target_lang"):
+        ct2.translate(lines)
