@@ -64,3 +64,21 @@ def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), 
             p.add_(0.5 * torch.randn_like(p))
     save_checkpoint({"config": config.to_dict(), "tokenizer": tokenizer.state(), "model": model.state_dict()}, path)
     return path
+
+
+class FakeMultilingual:
+    """What the server needs of a served model (serve/engine.py's ServedModel), translating
+    into any of four directions by saying which: "fr: <text reversed>"."""
+
+    name, engine, precision, beam_size, truncated_lines = "fake/mul.pt", "xformer", "fp32", 4, 0
+    source, target = "en", "de"  # the first direction: what the page shows first
+
+    def __init__(self):
+        from xformer_cli.languages import Languages
+
+        self.languages = Languages.of([("en", "de"), ("en", "fr"), ("de", "en"), ("fr", "en")], tagged=True)
+        self.calls = []
+
+    def translate(self, texts, beam_size=None, alternatives=0, wanted=None, target=None, source=None, **options):
+        self.calls.append((list(texts), target, source))
+        return [f"{target}: {text[::-1]}" if text.strip() else "" for text in texts]

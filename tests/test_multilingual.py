@@ -353,3 +353,50 @@ def test_ctranslate2_export_translates_with_the_tag(checkpoint, tmp_path):
     assert ct2.translate(lines, beam_size=1, target_lang="de") != ct2.translate(lines, beam_size=1, target_lang="fr")
     with pytest.raises(XformerError, match="give target_lang"):
         ct2.translate(lines)
+
+
+# -- serve -----------------------------------------------------------------------------------------
+
+def test_the_server_lists_every_direction_and_the_target_picks_the_tag():
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+
+    from multilingual_fixture import FakeMultilingual
+    from xformer_cli.serve.app import create_app
+
+    engine = FakeMultilingual()
+    with TestClient(create_app(engine)) as client:
+        assert client.get("/languages").json() == [
+            {"code": "en", "name": "English", "targets": ["de", "fr"]},
+            {"code": "de", "name": "German", "targets": ["en"]},
+            {"code": "fr", "name": "French", "targets": ["en"]}]
+        res = client.post("/translate", json={"q": ["A man.", "A dog."], "source": "en", "target": "fr"})
+        assert res.json() == {"translatedText": ["fr: .nam A", "fr: .god A"]} and engine.calls[-1][1:] == ("fr", "en")
+        res = client.post("/translate", json={"q": "Zwei Hunde spielen im Schnee mit einem roten Ball.",
+                                              "source": "auto", "target": "en"})
+        body = res.json()
+        assert res.status_code == 200 and body["detectedLanguage"]["language"] == "de", body
+        assert engine.calls[-1][1:] == ("en", "de")  # detected among the model's sources into en: de, fr
+        for source, target in (("de", "fr"), ("en", "es"), ("cs", "en")):
+            res = client.post("/translate", json={"q": "x", "source": source, "target": target})
+            assert res.status_code == 400 and res.json() == {
+                "error": f"{source}->{target} is not supported: this model translates en->de, en->fr, de->en, fr->en"}
+        res = client.post("/translate", json={"q": "A man.", "source": "eng", "target": "fra"})  # ISO 639-3 codes
+        assert res.status_code == 200 and engine.calls[-1][1:] == ("fr", "en")
+        assert client.get("/health").json()["pairs"] == [["en", "de"], ["en", "fr"], ["de", "en"], ["fr", "en"]]
+        assert '"pairs": [["en", "de"]' in client.get("/").text  # the page offers the targets from these
+
+
+def test_a_served_multilingual_checkpoint_translates_into_the_target_asked_for(checkpoint):
+    pytest.importorskip("fastapi")
+    from xformer_cli import Translator
+    from xformer_cli.serve.engine import load_served_model
+
+    served = load_served_model(checkpoint, engine="xformer", precision="fp32")
+    assert served.languages.pairs == (("en", "de"), ("en", "fr")) and (served.source, served.target) == ("en", "de")
+    line = parallel_lines(1, 2)["en"][0]
+    engine = Translator.from_checkpoint(checkpoint, device="cpu")
+    for target in ("de", "fr"):
+        assert served.translate([line], target=target)[0].text == engine.translate([line], target_lang=target)[0]
+    with pytest.raises(XformerError, match="--target es: this model translates into de, fr only"):
+        load_served_model(checkpoint, engine="xformer", precision="fp32", target="es")
