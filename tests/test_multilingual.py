@@ -400,3 +400,86 @@ def test_a_served_multilingual_checkpoint_translates_into_the_target_asked_for(c
         assert served.translate([line], target=target)[0].text == engine.translate([line], target_lang=target)[0]
     with pytest.raises(XformerError, match="--target es: this model translates into de, fr only"):
         load_served_model(checkpoint, engine="xformer", precision="fp32", target="es")
+
+
+# -- slow: training ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def multi30k_fr(multi30k) -> Path:
+    """Multi30k with its French side (the shared folder's; the Hub copy the tests fall back to is en-de only)."""
+    if not (multi30k / "train.fr").is_file():
+        pytest.skip(f"{multi30k} has no French side (train.fr); the Hugging Face copy is English-German only")
+    return multi30k
+
+
+def two_direction_config(corpus: Path, run_dir: Path, steps: int, **more):
+    """en->de and en->fr on ``corpus`` (train / valid / test2016 prefixes), a small model, fp32 (the same
+    numbers on every CPU), bounded by steps, not minutes."""
+    from xformer_cli.config import load_config
+
+    sets = {"run_dir": run_dir, "data.pairs": "[en-de, en-fr]", "data.train.prefix": corpus / "train",
+            "data.valid.prefix": corpus / "valid", "data.test.prefix": corpus / "test2016",
+            "data.train.fallback_dataset": "null", "data.valid.fallback_dataset": "null",
+            "data.test.fallback_dataset": "null", "data.valid_max_sentences": 50,
+            "tokenizer.vocab_size": 2000, "model.d_model": 128, "model.d_ff": 256, "model.encoder_layers": 2,
+            "model.decoder_layers": 2, "train.max_steps": steps, "train.max_minutes": 0, "train.max_tokens": 1500,
+            "train.warmup_steps": 100, "train.lr_scale": 1.0, "train.valid_every": steps, "train.save_every": 0,
+            "train.keep_checkpoints": 0, "train.average_last": 0, "train.tune_length_penalty": "[]",
+            "train.precision": "fp32", "train.device": "cpu", "train.threads": 1, "train.log_every": 50,
+            "decode.max_len_a": 1.2, "decode.max_len_b": 10, **more}
+    return load_config("configs/multi30k.yaml", [f"{k}={v}" for k, v in sets.items()])
+
+
+@pytest.mark.slow
+def test_a_model_trained_on_two_directions_answers_in_the_language_asked_for(multi30k_fr, tmp_path):
+    """300 steps of en->de and en->fr (a minute or two on a CPU): on 100 test2016 lines of each
+    direction, under 10% of the outputs are in another language than the one asked for."""
+    from xformer_cli import Translator
+    from xformer_cli.data.prepare import checkpoint_test_sets
+    from xformer_cli.decode.direction_scores import score_directions
+    from xformer_cli.train.trainer import train
+
+    result = train(two_direction_config(multi30k_fr, tmp_path / "run", 300), log=quiet, progress=False)
+    assert result.steps == 300
+    best = tmp_path / "run" / "best.pt"
+    sets = {d: corpus for d, corpus in checkpoint_test_sets(best, log=quiet).items()}
+    for corpus in sets.values():
+        corpus.src, corpus.tgt = corpus.src[:100], corpus.tgt[:100]
+    engine = Translator.from_checkpoint(best, device="cpu")
+    results = score_directions(engine, sets, engine.languages, search={"beam_size": 1})
+    assert [r.name for r in results] == ["en->de", "en->fr"]
+    for r in results:
+        assert r.scored >= 95 and r.off_target is not None and r.off_target_rate < 0.10, (r.name, r.off_target, r.scored)
+        assert r.scores[1].score > 10  # chrF: words of the language, not noise
+    assert results[0].hypotheses != results[1].hypotheses
+
+
+@pytest.mark.slow
+def test_several_pairs_with_temperature_sampling_resume_bit_identically(multi30k_fr, tmp_path):
+    """en->de on 3000 pairs, en->fr on 400 drawn at temperature 3 (so each epoch draws): a run
+    stopped mid-epoch and resumed gives the uninterrupted run's losses and weights bit for bit."""
+    from helpers import head, losses, write_lines
+    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.train.trainer import train
+
+    corpus = tmp_path / "m30k"
+    corpus.mkdir()
+    for split, n in (("train", 3000), ("few", 400), ("valid", 30), ("test2016", 30)):
+        for lang in ("en", "de", "fr"):
+            write_lines(corpus / f"{split}.{lang}", head(multi30k_fr / f"{'train' if split == 'few' else split}.{lang}", n))
+    pairs = f"[en-de, {{src_lang: en, tgt_lang: fr, train: {{prefix: {corpus / 'few'}}}}}]"
+    sets = {"data.pairs": pairs, "data.sampling_temperature": 3, "model.d_model": 32, "model.d_ff": 64,
+            "model.encoder_layers": 1, "model.decoder_layers": 1, "tokenizer.vocab_size": 500, "train.max_tokens": 600,
+            "train.log_every": 1, "train.valid_every": 100, "train.save_every": 0, "model.dropout": 0.1}
+    config = lambda run, steps: two_direction_config(corpus, tmp_path / run, steps, **sets)  # noqa: E731
+    train(config("a", 12), log=quiet, progress=False)
+    train(config("b", 6), log=quiet, progress=False)
+    state = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert state["epoch"] == 1 and 0 < state["batches_done"]  # stopped inside the first epoch
+    train(config("b", 12), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 13))
+    for step in range(7, 13):
+        assert b[step] == a[step], step
+    wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    assert all(torch.equal(wa[key], wb[key]) for key in wa)
