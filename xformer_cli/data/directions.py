@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, TypeVar
 
 from xformer_cli.config import DataConfig
 from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
 from xformer_cli.errors import XformerError
 
 Direction = tuple[str, str]
+T = TypeVar("T")
 
 
 def train_sources(d: DataConfig, log: Callable[[str], None]) -> list[PairSource]:
@@ -81,23 +82,23 @@ def language_sample(sources: Sequence[PairSource], d: DataConfig, size: int, see
         for side, lang in ((0, pair.src_lang), (1, pair.tgt_lang)):
             streams.setdefault(lang, {}).setdefault(source.side_key(side), (source, side))
     quota = max(size // max(len(streams), 1), 1)
-    return {lang: _reservoir(by_key.values(), quota, seed) for lang, by_key in streams.items()}
+    return {lang: reservoir((line for source, side in by_key.values() for line in source.side(side)), quota, seed)
+            for lang, by_key in streams.items()}
 
 
-def _reservoir(streams, size: int, seed: int) -> list[str]:
-    """A uniform sample of ``size`` lines of the streams' text, in one pass."""
+def reservoir(items: Iterable[T], size: int, seed: int) -> list[T]:
+    """A uniform random sample of ``size`` items in one streaming pass (reservoir sampling)."""
     rng = random.Random(seed)
-    sample: list[str] = []
+    sample: list[T] = []
     seen = 0
-    for source, side in streams:
-        for line in source.side(side):
-            if seen < size:
-                sample.append(line)
-            else:
-                j = rng.randrange(seen + 1)
-                if j < size:
-                    sample[j] = line
-            seen += 1
+    for item in items:
+        if seen < size:
+            sample.append(item)
+        else:
+            j = rng.randrange(seen + 1)
+            if j < size:
+                sample[j] = item
+        seen += 1
     return sample
 
 

@@ -9,7 +9,6 @@ ready its run directory and ``build_data`` write the tokenizer and the cache.
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,8 +16,8 @@ from typing import Callable, Optional, Sequence
 
 from xformer_cli.config import Config
 from xformer_cli.data.cache import Filters, TokenCache, build_or_load
-from xformer_cli.data.directions import (Direction, check_pairs_kept, eval_sets, language_sample, tagged_union,
-                                         train_sources)
+from xformer_cli.data.directions import (Direction, check_pairs_kept, eval_sets, language_sample, reservoir,
+                                         tagged_union, train_sources)
 from xformer_cli.data.encoded import EncodedCorpus, encode_corpus
 from xformer_cli.data.sources import ParallelCorpus, PairSource
 from xformer_cli.data.weights import data_weighted, describe as describe_weights, source_weights
@@ -60,19 +59,7 @@ class CheckedInputs:
 
 def sample_pairs(sources: Sequence[PairSource], size: int, seed: int) -> list[tuple[str, str]]:
     """A uniform random sample of ``size`` pairs in one streaming pass (reservoir sampling)."""
-    rng = random.Random(seed)
-    sample: list[tuple[str, str]] = []
-    seen = 0
-    for source in sources:
-        for pair in source:
-            if seen < size:
-                sample.append(pair)
-            else:
-                j = rng.randrange(seen + 1)
-                if j < size:
-                    sample[j] = pair
-            seen += 1
-    return sample
+    return reservoir((pair for source in sources for pair in source), size, seed)
 
 
 def _tokenizer_settings(config: Config, sources: Sequence[PairSource]) -> str:
