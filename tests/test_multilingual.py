@@ -483,3 +483,64 @@ def test_several_pairs_with_temperature_sampling_resume_bit_identically(multi30k
         assert b[step] == a[step], step
     wa, wb = load_checkpoint(tmp_path / "a" / "last.pt")["model"], load_checkpoint(tmp_path / "b" / "last.pt")["model"]
     assert all(torch.equal(wa[key], wb[key]) for key in wa)
+
+
+# -- more sources, detection without py3langid, eval-bleu per direction ----------------------------------
+
+def test_pairs_read_a_dataset_and_tsv_files_with_their_languages(tmp_path):
+    """A Hugging Face dataset with a translation column of three languages (save_to_disk) serves
+    en-de and en-fr; a TSV pair reads its own columns."""
+    datasets = pytest.importorskip("datasets")
+    from xformer_cli.data.directions import eval_sets, train_sources
+
+    lines = parallel_lines(40, 2)
+    rows = [{lang: lines[lang][i] for lang in ("en", "de", "fr")} for i in range(40)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": rows}),
+                          "validation": datasets.Dataset.from_dict({"translation": rows[:5]})}).save_to_disk(tmp_path / "ds")
+    (tmp_path / "cs.tsv").write_text("src\ttgt\n" + "".join(f"{e}\t{c}\n" for e, c in zip(lines["en"], lines["cs"])),
+                                     encoding="utf-8")
+    tsv = {"data_files": str(tmp_path / "cs.tsv"), "src_column": "src", "tgt_column": "tgt"}
+    data = config_from_dict({"data": {"train": {"dataset": str(tmp_path / "ds")}, "valid": {"dataset": str(tmp_path / "ds")},
+                                      "pairs": ["en-de", "en-fr", {"src_lang": "en", "tgt_lang": "cs", "train": tsv,
+                                                                   "valid": {**tsv, "split": "train"}}]}}).data
+    sources = train_sources(data, quiet)
+    assert [list(source)[0] for source in sources] == [(lines["en"][0], lines[t][0]) for t in ("de", "fr", "cs")]
+    assert [source.tag for source in sources] == [">>deu<<", ">>fra<<", ">>ces<<"]
+    valid = eval_sets(data, "valid")
+    assert {d: (len(c), c.tgt[0]) for d, c in valid.items()} == {
+        ("en", "de"): (5, lines["de"][0]), ("en", "fr"): (5, lines["fr"][0]), ("en", "cs"): (40, lines["cs"][0])}
+
+
+def test_without_py3langid_a_source_that_needs_detecting_is_asked_for_in_one_line(monkeypatch):
+    import sys
+
+    from xformer_cli import langid
+    from xformer_cli.decode.direction import choose_direction
+    from xformer_cli.languages import Languages
+
+    monkeypatch.setitem(sys.modules, "py3langid", None)  # not installed
+    monkeypatch.setitem(sys.modules, "py3langid.langid", None)
+    monkeypatch.setattr(langid, "_identifier", None)
+    langs = Languages.of([("de", "en"), ("fr", "en"), ("en", "de")], tagged=True)
+    assert choose_direction(langs, "de", None).source == "en"  # one source into de: nothing to detect
+    with pytest.raises(XformerError) as caught:
+        choose_direction(langs, "en", None, text=lambda: "Zwei Hunde spielen im Schnee.")
+    assert str(caught.value) == ("the model reads de, fr: give --source-lang, or install py3langid to detect it "
+                                 "(pip install 'xformer[serve]')")
+
+
+def test_eval_bleu_scores_each_direction_of_a_multilingual_checkpoint(checkpoint, tmp_path):
+    result = cli("eval-bleu", "-m", checkpoint, "-b", "1", "--engine", "xformer", "--json", "-o", tmp_path / "hyp")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output.strip().splitlines()[-1])
+    rows = body["directions"]
+    assert [r["direction"] for r in rows] == ["en->de", "en->fr"] and all(r["lines"] == 20 for r in rows)
+    assert all({"BLEU", "chrF2", "off_target"} <= set(r) and r["BLEU"]["signature"].startswith("nrefs:1") for r in rows)
+    assert all(0 <= r["off_target"]["rate"] <= 1 and r["off_target"]["of"] <= 20 for r in rows)
+    assert (tmp_path / "hyp.en-de").is_file() and (tmp_path / "hyp.en-fr").is_file()
+    table = cli("eval-bleu", "-m", checkpoint, "-b", "1", "--engine", "xformer", "-t", "fra")
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("direction"))
+    assert lines[header].split() == ["direction", "lines", "BLEU", "chrF2", "off-target"]
+    assert lines[header + 1].startswith("en->fr") and not any(line.startswith("en->de") for line in lines)
