@@ -199,15 +199,17 @@ def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOp
     """Every segment's translations (the best, then ``opts.alternatives`` more), from one
     engine call over all their units; the units of a segment no longer ``wanted`` are
     dropped by the engine as soon as it can."""
-    planner = Planner(engine, opts, search.max_input_len)
-    plans, owners = [], []  # owners[unit]: its segment
-    for index, segment in enumerate(segments):
-        plans.append(planner.plan(segment))
-        owners.extend([index] * (len(planner.units) - len(owners)))
     ranks = max(search.nbest, opts.alternatives + 1)
     if ranks > search.nbest or (opts.target_lang and opts.target_lang != search.target_lang):
         search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks),
                                    "target_lang": opts.target_lang or search.target_lang})
+    lead = getattr(engine, "source_tag", None)  # a multilingual model's tag takes one source position
+    tagged = lead is not None and lead(search).tag is not None
+    planner = Planner(engine, opts, (search.max_input_len or DEFAULT_MAX_INPUT_LEN) - tagged)
+    plans, owners = [], []  # owners[unit]: its segment
+    for index, segment in enumerate(segments):
+        plans.append(planner.plan(segment))
+        owners.extend([index] * (len(planner.units) - len(owners)))
     unit_wanted = None if wanted is None else lambda unit: wanted(owners[unit])
     found = engine.search([unit.text for unit in planner.units], search, unit_wanted) if planner.units else []
     aligner = pick_aligner(engine, opts.aligner, search.target_lang)
