@@ -240,6 +240,20 @@ def test_the_engine_takes_the_target_language(checkpoint):
         engine.translate(lines, target_lang="es")
 
 
+def test_the_validation_engine_decodes_a_direction_given_the_languages(checkpoint):
+    """What per-direction validation will call: the in-memory model, the config's languages."""
+    from xformer_cli import Translator
+    from xformer_cli.checkpoint import load_model
+    from xformer_cli.decode.factory import engine_for_model
+
+    model, tokenizer, config = load_model(checkpoint)
+    engine = engine_for_model(model, tokenizer, config.decode_settings(), torch.device("cpu"), "fp32",
+                              config.data.languages())
+    lines = parallel_lines(5, 12)["en"]
+    reference = Translator.from_checkpoint(checkpoint, device="cpu")
+    assert engine.translate(lines, target_lang="fr") == reference.translate(lines, target_lang="fr")
+
+
 def test_the_text_pipeline_takes_the_target_language(checkpoint):
     from xformer_cli import Translator
     from xformer_cli.text import TextOptions, translate_texts
