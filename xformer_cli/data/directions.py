@@ -58,17 +58,19 @@ def tagged_union(sets: dict[Direction, ParallelCorpus], d: DataConfig, role: str
     """Every direction's set as one corpus, each source line led by its target's tag when the
     model reads tags (what validation scores until it scores per direction); the one set of a
     bilingual config as it is."""
-    if len(sets) <= 1:
-        return next(iter(sets.values()), None)
     languages = d.languages()
+    if len(sets) <= 1 and not languages.tagged:
+        return next(iter(sets.values()), None)
     src, tgt, dropped = [], [], Counter()
     for (_, target), corpus in sets.items():
         tag = languages.tag(target)
         src.extend(f"{tag} {line}" if tag else line for line in corpus.src)
         tgt.extend(corpus.tgt)
         dropped.update(corpus.dropped)
+    if not sets:
+        return None
     origin = ", ".join(corpus.origin for corpus in sets.values())
-    return ParallelCorpus(src, tgt, dropped, f"{role} ({len(sets)} directions)", origin)
+    return ParallelCorpus(src, tgt, dropped, f"{role} ({len(sets)} direction{'s' if len(sets) > 1 else ''})", origin)
 
 
 def language_sample(sources: Sequence[PairSource], d: DataConfig, size: int, seed: int) -> dict[str, list[str]]:

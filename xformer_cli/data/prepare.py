@@ -198,8 +198,11 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
                              [source.name for source in inputs.sources]))
     valid_encoded = encode_corpus(valid, tokenizer) if valid is not None else None
     languages = d.languages()
-    valid_encoded_sets = {(s, t): encode_corpus(tagged(corpus, languages.tag(t)), tokenizer)
-                          for (s, t), corpus in inputs.valid_sets.items()}
+    if valid is not None and len(inputs.valid_sets) == 1:  # one direction: its set is the valid set, encoded once
+        valid_encoded_sets = {direction: valid_encoded for direction in inputs.valid_sets}
+    else:
+        valid_encoded_sets = {(s, t): encode_corpus(tagged(corpus, languages.tag(t)), tokenizer)
+                              for (s, t), corpus in inputs.valid_sets.items()}
     for corpus in [*inputs.valid_sets.values(), *inputs.test_sets.values()]:
         log(corpus.report())
     return PreparedData(tokenizer, train, reused, valid, valid_encoded, test, inputs.valid_sets, valid_encoded_sets,
