@@ -233,6 +233,7 @@ def test_the_engine_takes_the_target_language(checkpoint):
     de = engine.translate(lines, target_lang="de")
     assert engine.translate(lines, target_lang="deu") == de  # ISO 639-3 names the same language
     assert engine.translate([f">>deu<< {line}" for line in lines]) == de  # a tag in the text, MarianTokenizer's way
+    assert engine.translate([f">>deu<< {line}" for line in lines], target_lang="fr") == de  # a line's own tag stays
     assert engine.translate(lines, target_lang="fr") != de  # the tag is read
     with pytest.raises(XformerError, match="this model translates into de, fr: give target_lang"):
         engine.translate(lines)

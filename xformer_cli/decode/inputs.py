@@ -21,8 +21,9 @@ def normalize_line(line: str) -> str:
 
 @dataclass(frozen=True)
 class SourceTag:
-    """What leads a multilingual model's source lines: ``tag`` (the target language's), or,
-    with none, each line's own tag; a line without one is refused with ``missing``."""
+    """What leads a multilingual model's source lines: ``tag`` (the target language's; a line
+    that starts with a tag of its own keeps it), or, with none, each line's own tag; a line
+    without one is then refused with ``missing``."""
 
     tag: Optional[str] = None
     missing: str = ""  # the error for an untagged line ("" : the model needs no tag)
@@ -34,13 +35,12 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_input_len: int,
     default); and how many were cut."""
     limit = max_input_len or DEFAULT_MAX_INPUT_LEN
     encoded = tokenizer.encode_src([normalize_line(line) for line in lines])
-    if lead.tag is not None:
+    tags = set(tokenizer.src_tags.values())
+    if lead.tag is not None:  # a line that starts with a tag of its own keeps it
         tag = tokenizer.tag_id(lead.tag)
-        encoded = [[tag] + ids if ids else ids for ids in encoded]
-    elif lead.missing:
-        tags = set(tokenizer.src_tags.values())
-        if any(ids and ids[0] not in tags for ids in encoded):
-            raise XformerError(lead.missing)
+        encoded = [[tag] + ids if ids and ids[0] not in tags else ids for ids in encoded]
+    elif lead.missing and any(ids and ids[0] not in tags for ids in encoded):
+        raise XformerError(lead.missing)
     cut = sum(len(ids) > limit for ids in encoded)
     if cut:
         encoded = [ids[:limit] for ids in encoded]
