@@ -27,11 +27,13 @@ def train_spm(lines: list[str], vocab_size: int) -> bytes:
     return out.getvalue()
 
 
-def marian_vocabulary(*spm_models: bytes) -> dict[str, int]:
-    """Marian's vocab.json: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
+def marian_vocabulary(*spm_models: bytes, tags: tuple[str, ...] = ()) -> dict[str, int]:
+    """Marian's vocab.json: </s> 0, <unk> 1, a multilingual model's target-language tags
+    (>>fra<<: in the vocabulary only, not in either sentencepiece model), the pieces of both
+    models, <pad> last."""
     import sentencepiece as spm
 
-    pieces = ["</s>", "<unk>"]
+    pieces = ["</s>", "<unk>", *tags]
     for model in spm_models:
         sp = spm.SentencePieceProcessor(model_proto=model)
         for i in range(sp.get_piece_size()):
@@ -42,15 +44,16 @@ def marian_vocabulary(*spm_models: bytes) -> dict[str, int]:
     return {piece: i for i, piece in enumerate(pieces)}
 
 
-def make_marian(directory: Path, seed: int = 0, **config) -> Path:
+def make_marian(directory: Path, seed: int = 0, tags: tuple[str, ...] = (), **config) -> Path:
     """Write a random MarianMTModel (swish, a non-zero final_logits_bias, untied output
-    matrix, scaled embeddings) and its tokenizer files to ``directory``."""
+    matrix, scaled embeddings) and its tokenizer files to ``directory``; with ``tags``, a
+    multilingual one (OPUS-MT's: ">>fra<< A man ..." asks for French)."""
     import torch
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
     src_spm, tgt_spm = train_spm(sentences(EN, 300, 1), 60), train_spm(sentences(DE, 300, 2), 60)
-    vocab = marian_vocabulary(src_spm, tgt_spm)
+    vocab = marian_vocabulary(src_spm, tgt_spm, tags=tags)
     pad = len(vocab) - 1
     settings = dict(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, activation_function="swish",
@@ -71,6 +74,6 @@ def make_marian(directory: Path, seed: int = 0, **config) -> Path:
     (directory / "target.spm").write_bytes(tgt_spm)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"source_lang": "en", "target_lang": "de", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
+        {"source_lang": "en", "target_lang": "mul" if tags else "de", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
          "model_max_length": 128, "separate_vocabs": False}), encoding="utf-8")
     return directory

@@ -14,6 +14,8 @@ SHIPPED = {
     "wmt-news.yaml": (256, 4, 3, ["/data/wmt-news/train", "/data/wmt14/newstest2013", "/data/wmt14/newstest2014"]),
     "wmt14-en-de-base.yaml": (512, 8, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
     "wmt14-en-de-big.yaml": (1024, 16, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
+    # three directions from one multi-parallel prefix (en -> de, fr, cs), no Hub fallback (it is en-de only)
+    "multi30k-multilingual.yaml": (256, 4, 3, ["/data/multi30k/train", "/data/multi30k/valid", "/data/multi30k/test2016"]),
     # train.init_from: its model section is OPUS-MT's (the defaults here, replaced by the pretrained one)
     "finetune-opus-mt-en-de.yaml": (512, 8, 6, ["/data/multi30k/train | bentrevett/multi30k",
                                                 "/data/multi30k/valid | bentrevett/multi30k",

@@ -158,3 +158,29 @@ def test_the_page_sends_paragraphs_the_glossary_and_html(browser, tmp_path):
         assert requests == []
         page.reload()  # the toggle and the glossary are remembered
         assert page.is_checked("#html") and page.input_value("#glossary") == "Berlin ="
+
+
+def test_the_page_offers_a_multilingual_models_target_languages(browser, tmp_path):
+    """A model of several directions: a target picker (its languages), and a source picker
+    (detection, or the sources into that target) where there is more than one."""
+    from multilingual_fixture import FakeMultilingual
+    from serve_helpers import real_server
+    from xformer_cli.serve.app import create_app
+
+    engine = FakeMultilingual()
+    with real_server(create_app(engine)) as url:
+        page = browser.new_page(viewport={"width": 1100, "height": 640})
+        page.goto(url + "/")
+        values = lambda selector: page.eval_on_selector_all(f"{selector} option", "els => els.map(e => e.value)")  # noqa: E731
+        assert values("#target-lang") == ["de", "fr", "en"] and page.is_visible("#target-lang")
+        assert not page.is_visible("#source-lang") and page.text_content("#source-name") == "English"
+        page.select_option("#target-lang", "fr")
+        page.fill("#source", "A man rides a bike.")
+        page.wait_for_function("() => document.querySelector('#output').textContent.startsWith('fr: ')", timeout=30_000)
+        assert engine.calls[-1][1:] == ("fr", "en")
+        page.select_option("#target-lang", "en")  # into English: from German or French, or detected
+        assert values("#source-lang") == ["auto", "de", "fr"] and page.is_visible("#source-lang")
+        page.fill("#source", "Zwei Hunde spielen im Schnee mit einem roten Ball.")
+        page.wait_for_function("() => document.querySelector('#output').textContent.startsWith('en: ')", timeout=30_000)
+        assert engine.calls[-1][1:] == ("en", "de")  # source auto, detected as German
+        page.screenshot(path=os.environ.get("XFORMER_SCREENSHOT_MULTI") or str(tmp_path / "page-multilingual.png"))

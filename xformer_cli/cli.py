@@ -174,6 +174,8 @@ _engine = typer.Option("auto", "--engine", help="auto (--precision decides; an e
 _precision = typer.Option("auto", "--precision", help="auto (the fastest engine and precision this machine has whose BLEU stays within 0.2 of fp32; a line on stderr says which and why), fp32, bf16, int8 (CTranslate2 int8 weights), or another CTranslate2 compute type (int8_float32, float16, ...).")
 _threads = typer.Option(0, "--threads", help="CPU threads; 0 = $OMP_NUM_THREADS if set, else every core (PyTorch's threads sleep while they wait: OMP_WAIT_POLICY=PASSIVE unless set).")
 _compute_type = typer.Option(None, "--compute-type", hidden=True, help="Deprecated: --precision takes CTranslate2's compute types.")
+_target_lang = typer.Option(None, "--target-lang", "-t", help="Target language (fr, or fra): needed for a multilingual model with several; on a bilingual model it must be the model's own.")
+_source_lang = typer.Option(None, "--source-lang", help="Source language; default: the one the model translates into the target from, else detected with py3langid (the serve extra).")
 
 
 @app.command()
@@ -208,6 +210,8 @@ def translate(
     split_sentences: bool = typer.Option(True, "--split-sentences/--no-split-sentences", help="Split a line holding several sentences into sentences (the checkpoint's source language rules), translate them together, join them back with the source's whitespace."),
     format: str = typer.Option("text", "--format", help="text, or html: translate the text of each line as HTML, keeping tags, entities, script, style, code and pre as they are."),
     glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs, e-mail addresses and numbers unchanged."),
+    target_lang: Optional[str] = _target_lang,
+    source_lang: Optional[str] = _source_lang,
 ) -> None:
     """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
 
@@ -217,7 +221,8 @@ def translate(
     _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
-    text_options = _text_options(checkpoints[0], split_sentences, format, glossary, nbest)
+    lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang)
+    text_options = _text_options(direction, split_sentences, format, glossary, nbest)
     aligning = attention is not None or format == "html" or glossary is not None  # tags and terms follow attention
     needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
@@ -228,36 +233,74 @@ def translate(
     options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
                                  max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,
-                                 temperature=temperature, seed=seed, use_cache=not no_cache)
+                                 temperature=temperature, seed=seed, use_cache=not no_cache, target_lang=direction.target)
     wanted = max(attention_sentences, 1) if attention is not None else 0
-    plotted = _translate_stream(translator, options, text_options, input, output, progress, chunk_lines, wanted)
+    plotted = _translate_stream(translator, options, text_options, lines, input, output, progress, chunk_lines, wanted)
     _warn_cut_lines(translator, max_input_len)
     if attention is not None:
-        _plot_attention(translator, plotted, attention, beam_size, attention_heads)
+        _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
 
 
-def _text_options(model: Path, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int):
-    """How ``translate`` reads its lines: the sentence splitter's language from the model."""
-    from xformer_cli.serve.engine import model_languages
+def _input_direction(input: Optional[Path], chunk_lines: int, model: Path, target_lang, source_lang):
+    """(the input lines, the direction to translate them in); the first chunk of the input is
+    read ahead only where the source language must be detected."""
+    from xformer_cli.textio import iter_lines
+
+    lines = _Peek(iter_lines(input), chunk_lines)
+    return lines, _direction(model, target_lang, source_lang, lines.text)
+
+
+class _Peek:
+    """Lines, of which ``text()`` reads the first ``n`` ahead (only when called); iterating
+    gives every line, those included."""
+
+    def __init__(self, lines, n: int):
+        self.lines, self.n, self.first = lines, n, None
+
+    def text(self) -> str:
+        import itertools
+
+        if self.first is None:
+            self.first = list(itertools.islice(self.lines, self.n))
+        return "\n".join(self.first)
+
+    def __iter__(self):
+        import itertools
+
+        return itertools.chain(self.first or [], self.lines)
+
+
+def _direction(model: Path, target_lang: Optional[str], source_lang: Optional[str], text=lambda: ""):
+    """The direction to translate (decode/direction.py): --target-lang needed on a model with several
+    target languages, --source-lang given or detected in ``text()``; zero-shot with a warning."""
+    from xformer_cli.decode.direction import Direction, choose_direction, model_languages
+
+    languages = model_languages(model) if model.exists() else None
+    if languages is None:  # a model that records no languages: say nothing against the flags
+        return Direction(source_lang or "en", target_lang)
+    return choose_direction(languages, target_lang, source_lang, text, _log)
+
+
+def _text_options(direction, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int):
+    """How ``translate`` reads its lines: the sentence splitter's language is the direction's source."""
     from xformer_cli.text import TextOptions, load_glossary
     from xformer_cli.text.pipeline import FORMATS
 
     if format not in FORMATS:
         raise XformerError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
-    languages = model_languages(model) if model.exists() else None
-    return TextOptions(source_lang=languages[0] if languages else "en", split_sentences=split_sentences, format=format,
+    return TextOptions(source_lang=direction.source, split_sentences=split_sentences, format=format,
                        glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1)
 
 
-def _translate_stream(translator, options, text_options, input: Optional[Path], output: Optional[Path],
+def _translate_stream(translator, options, text_options, lines, input: Optional[Path], output: Optional[Path],
                       progress: Optional[bool], chunk_lines: int, keep: int) -> list[str]:
-    """Translate ``input`` (stdin when None or "-") to ``output`` (stdout when None), with a
-    progress bar when asked or when a file is read on a terminal; returns the first ``keep``
-    non-empty input lines (for an attention plot), kept as the input streams by."""
+    """Translate ``lines`` (read from ``input``: stdin when None or "-") to ``output`` (stdout
+    when None), with a progress bar when asked or when a file is read on a terminal; returns
+    the first ``keep`` non-empty input lines (for an attention plot), kept as they stream by."""
     from tqdm import tqdm
 
     from xformer_cli.text.pipeline import result_lines, translate_text_stream
-    from xformer_cli.textio import count_lines, iter_lines, open_output
+    from xformer_cli.textio import count_lines, open_output
 
     from_file = input is not None and str(input) != "-"
     show = progress if progress is not None else (from_file and sys.stderr.isatty())
@@ -271,19 +314,20 @@ def _translate_stream(translator, options, text_options, input: Optional[Path], 
             yield line
 
     with open_output(output) as out, tqdm(total=total, unit="line", disable=not show, file=sys.stderr) as bar:
-        results = translate_text_stream(translator, remember(iter_lines(input)), text_options, options, chunk_lines)
+        results = translate_text_stream(translator, remember(lines), text_options, options, chunk_lines)
         for text in result_lines(results, options.nbest):
             out.write(text + "\n")
             bar.update(1 if options.nbest == 1 else 1 / options.nbest)
     return kept
 
 
-def _plot_attention(translator, lines: list[str], target: Path, beam_size: Optional[int], per_head: bool) -> None:
+def _plot_attention(translator, lines: list[str], target: Path, beam_size: Optional[int], per_head: bool,
+                    target_lang: Optional[str] = None) -> None:
     from xformer_cli.plots import plot_attention
 
     if not lines:
         raise XformerError("--attention needs a non-empty input line")
-    plot_attention(translator.attention(lines, beam_size=beam_size), target, per_head=per_head)
+    plot_attention(translator.attention(lines, beam_size=beam_size, target_lang=target_lang), target, per_head=per_head)
     typer.echo(f"attention plot: {target}", err=True)
 
 
@@ -346,9 +390,12 @@ def eval_bleu(
     device: str = _device,
     precision: str = _precision,
     threads: int = _threads,
+    target_lang: Optional[str] = _target_lang,
+    source_lang: Optional[str] = _source_lang,
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
-    or --checkpoint C alone (the test set its training config names)."""
+    or --checkpoint C alone (the test set its training config names; a multilingual model's: one row per direction,
+    with the share of outputs in another language than asked for)."""
     _before_torch()
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import hypothesis_warnings, make_metrics
@@ -357,19 +404,16 @@ def eval_bleu(
         raise XformerError("give either --hyp, or --checkpoint with --src")
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
+    if checkpoint is not None and src is None and not refs and _multilingual(checkpoint):
+        search = dict(beam_size=beam_size, length_penalty=length_penalty, batch_size=batch_size)
+        _eval_directions(checkpoint, chosen, (lowercase, tokenize), search, (engine, precision, device, threads),
+                         target_lang, source_lang, output, as_json)
+        return
     source_lines, ref_lines, ref_names, src = _references(checkpoint, src, refs)
     if checkpoint is not None:
-        if src is None:
-            raise XformerError("--checkpoint needs --src (the source side to translate)")
-        needs = ("beam_search",) if beam_size != 1 else ()
-        translator = _load_engine([checkpoint], engine, precision, device, threads, needs)
-        lines = source_lines if source_lines is not None else _read_source(src)
-        translated = translator.translate(lines, beam_size, length_penalty, batch_size=batch_size)
-        _warn_cut_lines(translator)
-        if output is not None:
-            from xformer_cli.textio import write_lines
-
-            write_lines(translated, output)
+        translated = _translate_source(checkpoint, src, source_lines, dict(beam_size=beam_size, length_penalty=length_penalty,
+                                       batch_size=batch_size), (engine, precision, device, threads), target_lang,
+                                       source_lang, output)
         systems = [(f"translation of {src}", translated)]
     else:
         systems = [(str(h), list(read_lines(h))) for h in hyps]
@@ -381,6 +425,78 @@ def eval_bleu(
         _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
     else:
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
+
+
+def _translate_source(checkpoint: Path, src: Optional[Path], source_lines, search: dict, engine_args, target_lang,
+                      source_lang, output: Optional[Path]) -> list[str]:
+    """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
+    its off-target rate said), and written to --output when given."""
+    if src is None:
+        raise XformerError("--checkpoint needs --src (the source side to translate)")
+    lines = source_lines if source_lines is not None else _read_source(src)
+    direction = _direction(checkpoint, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
+    needs = ("beam_search",) if search["beam_size"] != 1 else ()
+    translator = _load_engine([checkpoint], *engine_args, needs)
+    translated = translator.translate(lines, **search, target_lang=direction.target)
+    _warn_cut_lines(translator)
+    _say_off_target(translator, translated, direction)
+    if output is not None:
+        from xformer_cli.textio import write_lines
+
+        write_lines(translated, output)
+    return translated
+
+
+def _multilingual(checkpoint: Path) -> bool:
+    """Whether a model translates more than one direction (eval-bleu then scores each)."""
+    from xformer_cli.decode.direction import model_languages
+
+    languages = model_languages(checkpoint) if checkpoint.exists() else None
+    return languages is not None and len(languages.pairs) > 1
+
+
+def _eval_directions(checkpoint: Path, metrics, scoring, search, engine_args, target_lang, source_lang,
+                     output: Optional[Path], as_json: bool) -> None:
+    """eval-bleu on a multilingual checkpoint alone: each direction's test set from its config
+    (--target-lang / --source-lang keep only theirs), one row each (decode/direction_scores.py);
+    --output PATH writes PATH.SRC-TGT per direction."""
+    from xformer_cli.data.prepare import checkpoint_test_sets
+    from xformer_cli.decode.direction import model_languages
+    from xformer_cli.decode.direction_scores import direction_table, score_directions
+
+    languages = model_languages(checkpoint)
+    sets = checkpoint_test_sets(checkpoint, log=_log)
+    if target_lang:
+        target = languages.target(target_lang)
+        sets = {d: c for d, c in sets.items() if d[1] == target}
+    if source_lang:
+        source = languages.source(source_lang)
+        sets = {d: c for d, c in sets.items() if d[0] == source}
+    if not sets:
+        raise XformerError(f"{checkpoint}: no test set of its config is in the directions asked for ({languages.describe()})")
+    needs = ("beam_search",) if search["beam_size"] != 1 else ()
+    translator = _load_engine([checkpoint], *engine_args, needs)
+    results = score_directions(translator, sets, languages, metrics, search, *scoring, log=_log)
+    _warn_cut_lines(translator)
+    if output is not None:
+        from xformer_cli.textio import write_lines
+
+        for result in results:
+            write_lines(result.hypotheses, output.with_name(f"{output.name}.{result.source}-{result.target}"))
+    typer.echo(json.dumps({"directions": [r.to_dict() for r in results]}) if as_json else direction_table(results))
+
+
+def _say_off_target(translator, translated: list[str], direction) -> None:
+    """With a multilingual model: the share of outputs in another language than asked for (stderr)."""
+    languages = translator.languages
+    if languages is None or not languages.tagged or direction.target is None:
+        return
+    from xformer_cli.decode.direction_scores import off_target
+
+    wrong, scored = off_target(translated, direction.target, list(dict.fromkeys([*languages.sources, *languages.targets])))
+    if wrong is not None:
+        _log(f"off-target: {wrong} of {scored} outputs ({100 * wrong / max(scored, 1):.1f}%) are not in {direction.target} "
+             f"({direction.describe()}{'' if direction.trained else ', zero-shot'}; py3langid)")
 
 
 def _references(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path]):

@@ -22,6 +22,7 @@ import yaml
 
 from xformer_cli.device import PRECISIONS
 from xformer_cli.errors import XformerError
+from xformer_cli.languages import TAG, Languages, tag_for
 from xformer_cli.model.transformer import ACTIVATIONS, ModelConfig
 
 
@@ -62,18 +63,82 @@ class CorpusConfig:
 
 
 @dataclass
+class PairConfig:
+    """One translation direction of a multilingual model (``data.pairs``): "en-de" for short,
+    or a mapping. What a pair leaves out comes from ``data.train``, ``data.valid`` and
+    ``data.test``, read with the pair's languages (prefix + ".en" / ".de", the dataset's
+    columns), so one multi-parallel prefix serves every pair."""
+
+    src_lang: str = ""
+    tgt_lang: str = ""
+    train: Optional[list[CorpusConfig]] = None  # None: data.train
+    valid: Optional[CorpusConfig] = None  # None: data.valid
+    test: Optional[CorpusConfig] = None  # None: data.test
+    # How much of this pair an epoch takes, as a factor of every corpus's own weight (1 = all
+    # of it once; 3 = three times; 0.5 = half, drawn per (train.seed, epoch)). Or leave every
+    # pair at 1 and set data.sampling_temperature.
+    weight: float = 1.0
+
+    @classmethod
+    def from_text(cls, text: str, key: str) -> "PairConfig":
+        """"en-de" -> PairConfig(src_lang="en", tgt_lang="de")."""
+        parts = text.split("-")
+        if len(parts) != 2 or not all(part.strip() for part in parts):
+            raise XformerError(f"config key '{key}': expected SRC-TGT such as en-de (or a mapping), got {text!r}")
+        return cls(src_lang=parts[0].strip(), tgt_lang=parts[1].strip())
+
+    @property
+    def name(self) -> str:
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+
+TARGET_TAGS = ("auto", "source", "none")
+
+
+@dataclass
 class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
-    train: list[CorpusConfig] = field(default_factory=lambda: [CorpusConfig()])  # one corpus or a list
+    train: list[CorpusConfig] = field(default_factory=list)  # one corpus or a list
     valid: Optional[CorpusConfig] = None
     test: Optional[CorpusConfig] = None
+    # Several directions in one model (docs/multilingual.md): [en-de, en-fr, de-en, ...]; each
+    # reads data.train / valid / test (or its own) with its languages. Empty: the one direction
+    # src_lang -> tgt_lang, as a bilingual config always had (src_lang and tgt_lang are unused
+    # with pairs).
+    pairs: list[PairConfig] = field(default_factory=list)
+    # Per-pair sampling: an epoch takes from pair i in proportion to n_i ** (1 / T), n_i its
+    # pairs (under the corpus weights), as many pairs in all as the data holds. 1 = as the data
+    # is; 5 = small pairs drawn far more often (fairseq's temperature sampling). Drawn per
+    # (train.seed, epoch), so a resumed run takes the same pairs (data/weights.py).
+    sampling_temperature: float = 1.0
+    # The target language as the first source token, OPUS-MT's >>deu<<: auto = when the
+    # pairs have more than one target language; source = always; none = never.
+    target_tag: str = "auto"
+    lang_tags: dict[str, str] = field(default_factory=dict)  # tags of codes xformer does not know: {gsw: ">>gsw<<"}
     max_len: int = 256  # training pairs with a side longer than this (in pieces) are dropped
     max_len_ratio: float = 0.0  # drop training pairs whose longer side exceeds this times the shorter; 0 = off
     dedup: bool = False  # drop exact duplicate training pairs
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
-    valid_max_sentences: int = 0  # 0 = validate on the whole valid set
+    valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
     cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache
+
+    def directions(self) -> list[PairConfig]:
+        """Every direction with its corpora filled in: data.pairs, else src_lang -> tgt_lang."""
+        if not self.pairs:
+            return [PairConfig(self.src_lang, self.tgt_lang, list(self.train), self.valid, self.test)]
+        return [dataclasses.replace(pair, train=list(self.train) if pair.train is None else pair.train,
+                                    valid=pair.valid or self.valid, test=pair.test or self.test)
+                for pair in self.pairs]
+
+    def languages(self) -> Languages:
+        """The directions as a model knows them, with a tag per target language when it reads tags."""
+        return Languages.of([(p.src_lang, p.tgt_lang) for p in self.directions()], self.reads_tags(), self.lang_tags)
+
+    def reads_tags(self) -> bool:
+        """Whether the source starts with the target language's tag (data.target_tag)."""
+        targets = {p.tgt_lang for p in self.directions()}
+        return self.target_tag == "source" or (self.target_tag == "auto" and len(targets) > 1)
 
 
 @dataclass
@@ -268,6 +333,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         (inner,) = typing.get_args(tp)
         items = value if isinstance(value, list) else [value]  # a single item stands for a list of one
         return [_coerce(item, inner, f"{key}[{i}]") for i, item in enumerate(items)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise XformerError(f"config key '{key}': expected a mapping, got {value!r}")
+        return {_coerce(k, key_type, key): _coerce(v, value_type, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(value, str) and hasattr(tp, "from_text"):
+        return tp.from_text(value, key)  # a short form: data.pairs: [en-de]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise XformerError(f"config key '{key}': expected a mapping of keys, got {value!r}")
@@ -429,18 +501,7 @@ def validate(cfg: Config) -> None:
     _require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     _require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
-    _require(d.max_len > 0, "data.max_len", "must be positive")
-    _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
-    _require(len(d.train) > 0, "data.train", "needs at least one corpus")
-    for i, corpus in enumerate(d.train):
-        _check_corpus(corpus, f"data.train[{i}]" if len(d.train) > 1 else "data.train")
-        _require(corpus.weight > 0, f"data.train[{i}].weight" if len(d.train) > 1 else "data.train.weight",
-                 "must be positive (1 = every pair once an epoch)")
-    for name in ("valid", "test"):
-        if getattr(d, name) is not None:
-            _check_corpus(getattr(d, name), f"data.{name}")
-            _require(getattr(d, name).weight == 1, f"data.{name}.weight", "only data.train corpora take a weight")
-    _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
+    _check_data(d)
     for name, why in dec.problems():
         _require(False, f"decode.{name}", why)
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
@@ -461,6 +522,56 @@ def _check_schedule(t: TrainConfig) -> None:
         _require(t.lr > 0, "train.lr", f"must be positive with train.schedule: {t.schedule}")
     _require(t.init_from is None or bool(t.init_from.strip()), "train.init_from",
              "give a checkpoint, a MarianMT directory or a Hub id (or leave it out)")
+
+
+def _check_data(d: DataConfig) -> None:
+    _require(d.max_len > 0, "data.max_len", "must be positive")
+    _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
+    if not d.pairs:
+        _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+        _require(len(d.train) > 0, "data.train", "needs at least one corpus")
+    _check_corpora(d.train, "data.train", d.valid, d.test)
+    _require(d.target_tag in TARGET_TAGS, "data.target_tag", f"must be one of {', '.join(TARGET_TAGS)}")
+    _require(d.sampling_temperature > 0, "data.sampling_temperature", "must be positive (1 = as the data is)")
+    seen: set[tuple[str, str]] = set()
+    for i, pair in enumerate(d.pairs):
+        key = f"data.pairs[{i}]"
+        _require(bool(pair.src_lang) and bool(pair.tgt_lang), key, "needs src_lang and tgt_lang (en-de)")
+        _require(pair.src_lang != pair.tgt_lang, f"{key}.tgt_lang", f"must differ from its src_lang ({pair.name})")
+        _require((pair.src_lang, pair.tgt_lang) not in seen, key, f"{pair.name} is listed twice")
+        seen.add((pair.src_lang, pair.tgt_lang))
+        _require(bool(pair.train if pair.train is not None else d.train), f"{key}.train",
+                 f"{pair.name} has no training data: give {key}.train, or data.train for every pair")
+        _check_corpora(pair.train or [], f"{key}.train", pair.valid, pair.test, f"{key}.")
+        _require(pair.weight > 0, f"{key}.weight", "must be positive (1 = all of the pair once an epoch)")
+        _require(pair.weight == 1 or d.sampling_temperature == 1, f"{key}.weight",
+                 "give pair weights or data.sampling_temperature, not both")
+    _check_tags(d)
+
+
+def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusConfig], test: Optional[CorpusConfig],
+                   prefix: str = "data.") -> None:
+    for i, corpus in enumerate(train):
+        _check_corpus(corpus, f"{key}[{i}]" if len(train) > 1 else key)
+        _require(corpus.weight > 0, f"{key}[{i}].weight" if len(train) > 1 else f"{key}.weight",
+                 "must be positive (1 = every pair once an epoch)")
+    for name, corpus in (("valid", valid), ("test", test)):
+        if corpus is not None:
+            _check_corpus(corpus, f"{prefix}{name}")
+            _require(corpus.weight == 1, f"{prefix}{name}.weight", f"only {key} corpora take a weight")
+
+
+def _check_tags(d: DataConfig) -> None:
+    """data.lang_tags are tags, and every target language has one when the model reads tags."""
+    for code, tag in d.lang_tags.items():
+        _require(TAG.fullmatch(tag) is not None, f"data.lang_tags.{code}", f"{tag!r} must look like >>xxx<< (no spaces)")
+    if not d.reads_tags():
+        return
+    for i, pair in enumerate(d.directions()):
+        try:
+            tag_for(pair.tgt_lang, d.lang_tags)
+        except XformerError as exc:
+            raise XformerError(f"config key '{f'data.pairs[{i}]' if d.pairs else 'data'}.tgt_lang': {exc}") from None
 
 
 def _check_corpus(c: CorpusConfig, key: str) -> None:

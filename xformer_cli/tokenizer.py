@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 import sentencepiece as spm
 
 from xformer_cli.errors import XformerError
+from xformer_cli.languages import TAG
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -31,8 +32,10 @@ def train_sentencepiece(
     character_coverage: float = 1.0,
     input_sentence_size: int = 2_000_000,
     seed: int = 1,
+    user_defined_symbols: Sequence[str] = (),
 ) -> bytes:
-    """Train on (a seeded random sample of) ``sentences``; returns the serialized model."""
+    """Train on (a seeded random sample of) ``sentences``; returns the serialized model.
+    ``user_defined_symbols``: pieces never split (a multilingual model's tags, ``>>deu<<``)."""
     sample = list(sentences)
     if len(sample) > input_sentence_size:
         sample = random.Random(seed).sample(sample, input_sentence_size)
@@ -53,6 +56,7 @@ def train_sentencepiece(
             eos_id=EOS_ID,
             pad_piece="<pad>",
             hard_vocab_limit=False,  # small corpora get a smaller vocabulary rather than an error
+            user_defined_symbols=list(user_defined_symbols),
             num_threads=2,
             minloglevel=2,
         )
@@ -94,8 +98,17 @@ class VocabPieces:
 
     def decode(self, ids):
         if ids and isinstance(ids[0], int):
-            return self.sp.decode_pieces([self.pieces[i] for i in ids])
-        return [self.sp.decode_pieces([self.pieces[i] for i in line]) for line in ids]
+            return self._text(ids)
+        return [self._text(line) for line in ids]
+
+    def _text(self, ids) -> str:
+        """MarianTokenizer's text (``batch_decode(..., skip_special_tokens=True)``): pad, unk
+        and eos left out, the pieces decoded, and every "▁" left over turned into a space.
+        The vocabulary is shared by both sides, so the decoder may emit a piece only the
+        source model has; sentencepiece writes such a piece as it is ("▁Man")."""
+        special = {PAD_ID, UNK_ID, EOS_ID}
+        text = self.sp.decode_pieces([self.pieces[i] for i in ids if i not in special])
+        return text.replace("\u2581", " ").strip()
 
     def id_to_piece(self, i: int) -> str:
         return self.pieces[i]
@@ -205,8 +218,40 @@ class Tokenizer:
             path.write_bytes(data)
         return [p for p, _ in paths]
 
+    @property
+    def src_tags(self) -> dict[str, int]:
+        """The source vocabulary's target-language tags (``>>deu<<``) and their ids; {} in a
+        bilingual model's."""
+        if not hasattr(self, "_src_tags"):
+            pieces = (self.src.id_to_piece(i) for i in range(self.src.get_piece_size()))
+            self._src_tags = {piece: i for i, piece in enumerate(pieces) if TAG.fullmatch(piece)}
+        return self._src_tags
+
+    def tag_id(self, tag: str) -> int:
+        """The id of a target-language tag, which must be one piece of the source vocabulary."""
+        if tag not in self.src_tags:
+            pieces = " ".join(self.src.encode(tag, out_type=str))
+            raise XformerError(f"the tag {tag} is not one piece of the source vocabulary (it splits into {pieces})")
+        return self.src_tags[tag]
+
+    def _lead_tag(self, line: str) -> tuple[Optional[int], str]:
+        """(the id of the tag the line starts with, the rest), as MarianTokenizer splits a
+        language code off before sentencepiece; (None, line) without a known tag."""
+        if line.startswith(">>"):
+            end = line.find("<<")
+            if end != -1 and line[:end + 2] in self.src_tags:
+                return self.src_tags[line[:end + 2]], line[end + 2:]
+        return None, line
+
     def encode_src(self, lines: Iterable[str]) -> list[list[int]]:
-        return self.src.encode(list(lines))
+        """Source ids per line; a line that starts with one of the vocabulary's tags
+        (``>>fra<< A man ...``) starts with the tag's id."""
+        lines = list(lines)
+        if not self.src_tags:
+            return self.src.encode(lines)
+        split = [self._lead_tag(line) for line in lines]
+        ids = self.src.encode([rest for _, rest in split])
+        return [[tag] + x if tag is not None else x for (tag, _), x in zip(split, ids)]
 
     def encode_tgt(self, lines: Iterable[str]) -> list[list[int]]:
         return self.tgt.encode(list(lines))
@@ -215,7 +260,8 @@ class Tokenizer:
         return self.tgt.decode([list(map(int, x)) for x in ids])
 
     def src_pieces(self, line: str) -> list[str]:
-        return self.src.encode(line, out_type=str)
+        tag, rest = self._lead_tag(line) if self.src_tags else (None, line)
+        return ([self.src.id_to_piece(tag)] if tag is not None else []) + self.src.encode(rest, out_type=str)
 
     def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.tgt.id_to_piece(int(i)) for i in ids]

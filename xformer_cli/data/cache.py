@@ -51,6 +51,8 @@ def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Fi
     h = hashlib.sha256(f"xformer-cache-v{FORMAT_VERSION}".encode())
     for source in sources:
         h.update(source.fingerprint().encode())
+        if source.tag is not None:  # the first source piece of every pair (a multilingual model's)
+            h.update(f"tag {source.tag}".encode())
     h.update(hashlib.sha256(tokenizer.src_model_bytes).digest())
     h.update(hashlib.sha256(tokenizer.tgt_model_bytes or b"joint").digest())
     for pieces in (tokenizer.vocab, tokenizer.tgt_vocab):  # vocab.json id spaces (imported models)
@@ -178,11 +180,14 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     with open(out / "src.bin", "wb") as fs, open(out / "tgt.bin", "wb") as ft:
         for source in sources:
             source_pairs.append(0)
+            tag = [tokenizer.tag_id(source.tag)] if source.tag is not None else None
             for chunk in _chunks(iter(source), CHUNK_PAIRS):
                 read += len(chunk)
                 if filters.dedup:
-                    chunk = _drop_duplicates(chunk, seen, dropped)
+                    chunk = _drop_duplicates(chunk, seen, dropped, source.tag)
                 src = tokenizer.src.encode([s for s, _ in chunk], num_threads=threads)
+                if tag is not None:
+                    src = [tag + ids if ids else ids for ids in src]
                 tgt = tokenizer.tgt.encode([t for _, t in chunk], num_threads=threads)
                 ls = np.fromiter(map(len, src), dtype=np.int64, count=len(src))
                 lt = np.fromiter(map(len, tgt), dtype=np.int64, count=len(tgt))
@@ -213,10 +218,11 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     return meta
 
 
-def _drop_duplicates(chunk: list[tuple[str, str]], seen: set[int], dropped: Counter) -> list[tuple[str, str]]:
+def _drop_duplicates(chunk: list[tuple[str, str]], seen: set[int], dropped: Counter,
+                     tag: Optional[str] = None) -> list[tuple[str, str]]:
     kept = []
     for pair in chunk:
-        key = hash(pair)  # salted per process, which is all one build needs
+        key = hash(pair if tag is None else (tag, *pair))  # salted per process, which is all one build needs
         if key in seen:
             dropped["duplicate"] += 1
             continue

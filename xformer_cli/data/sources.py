@@ -176,6 +176,8 @@ class PairSource:
         self.dropped: Counter = Counter()
         self._dataset = None
         self.notice: Optional[str] = None  # one line for the log, when the source is not the one configured
+        self.tag: Optional[str] = None  # a multilingual model's target-language tag, the first source piece
+        self.pair = 0  # its direction's index in data.directions()
         if corpus.dataset or corpus.data_files:
             self.name = f"{corpus.dataset or corpus.data_files}[{self.split}]"
             self._dataset = open_dataset(corpus, self.split)
@@ -217,6 +219,17 @@ class PairSource:
                 self.dropped["empty side"] += 1
                 continue
             yield s, t
+
+    def side_key(self, side: int) -> str:
+        """Names the text of one side (0 source, 1 target) wherever it is read: the same file,
+        or the same dataset column, read for two pairs gives the same key."""
+        if self._dataset is not None:
+            return f"{self.name}|{self._columns}|{(self.src_lang, self.tgt_lang)[side]}"
+        return str(self.paths[side].resolve())
+
+    def side(self, side: int) -> Iterator[str]:
+        """One side's sentences, as the pairs give them."""
+        return (pair[side] for pair in self)
 
     def fingerprint(self) -> str:
         """Changes when the data changes: file size and mtime, or the dataset's own fingerprint."""

@@ -1,10 +1,15 @@
-"""Per-corpus weights: which cached pairs an epoch trains on (``data.train[i].weight``).
+"""Per-corpus and per-pair weights: which cached pairs an epoch trains on (``data.train[i].weight``,
+``data.pairs[i].weight``, ``data.sampling_temperature``).
 
 A weight is a sampling factor per epoch: ``w = k + f`` (k whole, 0 <= f < 1) takes every
 pair of the corpus k times, plus round(f * n) of its n pairs drawn without replacement.
 The draw is seeded with (seed, epoch, corpus), so an epoch's pairs, and with them its
 batches and a resumed run's position, are the same whenever the epoch is rebuilt. With
 every weight 1 there is no draw at all: the epoch is the whole cache, as without weights.
+
+A multilingual config's pairs multiply their corpora's weights: by their own weight, or by
+the factor temperature sampling gives them (``pair_factors``), computed from the pairs the
+cache kept, so it is the same whenever the epoch is rebuilt.
 """
 
 from __future__ import annotations
@@ -62,11 +67,46 @@ def epoch_lengths(src_lens: np.ndarray, tgt_lens: np.ndarray, picked: Optional[n
     return src_lens[picked], tgt_lens[picked]
 
 
-def epoch_pairs(cache, corpora: Sequence, seed: int, epoch: int) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
+def epoch_pairs(cache, data, seed: int, epoch: int) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
     """(picked cache indices or None, their source lengths, their target lengths) for one
-    epoch of ``cache`` (a ``TokenCache``) under the weights of ``corpora`` (data.train)."""
-    picked = epoch_indices(cache.source_pairs, [c.weight for c in corpora], seed, epoch)
+    epoch of ``cache`` (a ``TokenCache``) under the weights of ``data``: the ``DataConfig``
+    (pairs, their weights or the sampling temperature, and every corpus's weight), or, as
+    before pairs, the list ``data.train``."""
+    weights = source_weights(data, cache.source_pairs)
+    picked = epoch_indices(cache.source_pairs, weights, seed, epoch)
     return (picked, *epoch_lengths(cache.src_lens, cache.tgt_lens, picked))
+
+
+def source_weights(data, source_pairs: Optional[Sequence[int]]) -> list[float]:
+    """Each cached source's sampling factor: its corpus's weight times its pair's factor
+    (``pair_factors``). The sources lie in the cache pair by pair, corpus by corpus."""
+    if not hasattr(data, "directions"):  # the list data.train: one pair
+        weights = [c.weight for c in data]
+        if source_pairs is not None and len(source_pairs) != len(weights):
+            raise XformerError(f"the token cache holds {len(source_pairs)} corpora, the weights name {len(weights)}: "
+                               "pass the DataConfig (data.pairs)")
+        return weights
+    directions = data.directions()
+    owners = [(i, corpus.weight) for i, pair in enumerate(directions) for corpus in pair.train]
+    if source_pairs is None:
+        return [w for _, w in owners]
+    sizes = [0.0] * len(directions)
+    for (i, weight), n in zip(owners, source_pairs):
+        sizes[i] += weight * n
+    factors = pair_factors(sizes, [p.weight for p in directions], data.sampling_temperature)
+    return [weight * factors[i] for i, weight in owners]
+
+
+def pair_factors(sizes: Sequence[float], weights: Sequence[float], temperature: float) -> list[float]:
+    """Each pair's factor: its explicit weight; or, at a temperature T other than 1, what
+    gives pair i the share n_i ** (1/T) / sum_k n_k ** (1/T) of an epoch as long as the data
+    (sum_k n_k pairs). T = 1 with weights 1 takes the data as it is (factors exactly 1)."""
+    if temperature == 1 or not any(sizes):
+        return list(weights)
+    total = sum(sizes)
+    scaled = [n ** (1.0 / temperature) for n in sizes]
+    norm = sum(scaled)
+    return [total * s / (norm * n) if n else 1.0 for s, n in zip(scaled, sizes)]
 
 
 def weighted(corpora: Sequence) -> bool:
@@ -74,12 +114,17 @@ def weighted(corpora: Sequence) -> bool:
     return any(c.weight != 1 for c in corpora)
 
 
-def describe(source_pairs: Sequence[int], corpora: Sequence, names: Sequence[str]) -> str:
-    """One log line: what an epoch takes from each corpus under its weight."""
+def data_weighted(data) -> bool:
+    """Whether an epoch draws anything (a corpus or pair weight, or a sampling temperature)."""
+    return data.sampling_temperature != 1 or any(p.weight != 1 or weighted(p.train) for p in data.directions())
+
+
+def describe(source_pairs: Sequence[int], weights: Sequence[float], names: Sequence[str]) -> str:
+    """One log line: what an epoch takes from each source under its weight."""
     parts, total = [], 0
-    for n, corpus, name in zip(source_pairs, corpora, names):
-        whole, extra = _split(n, corpus.weight)
+    for n, weight, name in zip(source_pairs, weights, names):
+        whole, extra = _split(n, weight)
         taken = whole * n + extra
         total += taken
-        parts.append(f"{taken} from {name} ({n} pairs x {corpus.weight:g})")
+        parts.append(f"{taken} from {name} ({n} pairs x {weight:.4g})")
     return f"data: an epoch takes {total} pairs: " + ", ".join(parts)

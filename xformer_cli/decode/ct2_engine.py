@@ -19,7 +19,9 @@ from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
 from xformer_cli.export.ctranslate2 import import_ctranslate2
-from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
+from xformer_cli.export.format import (EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, export_languages,
+                                       piece_list)
+from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 
 # The note on beam search. xformer ranks finished hypotheses by GNMT's length penalty,
@@ -44,8 +46,9 @@ class CTranslate2Translator(Engine):
     unsupported = ("sampling_topk", "temperature", "seed", "use_cache")
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
-                 precision: str = "float32", bos_id: int = BOS_ID):
+                 precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None):
         self.translator = translator
+        self.languages = languages
         self.precision = precision  # the compute type it runs in
         self.tokenizer = tokenizer
         self.decode = decode
@@ -84,7 +87,7 @@ class CTranslate2Translator(Engine):
             raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
-                   int(info.get("bos_id", BOS_ID)))
+                   int(info.get("bos_id", BOS_ID)), export_languages(info))
 
     def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like
@@ -97,7 +100,7 @@ class CTranslate2Translator(Engine):
         the length limit keeps the log-probability of the uncut one.
         """
         beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
-        encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
+        encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
         for chunk in still_wanted(batches, wanted):

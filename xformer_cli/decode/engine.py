@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig
-from xformer_cli.decode.inputs import chunked
+from xformer_cli.decode.inputs import SourceTag, chunked
 from xformer_cli.decode.options import SearchOptions, resolve_options
 from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.errors import XformerError
+from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import Tokenizer
 
 
@@ -34,16 +35,35 @@ class Engine:
     truncated_lines: int = 0
     threads: int = 0  # CPU threads it computes with (set by decode.factory.load_engine; 0: not set)
     unsupported: tuple[str, ...] = ()
+    # The directions the model translates and its tags (None: not known, e.g. a model being
+    # trained; its lines then bring their own tags).
+    languages: Optional[Languages] = None
 
     def options(self, **given) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the model's decode
-        defaults; checked, and refused when this engine cannot honour them."""
+        defaults; checked, and refused when this engine cannot honour them. ``target_lang``
+        becomes the model's code for it (fra -> fr), refused when the model lacks it."""
         opts = resolve_options(self.decode, **given)
         default = SearchOptions()
         for name in self.unsupported:
             if getattr(opts, name) != getattr(default, name):
                 raise XformerError(f"the {self.name} engine does not support --{name.replace('_', '-')}")
+        if opts.target_lang is not None and self.languages is not None:
+            opts.target_lang = self.languages.target(opts.target_lang, "target_lang")
         return opts
+
+    def source_tag(self, opts: SearchOptions) -> SourceTag:
+        """What leads the source lines: the tag of ``opts.target_lang`` (or of the model's one
+        target); on a model with several targets and none asked for, each line's own tag."""
+        languages = self.languages
+        if languages is None or not languages.tagged:
+            return SourceTag()
+        targets = languages.targets
+        target = opts.target_lang or (targets[0] if len(targets) == 1 else None)
+        if target is None:
+            return SourceTag(missing=f"this model translates into {', '.join(targets)}: give target_lang "
+                                     "(--target-lang), or start every line with its tag (>>xxx<<)")
+        return SourceTag(languages.tag(target))
 
     def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line.
@@ -63,12 +83,14 @@ class Engine:
         max_len_a: Optional[float] = None,
         max_len_b: Optional[int] = None,
         batch_size: Optional[int] = None,
+        target_lang: Optional[str] = None,
         **more,
     ) -> list[str]:
         """One output line per input line, in input order; blank input gives blank output.
-        ``more``: any other ``SearchOptions`` field (sampling_topk, temperature, seed, ...)."""
+        ``target_lang``: a multilingual model's target language (fr; needed when it has
+        several). ``more``: any other ``SearchOptions`` field (sampling_topk, temperature, ...)."""
         opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                            max_len_b=max_len_b, batch_size=batch_size, **more)
+                            max_len_b=max_len_b, batch_size=batch_size, target_lang=target_lang, **more)
         return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]
 
     def search_stream(self, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[list[Hypothesis]]:

@@ -283,14 +283,16 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
         return load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization))
 
 
-def engine_for_model(model, tokenizer, decode, device, precision: str = "auto") -> Engine:
+def engine_for_model(model, tokenizer, decode, device, precision: str = "auto", languages=None) -> Engine:
     """The xformer engine on an in-memory model (the trainer's validation), in the precision
     ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule (bf16
-    on CUDA and where the CPU computes it natively). The model's own weights stay as they are."""
+    on CUDA and where the CPU computes it natively). The model's own weights stay as they are.
+    ``languages`` (``config.data.languages()``): a multilingual model's directions, so that
+    ``translate(lines, target_lang=...)`` leads the lines with the target's tag."""
     from xformer_cli.decode.translator import Translator
     from xformer_cli.device import resolve_decode_precision
 
     chosen = resolve_decode_precision(precision, device)[0]
     if chosen not in TORCH_PRECISIONS:
         raise XformerError(f"validation decodes with the xformer engine: precision fp32 or bf16, not {precision!r}")
-    return Translator(model, tokenizer, decode, device, precision=chosen)
+    return Translator(model, tokenizer, decode, device, precision=chosen, languages=languages)

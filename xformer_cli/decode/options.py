@@ -19,6 +19,9 @@ class SearchOptions(DecodeConfig):
     temperature: float = 1.0
     seed: Optional[int] = None
     use_cache: bool = True
+    # A multilingual model's target language (its tag leads every source line); None: the
+    # model's one target, or the tag each line starts with (">>fra<< A man ...").
+    target_lang: Optional[str] = None
 
     def problems(self) -> list[tuple[str, str]]:
         found = super().problems()

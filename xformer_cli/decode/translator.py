@@ -19,11 +19,12 @@ from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.ensemble import Ensemble
-from xformer_cli.decode.inputs import encode_lines, normalize_line, source_batches, still_wanted
+from xformer_cli.decode.inputs import SourceTag, encode_lines, normalize_line, source_batches, still_wanted
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
+from xformer_cli.languages import Languages
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import Tokenizer
 
@@ -57,7 +58,7 @@ class Translator(Engine):
     name = "xformer"
 
     def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", languages: Optional[Languages] = None):
         self.precision, self.precision_reason = resolve_decode_precision(precision, device)
         if self.precision == "int8":
             raise XformerError(INT8_ELSEWHERE)
@@ -66,6 +67,7 @@ class Translator(Engine):
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
+        self.languages = languages
         self.truncated_lines = 0  # input lines cut to decode.max_input_len, over this translator's life
 
     @classmethod
@@ -86,12 +88,12 @@ class Translator(Engine):
                 raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; an ensemble needs one vocabulary")
         if len(loaded) > 1:
             model = Ensemble([m for m, _, _ in loaded])
-        return cls(model, tokenizer, config.decode_settings(), pick_device(device), precision)
+        return cls(model, tokenizer, config.decode_settings(), pick_device(device), precision, config.data.languages())
 
     def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line and
         for a line that stops being ``wanted`` (asked before each batch and at every step)."""
-        encoded, batches, cut = source_batches(self.tokenizer, lines, opts)
+        encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
         generator = None
@@ -106,34 +108,41 @@ class Translator(Engine):
                 results[i] = hyps
         return results
 
-    def alignment_weights(self, line: str, tokens: list[int], layer: int = -1) -> torch.Tensor:
+    def alignment_weights(self, line: str, tokens: list[int], layer: int = -1,
+                          target_lang: Optional[str] = None) -> torch.Tensor:
         """Cross-attention of one translation (``tokens``, without bos/eos) of ``line``:
         (target pieces + eos, source pieces + eos), mean over the heads of ``layer`` (the
         top one by default: on the Multi30k model it aligned known word pairs best, the one
-        below it often pointed at the neighbouring word: scripts/bench_text.py measures it)."""
-        layers = self._cross_attention(line, tokens)
+        below it often pointed at the neighbouring word: scripts/bench_text.py measures it).
+        A multilingual model reads the ``target_lang`` tag first; its column is left out."""
+        lead = self.source_tag(self.options(target_lang=target_lang))
+        layers = self._cross_attention(line, tokens, lead)
         chosen = layers[max(len(layers) + layer, 0) if layer < 0 else min(layer, len(layers) - 1)]
-        return chosen.float().mean(dim=0).cpu()
+        return chosen[..., 1 if lead.tag is not None else 0:].float().mean(dim=0).cpu()
 
-    def _cross_attention(self, line: str, tokens: list[int]) -> list[torch.Tensor]:
+    def _cross_attention(self, line: str, tokens: list[int], lead: SourceTag = SourceTag()) -> list[torch.Tensor]:
         """Per decoder layer, (heads, target pieces + eos, source pieces + eos): the model fed
-        ``line`` and, teacher-forced, its translation ``tokens``."""
-        src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len)[0][0]
+        ``line`` (led by ``lead.tag``) and, teacher-forced, its translation ``tokens``."""
+        src_ids = encode_lines(self.tokenizer, [line], self.decode.max_input_len, lead)[0][0]
         src = encode_source_batch([src_ids]).to(self.device)
         tgt_in = pad([tokens], prefix=(self.model.cfg.bos_id,)).to(self.device)
         with torch.no_grad():
             return [w[0] for w in self.model.cross_attention(src, tgt_in)]
 
-    def attention(self, lines: Sequence[str], beam_size: Optional[int] = None) -> list[AttentionMap]:
-        """Translate each line, then read the cross-attention the model paid to produce it."""
+    def attention(self, lines: Sequence[str], beam_size: Optional[int] = None,
+                  target_lang: Optional[str] = None) -> list[AttentionMap]:
+        """Translate each line, then read the cross-attention the model paid to produce it
+        (a multilingual model's tag is the first source piece)."""
+        opts = self.options(beam_size=beam_size, target_lang=target_lang)
+        lead = self.source_tag(opts)
         maps = []
-        for line, hyps in zip(lines, self.search(lines, self.options(beam_size=beam_size))):
+        for line, hyps in zip(lines, self.search(lines, opts)):
             if not hyps:
                 continue
             hyp = hyps[0]
-            weights = torch.stack(self._cross_attention(line, hyp.tokens)).float().cpu()
+            weights = torch.stack(self._cross_attention(line, hyp.tokens, lead)).float().cpu()
             maps.append(AttentionMap(
-                source=self.tokenizer.src_pieces(normalize_line(line)) + ["</s>"],
+                source=[lead.tag] * (lead.tag is not None) + self.tokenizer.src_pieces(normalize_line(line)) + ["</s>"],
                 target=self.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"],
                 weights=weights,
             ))

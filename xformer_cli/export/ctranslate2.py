@@ -173,6 +173,7 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
     """The sentencepiece model(s) and ``xformer_export.json`` next to CTranslate2's files."""
     from xformer_cli.version import __version__
 
+    languages = config.data.languages()
     if tokenizer.joint:
         (directory / JOINT_SPM).write_bytes(tokenizer.src_model_bytes)
     else:
@@ -182,8 +183,9 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
         "format": "xformer-ctranslate2",
         "xformer_version": __version__,
         "joint_vocab": tokenizer.joint,
-        "src_lang": config.data.src_lang,  # what xformer serve offers in /languages
-        "tgt_lang": config.data.tgt_lang,
+        "src_lang": languages.pairs[0][0],  # the first direction (exports before multilingual models: the only one)
+        "tgt_lang": languages.pairs[0][1],
+        "languages": languages.to_dict(),  # every direction and its tag: what translate and serve offer
         "quantization": quantization,
         "max_positions": max(model_cfg.max_positions, MIN_POSITIONS),
         "decode": asdict(config.decode_settings()),

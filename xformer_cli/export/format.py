@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
+
+from xformer_cli.languages import Languages
 
 EXPORT_INFO = "xformer_export.json"
 # Rows of an exported position table at least: CTranslate2 and Marian cannot grow theirs
@@ -37,3 +40,13 @@ def read_export_info(directory: "str | Path") -> dict:
 def is_export_directory(path: "str | Path") -> bool:
     """Whether ``path`` holds an xformer export (its ``EXPORT_INFO``)."""
     return (Path(path) / EXPORT_INFO).is_file()
+
+
+def export_languages(info: dict) -> Optional[Languages]:
+    """The directions an export's ``EXPORT_INFO`` records: ``languages`` (pairs and tags), else
+    the one pair src_lang -> tgt_lang of exports from before multilingual models; None when
+    it records neither."""
+    if isinstance(info.get("languages"), dict):
+        return Languages.from_dict(info["languages"])
+    src, tgt = info.get("src_lang"), info.get("tgt_lang")
+    return Languages.of([(src, tgt)]) if isinstance(src, str) and isinstance(tgt, str) else None

@@ -38,6 +38,11 @@ How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
   embeddings, and ``tie_word_embeddings`` says whether the output matrix is the decoder
   embedding, as in xformer. A tokenizer with one vocabulary list over two sentencepiece
   models (an imported OPUS-MT model) writes that list as vocab.json.
+- A multilingual model's tags (``>>fra<<``) are pieces of the vocabulary, so vocab.json holds
+  them and ``MarianTokenizer`` reads ``">>fra<< A man ..."`` as xformer does: the tag's id,
+  then sentencepiece's pieces of the rest (``supported_language_codes`` lists them).
+  tokenizer_config.json names the languages as OPUS-MT does ("mul" for several);
+  xformer_export.json keeps every direction, which ``xformer import`` reads back.
 - Ids: pad 0, unk 1, eos 3. The decoder starts with ``model.bos_id`` (``decoder_start_token_id``):
   bos 2 for models xformer trains, pad 0 for imported OPUS-MT models, as Marian itself;
   ``MarianTokenizer`` appends eos to the source as xformer does.
@@ -131,7 +136,7 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
         generation_config.save_pretrained(staging)
         _write_weights(staging / "model.safetensors", st.save(weights, metadata={"format": "pt"}))
         _write_tokenizer(staging, tokenizer, specials, config, decode)
-        _write_info(staging, tokenizer, decode, generation_config)
+        _write_info(staging, tokenizer, decode, generation_config, config.data.languages())
 
     return write_directory(output, write)
 
@@ -190,9 +195,10 @@ def _generation_config(transformers, decode, bos_id: int = BOS_ID):
         min_new_tokens=decode.min_len,  # pieces before eos at least, as xformer counts them
         max_new_tokens=xformer_max_new_tokens(max_source, decode.max_len_a, decode.max_len_b),
         num_beams=decode.beam_size,
-        length_penalty=round(HF_LENGTH_PENALTY_SCALE * decode.length_penalty, 4),
-        early_stopping="never",
         do_sample=False,
+        # beam search's settings; transformers refuses them with num_beams 1 (decode.beam_size 1)
+        **(dict(length_penalty=round(HF_LENGTH_PENALTY_SCALE * decode.length_penalty, 4), early_stopping="never")
+           if decode.beam_size > 1 else {}),
     )
 
 
@@ -204,10 +210,13 @@ def _write_tokenizer(directory: Path, tokenizer: Tokenizer, specials: dict[str, 
     _write_json(directory / "vocab.json", _vocabulary(tokenizer.src))
     if not tokenizer.one_id_space:
         _write_json(directory / "target_vocab.json", _vocabulary(tokenizer.tgt))
+    languages = config.data.languages()
+    sources, targets = languages.sources, languages.targets
     _write_json(directory / "tokenizer_config.json", {
         "tokenizer_class": "MarianTokenizer",
-        "source_lang": config.data.src_lang,
-        "target_lang": config.data.tgt_lang,
+        # OPUS-MT's names: a language code, or "mul" for several (the tags say which: >>fra<<)
+        "source_lang": sources[0] if len(sources) == 1 else "mul",
+        "target_lang": targets[0] if len(targets) == 1 else "mul",
         "unk_token": specials["unk"],
         "bos_token": specials["bos"],  # never added to the source; marks it special for decoding
         "eos_token": specials["eos"],
@@ -224,13 +233,14 @@ def _vocabulary(sp) -> dict[str, int]:
     return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
 
 
-def _write_info(directory: Path, tokenizer: Tokenizer, decode, generation_config) -> None:
+def _write_info(directory: Path, tokenizer: Tokenizer, decode, generation_config, languages) -> None:
     from xformer_cli.version import __version__
 
     _write_json(directory / EXPORT_INFO, {
         "format": "xformer-huggingface",
         "xformer_version": __version__,
         "joint_vocab": tokenizer.joint,
+        "languages": languages.to_dict(),  # every direction; a tag leads the source: ">>fra<< A man ..."
         "decode": asdict(decode),
         "length_penalty_note": (
             f"xformer ranks beams by logprob / ((5 + |Y|) / 6) ** {decode.length_penalty} (GNMT); Hugging Face by "

@@ -17,6 +17,9 @@ trains itself:
   target.spm share one id space (``Tokenizer``'s vocabulary kind).
 - swish, ``final_logits_bias``, embedding scaling, shared or untied embeddings: the
   model options of the same names.
+- A multilingual OPUS-MT model's tags (``>>fra<<`` in vocab.json) stay pieces of the
+  vocabulary; each becomes a target language (fr), and the model translates with its own
+  tags (``data.pairs``, ``data.lang_tags`` where a tag is not xformer's name for the code).
 - Decode defaults from the generation config: ``num_beams``; ``max_new_tokens`` (eos
   included) or ``max_length`` (decoder start and eos included) as one limit, max_len_a 0 and
   max_len_b the pieces before eos; ``min_new_tokens``; ``length_penalty`` as GNMT alpha =
@@ -37,9 +40,11 @@ from typing import Any, Optional
 import torch
 
 from xformer_cli.checkpoint import FORMAT, VERSION, build_model, save_checkpoint
-from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig, validate
+from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, PairConfig, TokenizerConfig, validate
 from xformer_cli.errors import XformerError
+from xformer_cli.export.format import export_languages, read_export_info
 from xformer_cli.export.huggingface import HF_LENGTH_PENALTY_SCALE, hidden_permutation
+from xformer_cli.languages import code_of_tag, is_tag, tag_for
 from xformer_cli.importers.marian_files import (ACTIVATIONS, check_config, read_bytes, read_json, read_vocabulary,
                                                 read_weights, resolve_source)
 from xformer_cli.model.transformer import ModelConfig
@@ -63,7 +68,7 @@ def load_marian(source: str) -> dict[str, Any]:
     weights, weights_path = read_weights(directory)
     marian = _MarianTensors(weights, hf, weights_path)
     cfg = Config(
-        data=_data_config(directory, str(source)),
+        data=_data_config(directory, str(source), [piece for piece in vocab.src if is_tag(piece)]),
         tokenizer=TokenizerConfig(joint=False, vocab_size=len(vocab.src)),
         model=_model_config(hf, vocab.bos_id, bool(marian.final_logits_bias().any()), marian.one_embedding(vocab)),
         decode=_decode_config(directory, hf),
@@ -96,15 +101,39 @@ def _model_config(hf: dict, bos_id: int, logits_bias: bool, one_embedding: bool)
     )
 
 
-def _data_config(directory: Path, source: str) -> DataConfig:
-    """The language codes of tokenizer_config.json; no training data (a config must name a
-    corpus: a placeholder prefix that says where the model came from)."""
+def _data_config(directory: Path, source: str, tags: list[str]) -> DataConfig:
+    """The languages: those xformer's own export recorded (xformer_export.json), else
+    tokenizer_config.json's source language and a target per tag of the vocabulary (a
+    multilingual OPUS-MT model: >>fra<< -> fr), else its target language. No training data
+    (a config must name a corpus: a placeholder prefix that says where the model came from)."""
     path = directory / "tokenizer_config.json"
     tok = read_json(path) if path.is_file() else {}
     defaults = DataConfig()
-    return DataConfig(src_lang=str(tok.get("source_lang") or defaults.src_lang),
-                      tgt_lang=str(tok.get("target_lang") or defaults.tgt_lang),
-                      train=[CorpusConfig(prefix=f"imported-from:{source}")])
+    placeholder = [CorpusConfig(prefix=f"imported-from:{source}")]
+    src_lang = str(tok.get("source_lang") or defaults.src_lang)
+    recorded = export_languages(read_export_info(directory))
+    if recorded is not None and recorded.tagged == bool(tags):
+        return _pairs_config(recorded.pairs, dict(recorded.tags), placeholder)
+    if tags:
+        return _pairs_config([(src_lang, code_of_tag(tag)) for tag in tags], {code_of_tag(t): t for t in tags}, placeholder)
+    return DataConfig(src_lang=src_lang, tgt_lang=str(tok.get("target_lang") or defaults.tgt_lang), train=placeholder)
+
+
+def _pairs_config(pairs, tags: dict[str, str], train: list[CorpusConfig]) -> DataConfig:
+    """A DataConfig of ``pairs`` whose tags are ``tags`` (data.lang_tags where xformer's own
+    rule would name another; target_tag: source when there are tags)."""
+    if len(pairs) == 1 and not tags:
+        return DataConfig(src_lang=pairs[0][0], tgt_lang=pairs[0][1], train=train)
+    overrides = {}
+    for code, tag in tags.items():
+        try:
+            if tag_for(code) == tag:
+                continue
+        except XformerError:
+            pass
+        overrides[code] = tag
+    return DataConfig(src_lang=pairs[0][0], tgt_lang=pairs[0][1], train=train, pairs=[PairConfig(s, t) for s, t in pairs],
+                      target_tag="source" if tags else "none", lang_tags=overrides)
 
 
 def _decode_config(directory: Path, hf: dict) -> DecodeConfig:

@@ -1,7 +1,7 @@
 """The HTTP API (a FastAPI app) over an engine and a micro-batcher.
 
     POST /translate   LibreTranslate's: {"q", "source", "target", "format", "api_key"} -> {"translatedText"}
-    GET  /languages   LibreTranslate's: [{"code", "name", "targets"}, ...]
+    GET  /languages   LibreTranslate's: [{"code", "name", "targets"}, ...], every direction the model has
     GET  /health      {"status": "ok", "model": ..., ...}; 503 while shutting down
     GET  /            the web page
     and LibreTranslate's POST /detect, GET /frontend/settings, POST /translate_file and
@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 from typing import Any, Callable, Optional, Sequence
 
+from xformer_cli.languages import Languages
 from xformer_cli.serve.batcher import Batcher, Translation
-from xformer_cli.serve.detect import refuse_other_language
+from xformer_cli.serve.detect import auto_sources
 from xformer_cli.serve.files import FileStore
 from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, languages, parse_translate, translate_response
 from xformer_cli.serve.queueing import ClientGone, run_translation
@@ -119,20 +120,31 @@ def add_error_handlers(app, log: Callable[[str], None]) -> None:
         return error(500, f"internal error ({type(exc).__name__})")
 
 
+def served_languages(engine: Any) -> Languages:
+    """The directions ``engine`` serves: its ``languages``, else its one pair source -> target."""
+    return getattr(engine, "languages", None) or Languages.of([(engine.source, engine.target)])
+
+
 def decode_options(req: TranslateRequest, engine: Any) -> dict[str, Any]:
-    """The engine options a request asks for; requests share an engine call only when equal."""
-    return {**req.options(), "beam_size": req.beam_size or engine.beam_size}
+    """The engine options a request asks for; requests share an engine call only when equal.
+    A model of several directions is told the target (its tag) and the source (sentence rules)."""
+    options = {**req.options(), "beam_size": req.beam_size or engine.beam_size}
+    if len(served_languages(engine).pairs) > 1:
+        source = req.detected[0]["language"] if req.detected else req.source
+        options.update(target=req.target, source=source)
+    return options
 
 
 def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]):
     """``translate_fields(request, fields, limits) -> (TranslateRequest, Translation)``: check
     a /translate request's fields and translate its texts; POST /translate_file calls it too."""
+    model = served_languages(engine)
 
     async def translate_fields(request, fields: dict[str, Any], limits: Limits) -> tuple[TranslateRequest, Translation]:
-        req = parse_translate(fields, engine.source, engine.target, limits)
-        if req.source == "auto":  # the model's source language, unless the text is plainly another
-            await asyncio.to_thread(refuse_other_language, req.texts, engine.source, req.batch,
-                                    fields.get("format") == "html")
+        req = parse_translate(fields, model, limits)
+        if req.source == "auto":  # among the model's sources for the target, unless the text is plainly another
+            req.detected = await asyncio.to_thread(auto_sources, req.texts, model.sources_into(req.target), req.batch,
+                                                   fields.get("format") == "html")
         result = await run_translation(request, queue, req.texts, decode_options(req, engine), log)
         return req, result
 
@@ -150,7 +162,7 @@ def add_translate_route(app, engine: Any, limits: Limits, api_key: Optional[str]
         check_api_key(api_key, fields.get("api_key"), request.headers)
         req, result = await translate_fields(request, fields, limits)
         timing = f"queue;dur={result.wait_s * 1000:.1f}, decode;dur={result.decode_s * 1000:.1f}"
-        return JSONResponse(translate_response(req, result.texts, engine.source),
+        return JSONResponse(translate_response(req, result.texts, req.detected),
                             headers={"Server-Timing": timing, "X-Batch-Texts": str(result.batch_texts)})
 
 
@@ -159,6 +171,7 @@ def served_info(engine: Any, limits: Limits, api_key: Optional[str]) -> dict[str
     return {
         "model": engine.name, "engine": engine.engine, "precision": engine.precision,
         "source": engine.source, "target": engine.target, "beam_size": engine.beam_size,
+        "pairs": [list(pair) for pair in served_languages(engine).pairs],
         "api_key_required": bool(api_key), "max_chars": limits.max_chars, "max_texts": limits.max_texts,
     }
 
@@ -171,7 +184,7 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
 
     @app.get("/languages")
     async def get_languages():
-        return JSONResponse(languages(engine.source, engine.target))
+        return JSONResponse(languages(served_languages(engine)))
 
     @app.get("/health")
     async def health():

@@ -5,15 +5,17 @@ model ships inside its wheel (nothing is downloaded at run time).
     plainly_other("Zwei Hunde spielen im Schnee.", "en")   # ("de", 0.969): refuse it
     plainly_other("Hallo Welt", "en")             # None: too short to tell
 
-The identifier is loaded on first use (under a second), once per process.
+The identifier (``xformer_cli/langid.py``) is loaded on first use (under a second), once per process.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from typing import Optional
+from typing import Optional, Sequence
 
+from xformer_cli.errors import XformerError
+from xformer_cli.langid import rank
+from xformer_cli.languages import same_language
 from xformer_cli.serve.protocol import ApiError, language_name
 
 # A text is refused as "plainly another language" only when it has at least MIN_LETTERS
@@ -26,27 +28,16 @@ MIN_CONFIDENCE = 0.9
 MAX_SOURCE_CONFIDENCE = 0.05
 
 _TAG = re.compile(r"<[^>]*>")
-_lock = threading.Lock()
-_identifier = None
-
-
-def _load():
-    global _identifier
-    with _lock:
-        if _identifier is None:
-            try:
-                from py3langid.langid import MODEL_FILE, LanguageIdentifier
-            except ImportError:
-                raise ApiError(500, "language detection needs py3langid: pip install 'xformer[serve]'") from None
-            _identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    return _identifier
 
 
 def detect(text: str, strip_tags: bool = False) -> list[tuple[str, float]]:
     """Every language the identifier knows with its probability, best first."""
     if strip_tags:
         text = _TAG.sub(" ", text)
-    return [(code, float(p)) for code, p in _load().rank(text)]
+    try:
+        return rank(text)
+    except XformerError as exc:  # py3langid is not installed
+        raise ApiError(500, str(exc)) from None
 
 
 def candidates(text: str, most: int = 3, floor: float = 0.05) -> list[dict[str, object]]:
@@ -57,27 +48,46 @@ def candidates(text: str, most: int = 3, floor: float = 0.05) -> list[dict[str, 
     return [{"confidence": round(p * 100, 1), "language": code} for code, p in kept]
 
 
-def plainly_other(text: str, source: str, strip_tags: bool = False) -> Optional[tuple[str, float]]:
-    """(language, probability) when ``text`` is plainly in a language other than ``source``;
-    None when it is in ``source``, or too short or too mixed to tell."""
+def plainly_other(text: str, source: "str | Sequence[str]", strip_tags: bool = False) -> Optional[tuple[str, float]]:
+    """(language, probability) when ``text`` is plainly in a language other than ``source``
+    (or than every one of several); None when it is in one of them, or too short or too mixed
+    to tell."""
     if sum(ch.isalpha() for ch in (_TAG.sub(" ", text) if strip_tags else text)) < MIN_LETTERS:
         return None
+    sources = [source] if isinstance(source, str) else list(source)
     ranked = detect(text, strip_tags)
-    base = source.split("-")[0].lower()
+    ours = lambda code: any(same_language(code, s.split("-")[0]) for s in sources)  # noqa: E731
     best, confidence = ranked[0]
-    own = next((p for code, p in ranked if code == base), 0.0)
-    if best != base and confidence >= MIN_CONFIDENCE and own < MAX_SOURCE_CONFIDENCE:
+    own = max((p for code, p in ranked if ours(code)), default=0.0)
+    if not ours(best) and confidence >= MIN_CONFIDENCE and own < MAX_SOURCE_CONFIDENCE:
         return best, confidence
     return None
 
 
-def refuse_other_language(texts: list[str], source: str, batch: bool, html: bool = False) -> None:
+def refuse_other_language(texts: list[str], source: "str | Sequence[str]", batch: bool, html: bool = False) -> None:
     """400 naming the language when a text of a ``source: "auto"`` request is plainly not in
-    the model's ``source`` language (a translation of it would be garbage)."""
+    the model's ``source`` language(s) (a translation of it would be garbage)."""
+    sources = [source] if isinstance(source, str) else list(source)
     for at, text in enumerate(texts):
-        found = plainly_other(text, source, strip_tags=html)
+        found = plainly_other(text, sources, strip_tags=html)
         if found:
             code, confidence = found
             where = f"q[{at}]" if batch else "q"
+            names = " or ".join(language_name(s) for s in sources)
             raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} ({code}, {confidence:.0%} sure), "
-                                f"not {language_name(source)}: this model translates from {source} only")
+                                f"not {names}: this model translates from {', '.join(sources)} only")
+
+
+def auto_sources(texts: list[str], candidates: Sequence[str], batch: bool, html: bool = False) -> list[dict]:
+    """``source: "auto"``: each text's language among ``candidates`` (the model's sources for
+    the target asked for) as LibreTranslate's {"language", "confidence"}; one candidate is
+    taken as it is (confidence 100). A text plainly in none of them is a 400."""
+    refuse_other_language(texts, list(candidates), batch, html)
+    if len(candidates) == 1:
+        return [{"language": candidates[0], "confidence": 100.0}] * len(texts)
+    found = []
+    for text in texts:
+        ranked = detect(text, html) if text.strip() else []
+        best = next(((c, p) for code, p in ranked for c in candidates if same_language(code, c)), (candidates[0], 0.0))
+        found.append({"language": best[0], "confidence": round(best[1] * 100, 1)})
+    return found

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from xformer_cli.decode.direction import model_languages
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.factory import load_engine
 from xformer_cli.decode.search import Wanted
 from xformer_cli.errors import XformerError
-from xformer_cli.export.format import read_export_info
+from xformer_cli.languages import Languages
 from xformer_cli.text import Glossary, TextOptions, TextResult, load_glossary, translate_texts
 
 
@@ -36,19 +37,22 @@ class ServedModel:
     threads: int = 0  # CPU threads the engine computes with
 
     glossary: Optional[Glossary] = None  # serve --glossary: every request's, under the request's own
+    languages: Optional[Languages] = None  # every direction (source and target: the page's first)
 
     def translate(self, texts: list[str], beam_size: Optional[int] = None, format: str = "text",
                   glossary: tuple = (), alternatives: int = 0, split_sentences: bool = True,
-                  wanted: Optional[Wanted] = None) -> list[TextResult]:
+                  wanted: Optional[Wanted] = None, target: Optional[str] = None,
+                  source: Optional[str] = None) -> list[TextResult]:
         """One ``TextResult`` per text: sentences split and translated in one engine call,
         HTML kept around its text, glossary terms (``glossary``: (source, target) pairs, over
         the server's) forced, and ``alternatives`` more translations from the n-best lists.
-        ``wanted`` (text index -> bool): the engine drops a text whose client left."""
+        ``wanted`` (text index -> bool): the engine drops a text whose client left. A
+        multilingual model's ``target`` picks its tag; ``source``, the sentence rules."""
         terms = self.glossary or (Glossary() if glossary else None)
         if glossary:
             terms = terms.merged(Glossary.from_dict(dict(glossary)))
-        opts = TextOptions(source_lang=self.source, split_sentences=split_sentences, format=format, glossary=terms,
-                           alternatives=alternatives)
+        opts = TextOptions(source_lang=source or self.source, split_sentences=split_sentences, format=format,
+                           glossary=terms, alternatives=alternatives, target_lang=target)
         beam = max(beam_size or self.beam_size or 1, alternatives + 1)
         return translate_texts(self.translator, texts, opts, self.translator.options(beam_size=beam), wanted)
 
@@ -80,48 +84,36 @@ def load_served_model(
     # Requests choose their beam, so the engine must search as xformer does.
     translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving,
                              needs=("beam_search",), log=log)
-    recorded = export_languages(path) if path.is_dir() else checkpoint_languages(path)
-    if recorded is None and not (source and target):
-        log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
-    src, tgt = recorded or ("en", "de")
+    languages = served_languages(model_languages(path), source, target, log, path)
+    first_source, first_target = languages.pairs[0]
+    if len(languages.pairs) > 1:  # --source / --target: the page's first direction, one the model has
+        first_target = languages.target(target, "--target") if target else first_target
+        first_source = languages.source(source, "--source") if source else languages.sources_into(first_target)[0]
     return ServedModel(
         translator=translator,
         name=name or _model_name(path),
         engine=translator.name,
         precision=translator.precision,
-        source=source or src,
-        target=target or tgt,
+        source=first_source,
+        target=first_target,
         beam_size=translator.decode.beam_size,
         threads=translator.threads,
         glossary=terms,
+        languages=languages,
     )
 
 
-def model_languages(path: Path) -> Optional[tuple[str, str]]:
-    """The (source, target) language codes a checkpoint or an export records, or None."""
-    return export_languages(path) if path.is_dir() else checkpoint_languages(path)
-
-
-def checkpoint_languages(path: Path) -> Optional[tuple[str, str]]:
-    """data.src_lang and data.tgt_lang of a checkpoint's config (None if it has none)."""
-    import torch
-
-    try:  # mmap: the config without reading every weight again
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - an older file format: read it whole
-        from xformer_cli.checkpoint import load_checkpoint
-
-        state = load_checkpoint(path)
-    data = (state.get("config") or {}).get("data") or {}
-    src, tgt = data.get("src_lang"), data.get("tgt_lang")
-    return (src, tgt) if isinstance(src, str) and isinstance(tgt, str) else None
-
-
-def export_languages(path: Path) -> Optional[tuple[str, str]]:
-    """The language codes ``xformer export`` recorded (exports from before it did: None)."""
-    info = read_export_info(path)
-    src, tgt = info.get("src_lang"), info.get("tgt_lang")
-    return (src, tgt) if isinstance(src, str) and isinstance(tgt, str) else None
+def served_languages(recorded: Optional[Languages], source: Optional[str], target: Optional[str],
+                     log: Callable[[str], None], path: Path) -> Languages:
+    """The directions to serve: a bilingual model's one pair (--source and --target rename it),
+    a multilingual model's every one (--source and --target pick the page's first)."""
+    if recorded is not None and len(recorded.pairs) > 1:
+        return recorded
+    if recorded is None and not (source and target):
+        log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
+    src, tgt = recorded.pairs[0] if recorded is not None else ("en", "de")
+    tags = ((target or tgt, recorded.tags[0][1]),) if recorded is not None and recorded.tagged else ()
+    return Languages(((source or src, target or tgt),), tags)
 
 
 def _model_name(path: Path) -> str:

@@ -7,8 +7,10 @@
 answers N more translations from the n-best lists. Beyond LibreTranslate: ``beam_size`` (1 =
 greedy; default: the model's), ``glossary`` ({"source term": "target term"}) and
 ``split_sentences`` (default true).
-``source: "auto"`` means the model's one source language; the app refuses a text plainly in
-another (``serve/detect.py``).
+``source: "auto"`` means the model's one source language, or, for a multilingual model, the one
+of its sources (for the target asked for) that the text is found in; the app refuses a text
+plainly in another (``serve/detect.py``). A direction the model lacks is a 400 that names
+the ones it has.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import parse_qs
+
+from xformer_cli.languages import Languages
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
@@ -60,6 +64,7 @@ class TranslateRequest:
     format: str = "text"
     glossary: tuple = ()  # sorted (source, target) pairs
     split_sentences: bool = True
+    detected: Optional[list[dict]] = None  # source "auto": each text's {"language", "confidence"}
 
     def options(self) -> dict[str, Any]:
         """What decodes differently (the batcher's key); defaults left out."""
@@ -79,12 +84,12 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code.split("-")[0].lower(), code)
 
 
-def languages(source: str, target: str) -> list[dict[str, Any]]:
-    """``GET /languages``: every language with the targets it translates to."""
-    return [
-        {"code": source, "name": language_name(source), "targets": [target]},
-        {"code": target, "name": language_name(target), "targets": []},
-    ]
+def languages(model: Languages) -> list[dict[str, Any]]:
+    """``GET /languages``: every language of the model (sources first) with the targets it
+    translates to, one entry per direction the model has."""
+    codes = list(dict.fromkeys([*model.sources, *model.targets]))
+    return [{"code": code, "name": language_name(code), "targets": [t for s, t in model.pairs if s == code]}
+            for code in codes]
 
 
 def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
@@ -121,8 +126,9 @@ def _int_field(fields: dict[str, Any], name: str, low: int, high: int) -> Option
     return value
 
 
-def parse_translate(fields: dict[str, Any], source: str, target: str, limits: Limits) -> TranslateRequest:
-    """Check a ``/translate`` request against the model's language pair and ``limits``."""
+def parse_translate(fields: dict[str, Any], model: Languages, limits: Limits) -> TranslateRequest:
+    """Check a ``/translate`` request against the model's directions and ``limits``; the
+    request's codes become the model's (fra -> fr)."""
     q = fields.get("q")
     if q is None:
         raise ApiError(400, "Invalid request: missing q parameter")
@@ -142,9 +148,7 @@ def parse_translate(fields: dict[str, Any], source: str, target: str, limits: Li
             raise ApiError(400, f"Invalid request: missing {name} parameter")
         if not isinstance(fields[name], str):
             raise ApiError(400, f"Invalid request: {name} must be a language code")
-    src, tgt = fields["source"], fields["target"]
-    if (src not in (source, "auto")) or tgt != target:
-        raise ApiError(400, f"{src}->{tgt} is not supported: this model translates {source}->{target}")
+    src, tgt = check_direction(fields["source"], fields["target"], model)
     fmt = fields.get("format") or "text"
     if fmt not in ("text", "html"):
         raise ApiError(400, f"Invalid request: format {str(fmt)[:20]!r} is not supported; only text or html")
@@ -167,6 +171,16 @@ def parse_translate(fields: dict[str, Any], source: str, target: str, limits: Li
     )
 
 
+def check_direction(source: str, target: str, model: Languages) -> tuple[str, str]:
+    """(source or "auto", target) as the model names them; a direction the model was not
+    trained on (zero-shot included) is a 400 naming the ones it has."""
+    tgt = model.find(target, model.targets)
+    src = "auto" if source == "auto" else model.find(source, model.sources)
+    if tgt is None or src is None or (src != "auto" and not model.trained(src, tgt)):
+        raise ApiError(400, f"{source}->{target} is not supported: this model translates {model.describe()}")
+    return src, tgt
+
+
 def _glossary_field(value: Any) -> tuple:
     """A request's glossary: a JSON object of non-empty strings (a form sends it as JSON text)."""
     if value is None or value == "" or value == {}:
@@ -184,15 +198,15 @@ def _glossary_field(value: Any) -> tuple:
     return tuple(sorted((k.strip(), v.strip()) for k, v in value.items()))
 
 
-def translate_response(request: TranslateRequest, outputs: list[Any], source: str) -> dict[str, Any]:
-    """``outputs``: one translation per text: a string, or a ``text.TextResult`` (with alternatives)."""
+def translate_response(request: TranslateRequest, outputs: list[Any], detected: Optional[list[dict]] = None) -> dict[str, Any]:
+    """``outputs``: one translation per text: a string, or a ``text.TextResult`` (with
+    alternatives); ``detected``: for ``source: "auto"``, each text's {"language", "confidence"}."""
     texts = [getattr(out, "text", out) for out in outputs]
     body: dict[str, Any] = {"translatedText": texts if request.batch else texts[0]}
     if request.alternatives:
         alternatives = [list(getattr(out, "alternatives", []))[: request.alternatives] for out in outputs]
         body["alternatives"] = alternatives if request.batch else alternatives[0]
-    if request.source == "auto":
-        detected = {"language": source, "confidence": 100.0}  # the model's only source language
-        body["detectedLanguage"] = [detected] * len(outputs) if request.batch else detected
+    if request.source == "auto" and detected is not None:
+        body["detectedLanguage"] = detected if request.batch else detected[0]
     return body
 

@@ -83,6 +83,7 @@ def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: 
                          name=name, threads=threads, serving=True, log=log, glossary=glossary)
     app = create_app(loaded, limits=limits, api_key=api_key, batcher=batcher, log=log, cors=cors,
                      max_file_bytes=max_file_bytes)
-    banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {loaded.source}->{loaded.target}, "
+    directions = loaded.languages.describe() if loaded.languages else f"{loaded.source}->{loaded.target}"
+    banner = (f"{loaded.name} ({loaded.engine}, {loaded.precision}, {directions}, "
               f"{loaded.threads} thread{'s' if loaded.threads > 1 else ''}): ")
     run(app, host, port, access_log=access_log, graceful_timeout=graceful_timeout, log=log, banner=banner)

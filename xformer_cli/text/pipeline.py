@@ -33,6 +33,7 @@ class TextOptions:
     alternatives: int = 0  # extra translations per text, from the n-best lists
     aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
     placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
+    target_lang: Optional[str] = None  # a multilingual model's target language (else the search options')
 
 
 @dataclass
@@ -52,15 +53,17 @@ class _Sentence:
     parts: list[tuple[int, int, int]]  # (unit index, start, end) in the normalized sentence
 
 
-def pick_aligner(engine: Engine, choice: str = "auto") -> Aligner:
+def pick_aligner(engine: Engine, choice: str = "auto", target_lang: Optional[str] = None) -> Aligner:
     """Attention alignment where the engine gives it (the xformer engine on one model), else
-    relative positions."""
+    relative positions; ``target_lang``: the tag a multilingual model read."""
     model = getattr(engine, "model", None)
     can_attend = hasattr(engine, "alignment_weights") and hasattr(model, "cross_attention")
     if choice == "relative" or not can_attend:
         return relative_aligner
     tokenizer = engine.tokenizer
-    return AttentionAligner(engine.alignment_weights, tokenizer.src_pieces, tokenizer.tgt_pieces)
+    weights = engine.alignment_weights if target_lang is None else (
+        lambda line, tokens: engine.alignment_weights(line, tokens, target_lang=target_lang))
+    return AttentionAligner(weights, tokenizer.src_pieces, tokenizer.tgt_pieces)
 
 
 class Planner:
@@ -196,17 +199,20 @@ def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOp
     """Every segment's translations (the best, then ``opts.alternatives`` more), from one
     engine call over all their units; the units of a segment no longer ``wanted`` are
     dropped by the engine as soon as it can."""
-    planner = Planner(engine, opts, search.max_input_len)
+    ranks = max(search.nbest, opts.alternatives + 1)
+    if ranks > search.nbest or (opts.target_lang and opts.target_lang != search.target_lang):
+        search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks),
+                                   "target_lang": opts.target_lang or search.target_lang})
+    lead = getattr(engine, "source_tag", None)  # a multilingual model's tag takes one source position
+    tagged = lead is not None and lead(search).tag is not None
+    planner = Planner(engine, opts, (search.max_input_len or DEFAULT_MAX_INPUT_LEN) - tagged)
     plans, owners = [], []  # owners[unit]: its segment
     for index, segment in enumerate(segments):
         plans.append(planner.plan(segment))
         owners.extend([index] * (len(planner.units) - len(owners)))
-    ranks = max(search.nbest, opts.alternatives + 1)
-    if ranks > search.nbest:
-        search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks)})
     unit_wanted = None if wanted is None else lambda unit: wanted(owners[unit])
     found = engine.search([unit.text for unit in planner.units], search, unit_wanted) if planner.units else []
-    aligner = pick_aligner(engine, opts.aligner)
+    aligner = pick_aligner(engine, opts.aligner, search.target_lang)
     return [[render(plan, segment, planner.units, found, rank, engine, aligner) for rank in range(ranks)]
             for plan, segment in zip(plans, segments)]
 

@@ -10,7 +10,7 @@ shape, several pairs back to back in a row (``data/packing.py``).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -111,12 +111,12 @@ def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int,
     return TokenBudgetPlan(data, max_tokens, seed)
 
 
-def epoch_share(plan: BatchPlan, cache, corpora: Sequence, seed: int, epoch: int, rank: int = 0,
-                world_size: int = 1) -> list:
-    """This rank's batches of ``epoch`` (cache indices): the pairs data.train's weights pick for
-    the epoch, batched by ``plan``, cut to a multiple of the ranks (every rank takes the same
-    number of steps) and shared out."""
-    picked, src_lens, tgt_lens = epoch_pairs(cache, corpora, seed, epoch)
+def epoch_share(plan: BatchPlan, cache, data, seed: int, epoch: int, rank: int = 0, world_size: int = 1) -> list:
+    """This rank's batches of ``epoch`` (cache indices): the pairs the weights of ``data`` (the
+    DataConfig: corpus weights, pair weights or temperature) pick for the epoch, batched by
+    ``plan``, cut to a multiple of the ranks (every rank takes the same number of steps) and
+    shared out."""
+    picked, src_lens, tgt_lens = epoch_pairs(cache, data, seed, epoch)
     batches = to_cache_indices(plan.batches(epoch, src_lens, tgt_lens), picked)
     if world_size > 1:
         usable = len(batches) // world_size * world_size

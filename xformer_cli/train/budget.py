@@ -89,7 +89,7 @@ def measure_seconds(config: Config, data: PreparedData, device: torch.device, pr
         model = build_model(config, data.tokenizer).to(device).train()
         plan = plan_for(data.train, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         step = TrainStep(model, tc, device, precision, dist, plan.static_shapes, compile=False)
-        batches = epoch_share(plan, data.train, config.data.train, tc.seed, 1, dist.rank, dist.world_size)
+        batches = epoch_share(plan, data.train, config.data, tc.seed, 1, dist.rank, dist.world_size)
         step_s = _time_steps(step, [plan.load(b).with_start_token(config.model.bos_id) for b in _spread(batches, tc)],
                              tc.update_freq, device)
         valid_s = _time_validation(model, config, data, device, dist) if data.valid is not None else 0.0

@@ -242,7 +242,7 @@ class Trainer:
 
     def _batches_of(self, epoch: int) -> list:
         if self._cached_epoch != epoch:
-            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data.train,
+            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data,
                                                self.config.train.seed, epoch, self.dist.rank, self.dist.world_size)
             self._cached_epoch = epoch
         return self._cached_batches
