@@ -18,7 +18,7 @@ from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
 
-from helpers import assert_one_line_error, losses, quiet, tiny_config, xformer
+from helpers import assert_one_line_error, head, losses, quiet, tiny_config, xformer
 
 CPU = torch.device("cpu")
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
@@ -171,17 +171,21 @@ def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, t
 
 
 @pytest.mark.slow
-def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
+@pytest.mark.parametrize("flags, expected, why", [
+    (ZEN4, "bf16", "the CPU computes bf16 natively (avx512_bf16)"),
+    (ZEN3, "fp32", "the CPU has no native bf16 (no amx_bf16 / avx512_bf16 flag)"),
+])
+def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path, monkeypatch, flags, expected, why):
+    monkeypatch.setattr("xformer_cli.device.proc_cpu_flags", lambda: frozenset(flags))  # this machine, faked
+    monkeypatch.delenv(CPU_FLAGS_MASK_ENV, raising=False)
     lines = []
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.precision": "auto"}), log=lines.append,
           progress=False)
-    chosen = [line for line in lines if line.startswith("precision:")]
-    expected = resolve_precision("auto", CPU)[0]
-    assert chosen == [f"precision: auto -> {expected} ({resolve_precision('auto', CPU)[1]})"]
+    assert [line for line in lines if line.startswith("precision:")] == [f"precision: auto -> {expected} ({why})"]
     config_text = (tmp_path / "run" / "config.yaml").read_text()
     assert config_text.startswith(f"# train.precision auto ran as {expected} on this machine\n")
-    assert all(row["precision"] == expected for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-               if "valid_bleu" in row)
+    rows = [row for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "valid_bleu" in row]
+    assert rows and all(row["precision"] == expected for row in rows)
     assert load_checkpoint(tmp_path / "run" / "last.pt")["precision"] == expected
 
 
@@ -213,6 +217,28 @@ def test_bf16_translation_keeps_bf16_weights_and_leaves_a_training_model_alone(t
     for beam in (1, 4, 10):  # 10 beams: more queries than the plain decoding-step attention takes
         out = bf16.translate(lines, beam_size=beam)
         assert len(out) == 3 and out[0] and out[1] and out[2] == ""
+
+
+@pytest.mark.slow
+def test_fp16_translation_translates_as_fp32_does(trained_run, small_corpus):
+    """fp16 weights (what precision auto gives a CUDA 7.x card): the search still gets fp32
+    log-probabilities, and the outputs are fp32's. fp16 keeps 11 significant bits (bf16 8),
+    so on this model at most a few near-ties may break the other way."""
+    src = head(small_corpus / "test2016.en", 100)
+    fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
+    fp16 = Translator(fp32.model, fp32.tokenizer, fp32.decode, CPU, precision="fp16")
+    assert next(fp16.model.parameters()).dtype == torch.float16
+    assert next(fp32.model.parameters()).dtype == torch.float32
+    src_ids = torch.tensor([[5, 6, 7, 3]])
+    with torch.no_grad():  # as search runs it
+        memory = fp16.model.encode(src_ids)
+        cache = [{} for _ in fp16.model.decoder_layers]
+        logits = fp16.model.decode_step(torch.tensor([[2]]), memory, fp16.model.padding_mask(src_ids), cache)
+    assert memory.dtype == torch.float16
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    for beam in (1, 4):
+        same = sum(a == b for a, b in zip(fp32.translate(src, beam_size=beam), fp16.translate(src, beam_size=beam)))
+        assert same >= 95, (beam, same)
 
 
 # -- the pieces that make bf16 fast ------------------------------------------------------------------
