@@ -133,6 +133,22 @@ def cuda_precision(requested: str, device: torch.device, training: bool = True) 
     return requested, "asked for"
 
 
+def computes_natively(precision: str, device: torch.device, flags: Optional[Iterable[str]] = None) -> Optional[bool]:
+    """Whether ``device`` computes ``precision``'s (fp32 | bf16 | fp16) products in hardware:
+    on a CPU from its flags (``flags`` overrides them), on CUDA from the compute capability
+    (bf16 tensor cores from 8.0, fp16 from 7.0). None where neither tells (no flags to read,
+    other devices): then only a measurement can (a native half type outruns fp32)."""
+    if precision == "fp32":
+        return True
+    if device.type == "cuda":
+        major = cuda_card(device)[1]
+        return major >= (BF16_TENSOR_CORES if precision == "bf16" else FP16_TENSOR_CORES)
+    have = cpu_flags() if flags is None else frozenset(flags)
+    if device.type != "cpu" or not have:
+        return None
+    return first_flag(NATIVE_BF16_FLAGS if precision == "bf16" else NATIVE_FP16_FLAGS, have) is not None
+
+
 def resolve_precision(requested: str, device: torch.device, flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
     """``requested`` (auto | bf16 | fp16 | fp32) on ``device`` -> (precision to use, why).
 
