@@ -196,7 +196,7 @@ HOSTILE = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe ut
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8"])
 def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
     stdin = b"\n".join(HOSTILE * 2) + b"\n"
     proc = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", "--precision", precision,
