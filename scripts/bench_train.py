@@ -6,10 +6,13 @@
    vocabulary) on the same real batches, with Adam, in the same process, alternating rounds
    so machine noise hits them alike. Prints target tokens/s, achieved FLOP/s (counted by
    torch's FlopCounterMode) and MFU against large fp32 and bf16 matmuls timed in the same
-   process. Also the conventional MFU (6 x N x target tokens/s over the device's spec dense
+   process; no MFU against a precision this machine emulates (``emulated_reason``: from the
+   CPU flags or the CUDA compute capability, else measured: a native bf16 outruns fp32),
+   whose "peak" is no ceiling (an AVX2-only CPU timed 0.3 GFLOP/s of bf16). Also the conventional MFU (6 x N x target tokens/s over the device's spec dense
    bf16 peak, N = the parameters of every matmul, output projection included; CUDA only), and
    the launch cost of one training step: kernels per step on CUDA (torch.profiler), aten ops
-   per step on a CPU (train/opcount.py, on the code path CUDA takes, fake tensors).
+   per step on a CPU (train/opcount.py, on the code path CUDA takes with the trainer's
+   half-weight cache at bf16, fake tensors; scripts/bench_opcount.py has the table).
 2. Whole trainers (--trainer-steps N): ``xformer train`` with train.precision fp32 and auto
    and, with --onmt-venv, OpenNMT-py 3.5.1's ``onmt_train`` (scripts/peers/setup_opennmt.sh;
    fp32: it has no CPU bf16 training) on the same architecture and max_tokens, one after
@@ -44,12 +47,13 @@ import torch.nn.functional as F
 
 from xformer_cli.config import load_config
 from xformer_cli.data.sources import load_corpus
-from xformer_cli.device import autocast, cpu_flags, pick_device, resolve_precision
+from xformer_cli.device import autocast, computes_natively, cpu_flags, pick_device, resolve_precision
 from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.batch_plan import plan_for
-from xformer_cli.train.forward_loss import attach_half_weights, compilations, compile_mode, compiled, forward_loss
-from xformer_cli.train.opcount import count_ops, gpu_code_path, training_step
+from xformer_cli.train.forward_loss import (attach_half_weights, compilations, compile_mode, compiled, forward_loss,
+                                            wants_half_weights)
+from xformer_cli.train.opcount import cuda_path_step_ops, training_step
 from xformer_cli.data.encoded import encode_corpus
 
 # Spec dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a name fragment of the device.
@@ -108,6 +112,36 @@ def peak_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32) 
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
+def emulated_reason(precision: str, native: bool | None, peak: float | None, fp32_peak: float) -> str | None:
+    """Why ``precision``'s matmul peak is an emulation's, not a ceiling to measure MFU against;
+    None where it is native. ``native``: what the flags or compute capability say
+    (``device.computes_natively``); None there: the measurement decides (a native half type
+    outruns fp32, an emulated one crawls)."""
+    if native is False:
+        return f"{precision} is emulated on this device (no native {precision} instructions)"
+    if native is None and peak is not None and peak < fp32_peak:
+        return (f"{precision} measured {peak / 1e9:.1f} GFLOP/s, below fp32's {fp32_peak / 1e9:.1f}: "
+                f"emulated on this device")
+    return None
+
+
+def measured_peaks(device: torch.device) -> tuple[dict[str, float], dict[str, str]]:
+    """fp32 and bf16 matmul peaks timed here, and why each emulated one is not a peak. A bf16
+    the flags already call emulated is not timed (on an AVX2 CPU 2048^3 x 10 took minutes)."""
+    peaks = {"fp32": peak_matmul_flops(device, torch.float32)}
+    native = computes_natively("bf16", device)
+    if native is not False:
+        peaks["bf16"] = peak_matmul_flops(device, torch.bfloat16)
+    reason = emulated_reason("bf16", native, peaks.get("bf16"), peaks["fp32"])
+    return peaks, ({"bf16": reason} if reason else {})
+
+
+def mfu_text(achieved: float, peaks: dict[str, float], emulated: dict[str, str]) -> str:
+    """MFU against each native precision's peak; none against an emulated one."""
+    return ", ".join(f"no {name} MFU ({name} emulated)" if name in emulated else f"{achieved / peak:5.1%} of {name} peak"
+                     for name, peak in {**peaks, **{name: 0.0 for name in emulated}}.items())
+
+
 def step_flops(model, loss_of, batches) -> float:
     """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -161,14 +195,9 @@ def launches_per_step(cfg, tokenizer, model, batch, precision: str) -> tuple[str
             synchronize(device)
         kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         return "kernels", kernels
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True), gpu_code_path():
-        fake = build_model(cfg, tokenizer).train()
-        optimizer = torch.optim.Adam(fake.parameters(), lr=1e-6, fused=True)
-        step = training_step(fake, optimizer, [batch], eps, PAD_ID, precision)
-        step()
-        return "aten ops", count_ops(step).total
+    # The trainer's choices for a CUDA device: the half-weight cache on bf16 (README's figure).
+    half = wants_half_weights(torch.device("cuda"), precision, compiled=False)
+    return "aten ops", cuda_path_step_ops(lambda: build_model(cfg, tokenizer), [batch], eps, PAD_ID, precision, half).total
 
 
 def run(loss_of, batches, optimizer, device: torch.device) -> float:
@@ -304,15 +333,17 @@ def time_systems(systems, batches, device: torch.device, rounds: int) -> dict[st
 def report_model_loop(systems, rates, batches, device: torch.device) -> None:
     """tokens/s, counted-FLOP MFU against matmuls timed here, and conventional MFU (spec peak)."""
     real = sum(b.n_tokens for b in batches)
-    peaks = {"fp32": peak_matmul_flops(device, torch.float32), "bf16": peak_matmul_flops(device, torch.bfloat16)}
+    peaks, emulated = measured_peaks(device)
     flops_per_token = {name: step_flops(model, eager, batches) / real for name, _, _, eager, model, _ in systems}
     side = peak_matmul_size(device)
-    print(f"peak matmul ({side}^3, same process): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
+    print(f"peak matmul ({side}^3, same process): "
+          + ", ".join(f"{name} {peak / 1e9:.1f} GFLOP/s" for name, peak in peaks.items())
+          + "".join(f"; {reason}: no MFU against it" for reason in emulated.values()))
     for name, label, *_ in systems:
         rate = max(rates[name])
         achieved = rate * flops_per_token[name]
-        print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peaks['fp32']:5.1%} of fp32 peak,"
-              f" {achieved / peaks['bf16']:5.1%} of bf16 peak  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
+        print(f"{label} {rate:8.0f} target tokens/s  {achieved / 1e9:6.1f} GFLOP/s  MFU {mfu_text(achieved, peaks, emulated)}"
+              f"  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])};"
               f" {flops_per_token[name] / 1e6:.1f} MFLOP per target token)")
     peak = spec_bf16_peak(device)
     n_matmul = matmul_params(systems[0][4])

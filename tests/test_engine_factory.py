@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+from xformer_cli import device as device_module
 from xformer_cli.decode import factory
 from xformer_cli.decode.factory import auto_choice, choose_engine, decode_threads, engine_for_model, load_engine
 from xformer_cli.decode.translator import Translator
@@ -140,13 +141,39 @@ def test_a_translator_is_always_a_translator(tmp_path):
         Translator.from_checkpoint(tmp_path / "best.pt", device="cpu", precision="int8")
 
 
-@pytest.mark.slow
-def test_validation_engine_on_an_in_memory_model(trained_run):
-    fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
-    cpu = torch.device("cpu")
-    engine = engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu, precision="fp32")
-    assert isinstance(engine, Translator) and engine.precision == "fp32" and engine.model is fp32.model
-    assert engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu).precision in ("fp32", "bf16")
-    with pytest.raises(XformerError, match="fp32 or bf16"):
-        engine_for_model(fp32.model, fp32.tokenizer, fp32.decode, cpu, precision="int8")
+@pytest.mark.parametrize("flags, expected", [(ZEN3, "fp32"), (ZEN4, "bf16")])
+def test_validation_engine_on_an_in_memory_model(monkeypatch, flags, expected):
+    """engine_for_model decodes the trainer's model as `translate --engine xformer` would on
+    this machine (faked here), and never changes the weights the trainer goes on training."""
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.model.transformer import ModelConfig, Transformer
 
+    monkeypatch.setattr(device_module, "proc_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.delenv(device_module.CPU_FLAGS_MASK_ENV, raising=False)
+    model = Transformer(ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1), src_vocab=50)
+    cpu = torch.device("cpu")
+    engine = engine_for_model(model, None, DecodeConfig(), cpu)
+    assert isinstance(engine, Translator) and engine.precision == expected
+    assert next(engine.model.parameters()).dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[expected]
+    assert (engine.model is model) == (expected == "fp32")  # bf16: a copy; the trainer's fp32 weights stay
+    assert next(model.parameters()).dtype == torch.float32
+    asked = engine_for_model(model, None, DecodeConfig(), cpu, precision="fp32")
+    assert asked.precision == "fp32" and asked.model is model
+    with pytest.raises(XformerError, match="fp32, bf16, fp16, not 'int8'"):
+        engine_for_model(model, None, DecodeConfig(), cpu, precision="int8")
+
+
+@pytest.mark.parametrize("name, capability, expected", [
+    ("Tesla T4", (7, 5), "fp16"), ("NVIDIA A100-SXM4-40GB", (8, 0), "bf16"), ("Tesla P100-PCIE-16GB", (6, 0), "fp32"),
+])
+def test_precision_auto_on_a_gpu_follows_its_compute_capability(tmp_path, monkeypatch, name, capability, expected):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(device_module, "configure_cuda", lambda: None)  # process-wide flags: left alone here
+    monkeypatch.setattr(factory, "ctranslate2_installed", lambda: True)
+    chosen = choose_engine([checkpoint], flags=ZEN3)  # the CPU's flags play no part once torch sees a GPU
+    assert (chosen.engine, chosen.precision, chosen.device) == ("xformer", expected, "cuda")
+    assert name in chosen.describe() and chosen.describe().startswith(f"precision: auto -> xformer {expected} on cuda")

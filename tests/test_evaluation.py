@@ -35,7 +35,9 @@ def test_lowercase_and_tokenize_pass_through():
 
 def test_bootstrap_confidence_interval_and_paired_significance():
     score = score_lines(HYPS, [REF1], ("bleu",), bootstrap=100)[0]
-    assert score.ci is not None and score.ci >= 0 and "bs:100" in score.signature
+    theirs = BLEU().corpus_score(HYPS, [REF1], n_bootstrap=100)  # sacrebleu's resampling is seeded (12345)
+    assert (score.mean, score.ci) == (theirs._mean, theirs._ci) and score.ci > 0 and "bs:100" in score.signature
+    assert score_lines(HYPS, [REF1], ("bleu",))[0].ci is None  # no bootstrap asked for: no interval
     worse = ["Ein Hund.", "Schnee.", "Ein Buch."]
     rows, signatures = compare_systems([("good", HYPS), ("bad", worse)], [REF1], ("bleu", "chrf"), samples=200)
     assert rows[0][0].p_value is None and rows[1][0].p_value is not None

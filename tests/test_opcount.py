@@ -60,3 +60,22 @@ def test_the_counter_sees_ops_below_autograd_and_leaves_out_views():
     counter = count_ops(lambda: (x.view(12) * 2).sum().backward())
     assert counter.ops["mul"] >= 1 and counter.ops["sum"] == 1 and counter.ops["view"] >= 1
     assert counter.kernels < counter.total
+
+
+def test_the_trainers_cuda_bf16_step_casts_each_weight_once_per_update():
+    """cuda_path_step_ops (scripts/bench_opcount.py, README's figure): with the half-weight
+    cache the trainer attaches on CUDA bf16, two micro-batches cast the weights once, not
+    once each; the saving is exactly the second micro-batch's per-use casts."""
+    from xformer_cli.train.opcount import cuda_path_step_ops
+
+    cfg = ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2)
+    batches = [_batch(1000, 500), _batch(1000, 500)]
+
+    def ops(half: bool, micro: int):
+        return cuda_path_step_ops(lambda: Transformer(cfg, 500, 0, 0), batches[:micro], 0.1, 0, "bf16", half).ops
+
+    plain1, plain2, cached1, cached2 = ops(False, 1), ops(False, 2), ops(True, 1), ops(True, 2)
+    per_micro_batch_casts = plain2["_to_copy"] - plain1["_to_copy"]
+    assert per_micro_batch_casts > 0
+    assert cached2["_to_copy"] - cached1["_to_copy"] < per_micro_batch_casts
+    assert sum(cached2.values()) < sum(plain2.values())

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from xformer_cli.decode.translator import Translator
-from xformer_cli.device import cpu_flags, pick_device, resolve_decode_precision, resolve_precision
+from xformer_cli.device import (CPU_FLAGS_MASK_ENV, EMULATED_ON_CPU, cpu_flags, mask_flags, pick_device,
+                                resolve_decode_precision, resolve_precision)
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
 from xformer_cli.checkpoint import load_checkpoint
@@ -17,7 +18,7 @@ from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
 
-from helpers import assert_one_line_error, losses, quiet, tiny_config, xformer
+from helpers import assert_one_line_error, head, losses, quiet, tiny_config, xformer
 
 CPU = torch.device("cpu")
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
@@ -44,15 +45,91 @@ def test_explicit_choices_are_kept_and_warned_about_when_emulated():
     assert "slow" in resolve_precision("fp16", CPU, ZEN4)[1]  # no avx512_fp16 / amx_fp16
     assert "slow" in resolve_decode_precision("int8", CPU, ZEN3)[1]  # no VNNI
     assert resolve_decode_precision("int8", CPU, ZEN4)[0] == "int8"
-    # CUDA needs no flags: bf16 tensor cores are the fast path (the device object needs no GPU).
-    assert resolve_precision("auto", torch.device("cuda"), set())[0] == "bf16"
+    assert resolve_decode_precision("fp16", CPU, ZEN4) == ("fp16", EMULATED_ON_CPU.format("fp16"))
+    assert resolve_decode_precision("fp16", CPU, SAPPHIRE_RAPIDS | {"avx512_fp16"}) == ("fp16", "asked for")
+    assert resolve_decode_precision("bf16", CPU, ZEN3) == ("bf16", EMULATED_ON_CPU.format("bf16"))
     with pytest.raises(XformerError, match="fp64"):
         resolve_precision("fp64", CPU)
     with pytest.raises(XformerError, match="--precision"):
-        resolve_decode_precision("fp16", CPU)
+        resolve_decode_precision("fp64", CPU)
 
 
-def test_cpu_flags_are_read_from_proc_cpuinfo():
+# -- CUDA: the compute capability decides ---------------------------------------------------------
+
+CUDA = torch.device("cuda")
+CARDS = [  # (name, compute capability, training's auto, translation's auto)
+    ("NVIDIA GeForce GTX 1080", (6, 1), "fp32", "fp32"),  # Pascal: no tensor cores
+    ("Tesla V100-SXM2-16GB", (7, 0), "fp16", "fp16"),
+    ("Tesla T4", (7, 5), "fp16", "fp16"),
+    ("NVIDIA A100-SXM4-40GB", (8, 0), "bf16", "bf16"),
+    ("NVIDIA GeForce RTX 3090", (8, 6), "bf16", "bf16"),
+    ("NVIDIA H100 80GB HBM3", (9, 0), "bf16", "bf16"),
+]
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, name: str, capability: tuple[int, int]) -> None:
+    """torch sees one CUDA device of this name and compute capability (no GPU needed)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+@pytest.mark.parametrize("name, capability, training, translation", CARDS)
+def test_auto_on_cuda_follows_the_compute_capability(monkeypatch, name, capability, training, translation):
+    fake_gpu(monkeypatch, name, capability)
+    precision, why = resolve_precision("auto", CUDA)
+    assert precision == training
+    assert name in why and f"compute capability {capability[0]}.{capability[1]}" in why  # the log line's reason
+    assert ("loss scaling" in why) == (training == "fp16")  # the trainer's GradScaler is on exactly for fp16
+    assert resolve_precision("auto", CUDA, SAPPHIRE_RAPIDS) == (precision, why)  # the CPU's flags play no part
+    assert resolve_precision("auto", torch.device("cuda:1"))[0] == training
+    chosen, decode_why = resolve_decode_precision("auto", CUDA, ZEN3)
+    assert chosen == translation and name in decode_why
+    assert ("fp16 weights" in decode_why) == (translation == "fp16")
+
+
+def test_explicit_choices_on_cuda_are_kept_and_warned_about_when_emulated(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert resolve_precision("fp16", CUDA) == ("fp16", "asked for")
+    precision, why = resolve_precision("bf16", CUDA)
+    assert precision == "bf16" and "no bf16 tensor cores" in why and "Tesla T4" in why
+    assert resolve_decode_precision("bf16", CUDA)[1] == why
+    assert resolve_precision("fp32", CUDA) == ("fp32", "asked for")  # no TF32 before compute capability 8.0
+    fake_gpu(monkeypatch, "NVIDIA GeForce GTX 1080", (6, 1))
+    assert "no fp16 tensor cores" in resolve_precision("fp16", CUDA)[1]
+    fake_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert resolve_precision("fp32", CUDA) == ("fp32", "asked for (TF32 tensor cores for the matmuls on the "
+                                                       "NVIDIA A100-SXM4-40GB, compute capability 8.0)")
+    assert resolve_decode_precision("fp32", CUDA) == ("fp32", "asked for")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(XformerError, match="CUDA is not available"):
+        resolve_precision("auto", CUDA)
+
+
+# -- XFORMER_CPU_FLAGS_MASK: one machine makes another's choices ---------------------------------
+
+def test_mask_flags_takes_names_and_patterns():
+    flags = SAPPHIRE_RAPIDS | {"fma", "avx_vnni"}
+    assert mask_flags(flags, "") == flags
+    assert mask_flags(flags, "avx512* amx*,avx_vnni") == {"avx2", "fma"}
+    assert mask_flags(flags, "amx_bf16") == flags - {"amx_bf16"}
+    assert mask_flags(flags, "avx512") == flags  # a name is matched whole, not as a prefix
+
+
+def test_the_mask_hides_flags_from_every_choice(monkeypatch):
+    monkeypatch.setattr("xformer_cli.device.proc_cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS | {"fma"}))
+    monkeypatch.delenv(CPU_FLAGS_MASK_ENV, raising=False)
+    assert resolve_precision("auto", CPU)[0] == resolve_decode_precision("auto", CPU)[0] == "bf16"
+    monkeypatch.setenv(CPU_FLAGS_MASK_ENV, "avx512* amx* avx_vnni")  # an AVX2-only machine, read at every call
+    assert cpu_flags() == {"avx2", "fma"}
+    assert resolve_precision("auto", CPU) == ("fp32", "the CPU has no native bf16 (no amx_bf16 / avx512_bf16 flag)")
+    assert resolve_decode_precision("auto", CPU)[0] == "fp32"
+    assert "slower" in resolve_precision("bf16", CPU)[1]
+    assert "no int8 dot-product" in resolve_decode_precision("int8", CPU)[1]
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo(monkeypatch):
+    monkeypatch.delenv(CPU_FLAGS_MASK_ENV, raising=False)
     flags = cpu_flags()
     with open("/proc/cpuinfo", encoding="utf-8") as handle:
         text = handle.read()
@@ -94,17 +171,21 @@ def test_bf16_training_resumes_exactly_and_records_its_precision(small_corpus, t
 
 
 @pytest.mark.slow
-def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path):
+@pytest.mark.parametrize("flags, expected, why", [
+    (ZEN4, "bf16", "the CPU computes bf16 natively (avx512_bf16)"),
+    (ZEN3, "fp32", "the CPU has no native bf16 (no amx_bf16 / avx512_bf16 flag)"),
+])
+def test_the_run_says_which_precision_it_chose(small_corpus, tmp_path, monkeypatch, flags, expected, why):
+    monkeypatch.setattr("xformer_cli.device.proc_cpu_flags", lambda: frozenset(flags))  # this machine, faked
+    monkeypatch.delenv(CPU_FLAGS_MASK_ENV, raising=False)
     lines = []
     train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 2, "train.precision": "auto"}), log=lines.append,
           progress=False)
-    chosen = [line for line in lines if line.startswith("precision:")]
-    expected = resolve_precision("auto", CPU)[0]
-    assert chosen == [f"precision: auto -> {expected} ({resolve_precision('auto', CPU)[1]})"]
+    assert [line for line in lines if line.startswith("precision:")] == [f"precision: auto -> {expected} ({why})"]
     config_text = (tmp_path / "run" / "config.yaml").read_text()
     assert config_text.startswith(f"# train.precision auto ran as {expected} on this machine\n")
-    assert all(row["precision"] == expected for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-               if "valid_bleu" in row)
+    rows = [row for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "valid_bleu" in row]
+    assert rows and all(row["precision"] == expected for row in rows)
     assert load_checkpoint(tmp_path / "run" / "last.pt")["precision"] == expected
 
 
@@ -115,7 +196,7 @@ HOSTILE = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe ut
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8"])
 def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
     stdin = b"\n".join(HOSTILE * 2) + b"\n"
     proc = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", "--precision", precision,
@@ -136,6 +217,28 @@ def test_bf16_translation_keeps_bf16_weights_and_leaves_a_training_model_alone(t
     for beam in (1, 4, 10):  # 10 beams: more queries than the plain decoding-step attention takes
         out = bf16.translate(lines, beam_size=beam)
         assert len(out) == 3 and out[0] and out[1] and out[2] == ""
+
+
+@pytest.mark.slow
+def test_fp16_translation_translates_as_fp32_does(trained_run, small_corpus):
+    """fp16 weights (what precision auto gives a CUDA 7.x card): the search still gets fp32
+    log-probabilities, and the outputs are fp32's. fp16 keeps 11 significant bits (bf16 8),
+    so on this model at most a few near-ties may break the other way."""
+    src = head(small_corpus / "test2016.en", 100)
+    fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
+    fp16 = Translator(fp32.model, fp32.tokenizer, fp32.decode, CPU, precision="fp16")
+    assert next(fp16.model.parameters()).dtype == torch.float16
+    assert next(fp32.model.parameters()).dtype == torch.float32
+    src_ids = torch.tensor([[5, 6, 7, 3]])
+    with torch.no_grad():  # as search runs it
+        memory = fp16.model.encode(src_ids)
+        cache = [{} for _ in fp16.model.decoder_layers]
+        logits = fp16.model.decode_step(torch.tensor([[2]]), memory, fp16.model.padding_mask(src_ids), cache)
+    assert memory.dtype == torch.float16
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    for beam in (1, 4):
+        same = sum(a == b for a, b in zip(fp32.translate(src, beam_size=beam), fp16.translate(src, beam_size=beam)))
+        assert same >= 95, (beam, same)
 
 
 # -- the pieces that make bf16 fast ------------------------------------------------------------------

@@ -171,7 +171,7 @@ _min_len = typer.Option(None, "--min-len", help="Output pieces before eos at lea
 _batch = typer.Option(None, "--batch-size", help="Sentences per decoding batch.")
 _device = typer.Option("auto", "--device", help="auto (CUDA when the engine sees a GPU, else the CPU), cpu, cuda or cuda:N.")
 _engine = typer.Option("auto", "--engine", help="auto (--precision decides; an export directory: ctranslate2), xformer (PyTorch), or ctranslate2 (a directory written by xformer export, or a checkpoint exported at start; needs the ctranslate2 extra).")
-_precision = typer.Option("auto", "--precision", help="auto (the fastest engine and precision this machine has whose BLEU stays within 0.2 of fp32; a line on stderr says which and why), fp32, bf16, int8 (CTranslate2 int8 weights), or another CTranslate2 compute type (int8_float32, float16, ...).")
+_precision = typer.Option("auto", "--precision", help="auto (the fastest engine and precision this machine has whose BLEU stays within 0.2 of fp32; a line on stderr says which and why), fp32, bf16, fp16, int8 (CTranslate2 int8 weights), or another CTranslate2 compute type (int8_float32, float16, ...).")
 _threads = typer.Option(0, "--threads", help="CPU threads; 0 = $OMP_NUM_THREADS if set, else every core (PyTorch's threads sleep while they wait: OMP_WAIT_POLICY=PASSIVE unless set).")
 _compute_type = typer.Option(None, "--compute-type", hidden=True, help="Deprecated: --precision takes CTranslate2's compute types.")
 _target_lang = typer.Option(None, "--target-lang", "-t", help="Target language (fr, or fra): needed for a multilingual model with several; on a bilingual model it must be the model's own.")
@@ -229,7 +229,7 @@ def translate(
                                             ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
     translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
-        raise XformerError(f"--attention needs the xformer engine in fp32 or bf16, not {translator.name}")
+        raise XformerError(f"--attention needs the xformer engine (fp32, bf16 or fp16), not {translator.name}")
     options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
                                  max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,

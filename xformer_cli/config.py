@@ -214,7 +214,7 @@ class TrainConfig:
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on the CPU and CUDA
-    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | bf16 | fp16 | fp32
+    precision: str = "auto"  # auto (bf16 on CUDA 8.0+ and CPUs with native bf16, fp16 on CUDA 7.x, else fp32) | bf16 | fp16 | fp32
     compile: bool = False  # torch.compile the model for training
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no gradient clipping

@@ -10,11 +10,12 @@ Engines: ``xformer`` (PyTorch, ``decode/translator.py``: a checkpoint, or severa
 ensemble) and ``ctranslate2`` (``decode/ct2_engine.py``: a directory written by ``xformer
 export``, or a checkpoint exported at start).
 
-Precision, one list for both engines: ``fp32`` and ``bf16`` (either engine), ``int8`` (the
+Precision, one list for both engines: ``fp32``, ``bf16`` and ``fp16`` (either engine), ``int8`` (the
 CTranslate2 engine, int8 weights), or any other CTranslate2 compute type (``int8_float32``,
 ``int8_bfloat16``, ``float16``, ...), which selects the CTranslate2 engine. ``auto`` (the
 default) picks the engine too (``auto_choice``): the fastest engine whose BLEU stays within
-0.2 of PyTorch fp32. PyTorch bf16 on CUDA and on CPUs that compute bf16; CTranslate2 float32
+0.2 of PyTorch fp32. On CUDA PyTorch with the compute capability's weights (bf16 from 8.0, fp16
+on 7.x, fp32 before); PyTorch bf16 on CPUs that compute bf16; CTranslate2 float32
 only for greedy search on other CPUs (its output is fp32's there; its beam search ranks and
 stops otherwise than xformer's GNMT search and lost more than 0.2 BLEU); else PyTorch fp32.
 
@@ -41,11 +42,11 @@ if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI 
     from xformer_cli.decode.engine import Engine
 
 ENGINES = ("auto", "xformer", "ctranslate2")
-TORCH_PRECISIONS = ("fp32", "bf16")
+TORCH_PRECISIONS = ("fp32", "bf16", "fp16")
 # xformer's precision names in CTranslate2's terms; any other name goes to CTranslate2 as is.
-CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 # Every precision name: xformer's, then CTranslate2's own compute types (which select it).
-PRECISIONS = ("auto", "fp32", "bf16", "int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16",
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16",
               "float32", "bfloat16", "float16")
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
 # and the rest): with any of them, precision auto stays on PyTorch.
@@ -61,7 +62,7 @@ class EngineChoice:
     """What ``load_engine`` builds, and why."""
 
     engine: str  # xformer | ctranslate2
-    precision: str  # xformer: fp32 | bf16; ctranslate2: its compute type ("default": the export's weights)
+    precision: str  # xformer: fp32 | bf16 | fp16; ctranslate2: its compute type ("default": the export's weights)
     device: str  # xformer: a torch device; ctranslate2: cpu | cuda | cuda:N
     why: str
 
@@ -196,7 +197,7 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
         return _ctranslate2_choice(paths, engine, precision, device, exported)
     if engine == "xformer" or precision != "auto" or _torch_sees_cuda(device):
         torch_device = engine_device("xformer", device)
-        chosen, why = resolve_decode_precision(precision, _device(torch_device))
+        chosen, why = resolve_decode_precision(precision, _device(torch_device), flags)
         return EngineChoice("xformer", chosen, torch_device, why)
     blockers = [need for need in XFORMER_ONLY if need in set(needs) or (need == "ensemble" and len(paths) > 1)]
     chosen_engine, chosen, why = auto_choice(cpu_flags() if flags is None else flags, ctranslate2_installed(), blockers)
@@ -285,14 +286,16 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
 
 def engine_for_model(model, tokenizer, decode, device, precision: str = "auto", languages=None) -> Engine:
     """The xformer engine on an in-memory model (the trainer's validation), in the precision
-    ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule (bf16
-    on CUDA and where the CPU computes it natively). The model's own weights stay as they are.
-    ``languages`` (``config.data.languages()``): a multilingual model's directions, so that
+    ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule
+    (``device.resolve_decode_precision``: on CUDA by compute capability, on a CPU bf16 where it
+    computes bf16 natively). The model's own weights stay as they are. ``languages``
+    (``config.data.languages()``): a multilingual model's directions, so that
     ``translate(lines, target_lang=...)`` leads the lines with the target's tag."""
     from xformer_cli.decode.translator import Translator
     from xformer_cli.device import resolve_decode_precision
 
     chosen = resolve_decode_precision(precision, device)[0]
     if chosen not in TORCH_PRECISIONS:
-        raise XformerError(f"validation decodes with the xformer engine: precision fp32 or bf16, not {precision!r}")
+        raise XformerError(f"validation decodes with the xformer engine: precision {', '.join(TORCH_PRECISIONS)}, "
+                           f"not {precision!r}")
     return Translator(model, tokenizer, decode, device, precision=chosen, languages=languages)

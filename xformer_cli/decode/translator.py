@@ -29,6 +29,10 @@ from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import Tokenizer
 
 INT8_ELSEWHERE = "int8 translation runs on the CTranslate2 engine: decode.factory.load_engine(path, precision='int8')"
+# The weights' dtype per precision. fp16 (chosen on CUDA 7.x: fp16 tensor cores, no bf16 ones)
+# is safe for the search: decode_step hands it fp32 logits, and on CUDA LayerNorm and softmax
+# accumulate in fp32; tests/test_precision.py checks it translates as fp32 does.
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -51,8 +55,9 @@ def for_inference(model: "Transformer | Ensemble", dtype: torch.dtype) -> "Trans
 class Translator(Engine):
     """Translates with one model or, given several checkpoints, their ensemble.
 
-    ``precision``: fp32, or bf16 (weights and activations in bf16, the search's log-softmax
-    in fp32), or auto (bf16 on hardware that computes it natively). int8 runs on the
+    ``precision``: fp32, or bf16 or fp16 (weights and activations in that type, the search's
+    log-softmax in fp32), or auto (``device.resolve_decode_precision``: bf16 on hardware that
+    computes it natively, fp16 on CUDA 7.x, else fp32). int8 runs on the
     CTranslate2 engine: ``decode.factory.load_engine(path, precision="int8")``."""
 
     name = "xformer"
@@ -63,7 +68,7 @@ class Translator(Engine):
         if self.precision == "int8":
             raise XformerError(INT8_ELSEWHERE)
         model = model.to(device).eval()
-        self.model = for_inference(model, torch.bfloat16 if self.precision == "bf16" else torch.float32)
+        self.model = for_inference(model, WEIGHT_DTYPES[self.precision])
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
@@ -74,7 +79,7 @@ class Translator(Engine):
     def from_checkpoint(cls, path: "str | Path | Sequence[str | Path]", device: str = "auto",
                         precision: str = "fp32") -> "Translator":
         """One checkpoint, or a list of them decoded as an ensemble (same tokenizer required);
-        decode defaults come from the first. ``precision``: fp32, bf16 or auto (int8 and the
+        decode defaults come from the first. ``precision``: fp32, bf16, fp16 or auto (int8 and the
         choice between engines: ``decode.factory.load_engine``)."""
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:

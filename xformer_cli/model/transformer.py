@@ -294,10 +294,11 @@ class DecoderLayer(nn.Module):
 
     @staticmethod
     def cached(t: Tensor) -> Tensor:
-        """Keys/values as the decoding cache holds them: fp32 on a CPU. A step's attention is
-        a few small products whose key length grows every step; in bf16 each new shape would
-        cost a oneDNN kernel compilation, in fp32 (MKL) nothing."""
-        return t.float() if t.device.type == "cpu" else t
+        """Keys/values as the decoding cache holds them: bf16 ones as fp32 on a CPU. A step's
+        attention is a few small products whose key length grows every step; in bf16 each new
+        shape would cost a oneDNN kernel compilation, in fp32 (MKL) nothing. Other dtypes stay
+        (fp16 weights on a CPU then run as CUDA runs them)."""
+        return t.float() if t.device.type == "cpu" and t.dtype == torch.bfloat16 else t
 
     def _cached_cross_attn(self, h: Tensor, src_mask: Tensor, cache: dict) -> Tensor:
         sentences = cache["mem_k"].size(0)

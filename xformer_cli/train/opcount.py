@@ -5,7 +5,8 @@ Every aten op that reaches the backend is (at most) one kernel launch, so the nu
 per step, counted below autograd and autocast with a ``TorchDispatchMode``, tracks the
 kernels per step. ``gpu_code_path`` makes a CPU take the branches CUDA takes (the one-pass
 loss, plain ``F.linear``), and fake tensors make the count cost no arithmetic, so the
-count for the paper's sizes runs in seconds on a CPU.
+count for the paper's sizes runs in seconds on a CPU. ``cuda_path_step_ops`` counts a whole
+training step that way (scripts/bench_opcount.py, scripts/bench_train.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections import Counter
 from typing import Callable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xformer_cli.data.batching import Batch
 from xformer_cli.device import autocast
-from xformer_cli.model.linear import plain_products
+from xformer_cli.model.linear import HalfWeightCache, plain_products
 from xformer_cli.train.loss import forced_path, label_smoothed_nll
 
 # Metadata-only ops: views and shape queries launch no kernel.
@@ -85,3 +87,20 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def cuda_path_step_ops(build: Callable[[], torch.nn.Module], batches: list[Batch], epsilon: float, pad_id: int,
+                       precision: str, half_weights: bool, loss_path: str = "one_pass") -> OpCounter:
+    """The aten ops of one optimizer update over ``batches`` on the code path CUDA takes, on
+    fake tensors (no arithmetic): the model ``build`` returns, fused Adam, the second update
+    (the first creates Adam's state). ``half_weights``: the bf16 weight copies the trainer
+    attaches on CUDA bf16 (``forward_loss.wants_half_weights``), refreshed once per update;
+    ``loss_path``: ``one_pass`` (CUDA's) or ``blocked`` (the CPU's, CUDA's before it)."""
+    with FakeTensorMode(allow_non_fake_inputs=True), gpu_code_path(), forced_path(loss_path):
+        model = build().train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6, fused=True)
+        if half_weights:
+            HalfWeightCache(model, optimizer, torch.bfloat16)
+        step = training_step(model, optimizer, batches, epsilon, pad_id, precision)
+        step()
+        return count_ops(step)
