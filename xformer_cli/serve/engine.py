@@ -106,11 +106,11 @@ def checkpoint_languages(path: Path) -> Optional[tuple[str, str]]:
     """data.src_lang and data.tgt_lang of a checkpoint's config (None if it has none)."""
     import torch
 
+    from xformer_cli.checkpoint import load_checkpoint  # (its import lets torch 2.4 read bytes)
+
     try:  # mmap: the config without reading every weight again
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - an older file format: read it whole
-        from xformer_cli.checkpoint import load_checkpoint
-
         state = load_checkpoint(path)
     data = (state.get("config") or {}).get("data") or {}
     src, tgt = data.get("src_lang"), data.get("tgt_lang")
