@@ -11,6 +11,9 @@ file in the same directory is fsynced and then renamed over the old one.
 
 from __future__ import annotations
 
+import codecs
+import io
+import pickle
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +27,29 @@ from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
 FORMAT = "xformer-checkpoint"
 VERSION = 3  # what save_checkpoint writes; load_checkpoint upgrades older ones (upgrade_checkpoint)
+
+
+def safe_load_reads_bytes() -> bool:
+    """Whether ``torch.load(weights_only=True)`` gives back a ``bytes`` that torch.save wrote
+    (a checkpoint's tokenizer models are bytes)."""
+    buffer = io.BytesIO()
+    torch.save(b"spm", buffer)
+    buffer.seek(0)
+    try:
+        return torch.load(buffer, weights_only=True) == b"spm"
+    except pickle.UnpicklingError:  # torch 2.4: "Unsupported global: GLOBAL _codecs.encode"
+        return False
+
+
+def allow_bytes_in_safe_loads() -> None:
+    """torch.save pickles bytes as a call to ``_codecs.encode`` (pickle protocol 2), which the
+    weights-only unpickler allows from torch 2.5 on. torch 2.4 refuses it, so no checkpoint
+    would load there: that one function is allowlisted (as 2.5 does itself), nothing else."""
+    if not safe_load_reads_bytes():
+        torch.serialization.add_safe_globals([codecs.encode])
+
+
+allow_bytes_in_safe_loads()  # on import: every reader of checkpoints imports this module
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:

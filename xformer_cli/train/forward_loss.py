@@ -84,10 +84,33 @@ def compiled(fn: LossFn, device: torch.device, static_shapes: bool, shapes: int 
     to eager after the eighth)."""
     mode, dynamic = compile_mode(device, static_shapes)
     if shapes:
-        limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+        raise_recompile_limits(shapes)
     return torch.compile(fn, mode=mode, dynamic=dynamic)
+
+
+# dynamo's names for (recompiles of one function, recompiles in all): torch 2.7 renamed the
+# limits; before that (our floor, 2.4, included) they were the cache_size ones. Newest first.
+RECOMPILE_LIMIT_NAMES = ("recompile_limit", "cache_size_limit")
+TOTAL_RECOMPILE_LIMIT_NAMES = ("accumulated_recompile_limit", "accumulated_cache_size_limit")
+
+
+def _first_present(config: object, names: tuple[str, ...]) -> Optional[str]:
+    return next((name for name in names if hasattr(config, name)), None)
+
+
+def raise_recompile_limits(shapes: int) -> None:
+    """Let dynamo compile ``shapes`` graphs (and one spare) of a function before it gives up,
+    under whichever names this torch gives the limits; a torch with neither name keeps its
+    own limits (more shapes then run eagerly: slower, never wrong)."""
+    config = torch._dynamo.config
+    limit = shapes + 1
+    name = _first_present(config, RECOMPILE_LIMIT_NAMES)
+    if name:
+        limit = max(getattr(config, name), limit)
+        setattr(config, name, limit)
+    total = _first_present(config, TOTAL_RECOMPILE_LIMIT_NAMES)
+    if total:
+        setattr(config, total, max(getattr(config, total), 4 * limit))
 
 
 def compilations() -> int:
