@@ -67,7 +67,8 @@ def test_an_unversioned_checkpoint_of_the_old_format_upgrades_and_resumes_exactl
 
 @pytest.mark.slow
 def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, monkeypatch):
-    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 50, "train.valid_every": 100})
+    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 50, "train.valid_every": 100,
+                                                           "train.save_every": 3})
     trainer = Trainer(cfg, log=quiet, progress=False)
     real_step = trainer.train_step
 
@@ -81,6 +82,9 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
     result = trainer.run()
     assert result.stopped_because == "interrupted" and result.steps == 4
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 4
+    # the kept step checkpoints stay on the save_every grid: a resumed run averages what an
+    # uninterrupted one would
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.pt")) == ["checkpoint_3.pt"]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     again = Trainer(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 6}), log=quiet, progress=False)
     assert again.counters.step == 4

@@ -177,9 +177,9 @@ def _restore_rng(run: RunState, ranks: list[dict], step: int) -> None:
         torch.cuda.set_rng_state(cuda[device.index or 0] if isinstance(cuda, list) else cuda, device)
 
 
-def save(run: RunState, best: bool = False) -> None:
-    """Write last.pt (and best.pt, and a kept step checkpoint) on rank 0; every rank calls it,
-    handing its random state over."""
+def save(run: RunState, best: bool = False, kept: bool = True) -> None:
+    """Write last.pt (and best.pt, and with ``kept`` a kept step checkpoint) on rank 0; every
+    rank calls it, handing its random state over."""
     rng_per_rank = run.dist.gather(rng_state(run.device), "a checkpoint (every rank's random state)")
     if not run.dist.is_main:
         return
@@ -189,7 +189,7 @@ def save(run: RunState, best: bool = False) -> None:
     if best:
         save_checkpoint(current, run_dir / "best.pt")
     keep = run.config.train.keep_checkpoints
-    if keep:
+    if keep and kept:
         save_checkpoint(current, step_checkpoint(run_dir, run.counters.step))
         for old in kept_checkpoints(run_dir)[:-keep]:
             old.unlink(missing_ok=True)

@@ -168,7 +168,9 @@ class Trainer:
             bar.close()
             self.drain_stats()  # count any skipped updates since the last read into the checkpoint
             if reason == "interrupted":
-                checkpointing.save(self.state)  # no validation: the user wants out now
+                # last.pt alone: no validation (the user wants out now), and no kept step
+                # checkpoint off the save_every grid, which a resumed run would then average
+                checkpointing.save(self.state, kept=False)
                 self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; "
                                "run the same command to resume")
             elif last_validated != c.step:
