@@ -17,48 +17,72 @@ chose, the steps, the peak and the last learning rate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+import tune_branch
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "tune"
 CONFIG = "configs/multi30k.yaml"
-COMMON = {"train.max_minutes": 0, "train.threads": 1, "data.cache_dir": "runs/tune/cache"}
+# keep_checkpoints 20: kept step checkpoints to branch other runs from (average_last still averages the last 5)
+COMMON = {"train.max_minutes": 0, "train.threads": 1, "data.cache_dir": "runs/tune/cache", "train.keep_checkpoints": 20}
 
 # Peak of the Noam schedule: lr_scale * d_model^-0.5 * warmup^-0.5. Today's recipe (scale 0.7,
 # warm-up 400, d_model 256) peaks at 2.19e-3. A 10% warm-up of 2000 steps (200) with scale 0.5
 # peaks at 2.21e-3; scale 0.75 is 1.5x that.
-NOAM = {}
+NOAM: dict = {}
 CD30 = {"train.cooldown": 0.3}
+CD50 = {"train.cooldown": 0.5}
 WF10 = {"train.cooldown": 0.3, "train.warmup_fraction": 0.1, "train.lr_scale": 0.5}
 WF10_HI = {"train.cooldown": 0.3, "train.warmup_fraction": 0.1, "train.lr_scale": 0.75}
+DROP2 = {"model.dropout": 0.2}
 
 
-def _runs(steps: int, prefix: str) -> dict[str, tuple[int, dict]]:
-    return {
-        f"{prefix}-noam": (steps, NOAM),
-        f"{prefix}-cd30": (steps, CD30),
-        f"{prefix}-cd50": (steps, {"train.cooldown": 0.5}),
-        f"{prefix}-wf10": (steps, WF10),
-        f"{prefix}-wf10-hi": (steps, WF10_HI),
-        f"{prefix}-wf10-cd50": (steps, {**WF10, "train.cooldown": 0.5}),
-        f"{prefix}-wf10-hi-cd50": (steps, {**WF10_HI, "train.cooldown": 0.5}),
-        f"{prefix}-cd30-drop2": (steps, {**CD30, "model.dropout": 0.2}),
-        f"{prefix}-cd50-drop2": (steps, {"train.cooldown": 0.5, "model.dropout": 0.2}),
-        f"{prefix}-cd30-save50": (steps, {**CD30, "train.save_every": 50}),
-    }
+@dataclasses.dataclass(frozen=True)
+class Run:
+    steps: int
+    overrides: dict
+    # A run whose training is the same as this one's up to some step (the same everything but
+    # the schedule after that step, or the checkpoint grid) starts from that step's kept
+    # checkpoint instead of step 0 (``branch``): what it computes is what it would from scratch.
+    parent: Optional[str] = None
 
 
-CONFIGS: dict[str, tuple[int, dict]] = {
-    **_runs(2000, "s2000"),
-    **_runs(1300, "s1300"),
+CONFIGS: dict[str, Run] = {
+    # today's recipe and its cool-downs (one trajectory up to the cool-downs: branches)
+    "s2000-noam": Run(2000, NOAM),
+    "s2000-cd30": Run(2000, CD30, "s2000-noam"),
+    "s2000-cd50": Run(2000, CD50, "s2000-noam"),
+    "s1300-noam": Run(1300, NOAM, "s2000-noam"),
+    "s1300-cd30": Run(1300, CD30, "s2000-noam"),
+    "s1300-cd50": Run(1300, CD50, "s2000-noam"),
+    # warm-up as 10% of the plan, the peak near today's (scale 0.5: 2.21e-3 at 2000 steps,
+    # 2.74e-3 at 1300) or 1.5x it (scale 0.75)
+    "s2000-wf10": Run(2000, WF10),
+    "s2000-wf10-cd50": Run(2000, {**WF10, **CD50}, "s2000-wf10"),
+    "s2000-wf10-hi": Run(2000, WF10_HI),
+    "s2000-wf10-hi-cd50": Run(2000, {**WF10_HI, **CD50}, "s2000-wf10-hi"),
+    "s1300-wf10": Run(1300, WF10),
+    "s1300-wf10-cd50": Run(1300, {**WF10, **CD50}, "s1300-wf10"),
+    "s1300-wf10-hi": Run(1300, WF10_HI),
+    "s1300-wf10-hi-cd50": Run(1300, {**WF10_HI, **CD50}, "s1300-wf10-hi"),
+    # dropout 0.2 on today's warm-up with a cool-down
+    "s2000-cd30-drop2": Run(2000, {**CD30, **DROP2}),
+    "s2000-cd50-drop2": Run(2000, {**CD50, **DROP2}, "s2000-cd30-drop2"),
+    "s1300-cd30-drop2": Run(1300, {**CD30, **DROP2}, "s2000-cd30-drop2"),
+    "s1300-cd50-drop2": Run(1300, {**CD50, **DROP2}, "s2000-cd30-drop2"),
+    # averaging over the cool-down only: checkpoints every 50 steps
+    "s2000-cd30-save50": Run(2000, {**CD30, "train.save_every": 50}, "s2000-cd30"),
     # the same tokens as 2000 steps of 3000, in fewer, larger steps (what a fixed wall clock gives)
-    "s1333-cd30-tok4500": (1333, {**CD30, "train.max_tokens": 4500}),
+    "s1333-cd30-tok4500": Run(1333, {**CD30, "train.max_tokens": 4500}),
 }
 
 
@@ -72,35 +96,110 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def sets_for(name: str) -> dict:
+    run = CONFIGS[name]
+    return {**COMMON, "run_dir": f"runs/tune/{name}", "train.max_steps": run.steps, **run.overrides}
+
+
 def command(name: str) -> list[str]:
-    steps, overrides = CONFIGS[name]
-    sets = {**COMMON, "run_dir": f"runs/tune/{name}", "train.max_steps": steps, **overrides}
-    args = ["nice", "-n", "5", sys.executable, "-m", "xformer_cli", "train", "-c", CONFIG, "--quiet", "--overwrite"]
+    """The train command of run ``name``: it resumes from the run's last.pt where there is one
+    (a stopped search goes on where it stopped, exactly; a branch starts so), and starts
+    afresh otherwise."""
+    sets = sets_for(name)
+    fresh = ["--overwrite"]
+    if (RUNS / name / "last.pt").exists():
+        fresh = []
+        drop_interrupt_checkpoints(name, sets)
+    args = ["nice", "-n", "5", sys.executable, "-m", "xformer_cli", "train", "-c", CONFIG, "--quiet", *fresh]
     for key, value in sets.items():
         args += ["--set", f"{key}={value}"]
     return args
 
 
+def drop_interrupt_checkpoints(name: str, sets: dict) -> None:
+    """An interrupted run (Ctrl-C, SIGTERM) saves a kept checkpoint_STEP.pt at the step it
+    stopped at (train/checkpointing.py, save). Off the save_every / valid_every grid, it would
+    enter the final average_last where an uninterrupted run has none: it goes, so a resumed
+    run's averaged checkpoint is the uninterrupted run's."""
+    train = {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("train.")}
+    save_every, valid_every = int(train.get("save_every", 150)), int(train.get("valid_every", 1000))
+    for path in (RUNS / name).glob("checkpoint_*.pt"):
+        step = int(path.stem.split("_")[1])
+        if step % save_every and step % valid_every and step != sets["train.max_steps"]:
+            print(f"{name}: removing {path.name} (saved by an interrupt, off the save_every grid)", flush=True)
+            path.unlink()
+
+
 def run_all(names: list[str], jobs: int) -> None:
-    """Runs the unfinished ``names``, ``jobs`` at a time; each logs to runs/tune/logs/NAME.log."""
+    """Runs the unfinished ``names``, ``jobs`` at a time, in the order given: the first ``jobs``
+    that can start run (a branch waits for its parent's checkpoint, and stops a later run in
+    the list when it can start: that one saves and resumes later). Logs: runs/tune/logs/NAME.log."""
     todo = [n for n in names if not finished(n)]
     for n in names:
         if n not in todo:
             print(f"{n}: finished, skipped")
     (RUNS / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XFORMER_DATA": os.environ.get("XFORMER_DATA", str(ROOT.parent / "shared" / "data"))}
+    os.environ.update(XFORMER_DATA=env["XFORMER_DATA"])  # the branches read the config in this process
     running: dict[str, subprocess.Popen] = {}
-    while todo or running:
-        while todo and len(running) < jobs:
-            name = todo.pop(0)
-            log = (RUNS / "logs" / f"{name}.log").open("w", encoding="utf-8")
-            print(f"{time.strftime('%H:%M:%S')} start {name}: {' '.join(command(name)[4:])}", flush=True)
-            running[name] = subprocess.Popen(command(name), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        time.sleep(10)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        _run_queue(todo, jobs, env, running)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: each run finishes its step and saves last.pt
+        for name in list(running):
+            _interrupt(name, running)
+        raise SystemExit(130)
+
+
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt(name: str, running: dict) -> None:
+    proc = running.pop(name)
+    proc.terminate()
+    print(f"{time.strftime('%H:%M:%S')} {name}: stopped (exit {proc.wait()}); it resumes later", flush=True)
+
+
+def _run_queue(todo: list[str], jobs: int, env: dict, running: dict) -> None:
+    while todo:
         for name, proc in list(running.items()):
             if proc.poll() is not None:
                 print(f"{time.strftime('%H:%M:%S')} {name}: exit {proc.returncode}", flush=True)
                 del running[name]
+                if proc.returncode != 130:  # finished, or failed (its log says why): not again
+                    todo.remove(name)
+        wanted: list[str] = []
+        for name in todo:  # ready() makes a branch: only for the runs about to start
+            if len(wanted) < jobs and (name in running or ready(name)):
+                wanted.append(name)
+        for name in [n for n in running if n not in wanted]:
+            _interrupt(name, running)
+        for name in [n for n in wanted if n not in running]:
+            args = command(name)
+            log = (RUNS / "logs" / f"{name}.log").open("a", encoding="utf-8")
+            print(f"{time.strftime('%H:%M:%S')} start {name}: {' '.join(args[5:])}", flush=True)
+            running[name] = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(20)
+
+
+def ready(name: str) -> bool:
+    """Whether run ``name`` can start: it has no parent, has been branched already, shares
+    no step with its parent, or its parent has passed the checkpoint it branches from (then
+    the branch is made here)."""
+    parent = CONFIGS[name].parent
+    if parent is None or (RUNS / name / "last.pt").exists():
+        return True
+    child_config = tune_branch.run_config(ROOT / CONFIG, sets_for(name))
+    step = tune_branch.branch_step(tune_branch.run_config(ROOT / CONFIG, sets_for(parent)), child_config)
+    if step == 0:
+        return True
+    rows = read_metrics(RUNS / parent / "metrics.jsonl")
+    if not (RUNS / parent / f"checkpoint_{step}.pt").exists() or max((r["step"] for r in rows), default=0) <= step:
+        return False
+    print(f"{time.strftime('%H:%M:%S')} {name}: branched from {parent} at step {step}", flush=True)
+    tune_branch.make_branch(RUNS / parent, RUNS / name, child_config, step)
+    return True
 
 
 def summary(name: str) -> Optional[dict]:
