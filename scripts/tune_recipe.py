@@ -6,7 +6,7 @@ Every run is bounded by steps (train.max_minutes 0), never by minutes, so its BL
 depend on how busy the machine is; each run uses one thread under ``nice``.
 
     python scripts/tune_recipe.py list
-    python scripts/tune_recipe.py run s2000-noam s2000-cd30 [--jobs 2]
+    python scripts/tune_recipe.py run [NAMES...] [--jobs 2]     # default: every run, in CONFIGS' order
     python scripts/tune_recipe.py table [NAMES...] [--markdown]
 
 Columns: valid BLEU (greedy) at the last step, of the averaged checkpoint (train.average_last),
@@ -56,33 +56,35 @@ class Run:
     parent: Optional[str] = None
 
 
+# In the order the search runs them (``run`` with no names): the two parents first (today's
+# recipe, and a 10% warm-up at 1300 steps), the 1300-step branches (the fp32 machine, the
+# larger gap), then 2000 steps, dropout, a higher peak, batch tokens, the averaging grid.
 CONFIGS: dict[str, Run] = {
-    # today's recipe and its cool-downs (one trajectory up to the cool-downs: branches)
-    "s2000-noam": Run(2000, NOAM),
-    "s2000-cd30": Run(2000, CD30, "s2000-noam"),
-    "s2000-cd50": Run(2000, CD50, "s2000-noam"),
-    "s1300-noam": Run(1300, NOAM, "s2000-noam"),
-    "s1300-cd30": Run(1300, CD30, "s2000-noam"),
+    "s2000-noam": Run(2000, NOAM),  # today's recipe: a parent of five
     "s1300-cd50": Run(1300, CD50, "s2000-noam"),
+    "s1300-cd30": Run(1300, CD30, "s2000-noam"),
+    "s1300-noam": Run(1300, NOAM, "s2000-noam"),
     # warm-up as 10% of the plan, the peak near today's (scale 0.5: 2.21e-3 at 2000 steps,
     # 2.74e-3 at 1300) or 1.5x it (scale 0.75)
-    "s2000-wf10": Run(2000, WF10),
-    "s2000-wf10-cd50": Run(2000, {**WF10, **CD50}, "s2000-wf10"),
-    "s2000-wf10-hi": Run(2000, WF10_HI),
-    "s2000-wf10-hi-cd50": Run(2000, {**WF10_HI, **CD50}, "s2000-wf10-hi"),
     "s1300-wf10": Run(1300, WF10),
     "s1300-wf10-cd50": Run(1300, {**WF10, **CD50}, "s1300-wf10"),
-    "s1300-wf10-hi": Run(1300, WF10_HI),
-    "s1300-wf10-hi-cd50": Run(1300, {**WF10_HI, **CD50}, "s1300-wf10-hi"),
+    "s2000-cd30": Run(2000, CD30, "s2000-noam"),
+    "s2000-cd50": Run(2000, CD50, "s2000-noam"),
+    "s2000-wf10": Run(2000, WF10),
+    "s2000-wf10-cd50": Run(2000, {**WF10, **CD50}, "s2000-wf10"),
     # dropout 0.2 on today's warm-up with a cool-down
     "s2000-cd30-drop2": Run(2000, {**CD30, **DROP2}),
-    "s2000-cd50-drop2": Run(2000, {**CD50, **DROP2}, "s2000-cd30-drop2"),
     "s1300-cd30-drop2": Run(1300, {**CD30, **DROP2}, "s2000-cd30-drop2"),
+    "s2000-cd50-drop2": Run(2000, {**CD50, **DROP2}, "s2000-cd30-drop2"),
     "s1300-cd50-drop2": Run(1300, {**CD50, **DROP2}, "s2000-cd30-drop2"),
-    # averaging over the cool-down only: checkpoints every 50 steps
-    "s2000-cd30-save50": Run(2000, {**CD30, "train.save_every": 50}, "s2000-cd30"),
+    "s2000-wf10-hi": Run(2000, WF10_HI),
+    "s2000-wf10-hi-cd50": Run(2000, {**WF10_HI, **CD50}, "s2000-wf10-hi"),
+    "s1300-wf10-hi": Run(1300, WF10_HI),
+    "s1300-wf10-hi-cd50": Run(1300, {**WF10_HI, **CD50}, "s1300-wf10-hi"),
     # the same tokens as 2000 steps of 3000, in fewer, larger steps (what a fixed wall clock gives)
     "s1333-cd30-tok4500": Run(1333, {**CD30, "train.max_tokens": 4500}),
+    # averaging over the cool-down only: checkpoints every 50 steps
+    "s2000-cd30-save50": Run(2000, {**CD30, "train.save_every": 50}, "s2000-cd30"),
 }
 
 
@@ -143,6 +145,7 @@ def run_all(names: list[str], jobs: int) -> None:
     os.environ.update(XFORMER_DATA=env["XFORMER_DATA"])  # the branches read the config in this process
     running: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _stop)
+    (RUNS / "logs" / "search.pid").write_text(f"{os.getpid()}\n")  # kill -TERM it: every run saves and stops
     try:
         _run_queue(todo, jobs, env, running)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: each run finishes its step and saves last.pt
@@ -170,8 +173,8 @@ def _run_queue(todo: list[str], jobs: int, env: dict, running: dict) -> None:
                 if proc.returncode != 130:  # finished, or failed (its log says why): not again
                     todo.remove(name)
         wanted: list[str] = []
-        for name in todo:  # ready() makes a branch: only for the runs about to start
-            if len(wanted) < jobs and (name in running or ready(name)):
+        for name in list(todo):  # ready() makes a branch: only for the runs about to start
+            if len(wanted) < jobs and (name in running or _ready_or_dropped(name, todo)):
                 wanted.append(name)
         for name in [n for n in running if n not in wanted]:
             _interrupt(name, running)
@@ -181,6 +184,16 @@ def _run_queue(todo: list[str], jobs: int, env: dict, running: dict) -> None:
             print(f"{time.strftime('%H:%M:%S')} start {name}: {' '.join(args[5:])}", flush=True)
             running[name] = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(20)
+
+
+def _ready_or_dropped(name: str, todo: list[str]) -> bool:
+    """ready(name); a run that cannot branch (or whose branch fails) is said and dropped, the others go on."""
+    try:
+        return ready(name)
+    except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the search
+        print(f"{time.strftime('%H:%M:%S')} {name}: dropped: {exc}", flush=True)
+        todo.remove(name)
+        return False
 
 
 def ready(name: str) -> bool:
@@ -212,7 +225,7 @@ def summary(name: str) -> Optional[dict]:
     lrs = [r["lr"] for r in rows if "lr" in r]
     steps = max(r["step"] for r in rows)
     return {
-        "name": name, "steps": steps, "planned": CONFIGS.get(name, (None,))[0],
+        "name": name, "steps": steps, "planned": CONFIGS[name].steps if name in CONFIGS else None,
         "last": valid[-1]["valid_bleu"] if valid and valid[-1]["step"] == steps else None,
         "averaged": averaged[-1]["valid_bleu"] if averaged else None,
         "lp": max(lp[-1]["length_penalty_valid_bleu"].values()) if lp else None,
@@ -223,8 +236,12 @@ def summary(name: str) -> Optional[dict]:
 
 
 def overrides_text(name: str) -> str:
-    steps, overrides = CONFIGS.get(name, (0, {}))
-    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items()) or "(today's recipe)"
+    run = CONFIGS.get(name, Run(0, {}))
+    text = " ".join(f"{k.split('.')[-1]}={v}" for k, v in run.overrides.items()) or "(today's recipe)"
+    branched = RUNS / name / "branched_from.json"
+    if branched.exists():
+        text += f" (from {run.parent} at {json.loads(branched.read_text())['step']})"
+    return text
 
 
 def _fmt(value, spec: str = ".2f") -> str:
@@ -258,7 +275,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("list")
     run = sub.add_parser("run")
-    run.add_argument("names", nargs="+", choices=sorted(CONFIGS))
+    run.add_argument("names", nargs="*", choices=[[], *CONFIGS], help="default: all, in the list's order")
     run.add_argument("--jobs", type=int, default=2)
     show = sub.add_parser("table")
     show.add_argument("names", nargs="*")
@@ -266,9 +283,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.what == "list":
         for name in CONFIGS:
-            print(f"{name:24} {CONFIGS[name][0]:5} {overrides_text(name)}{'  (finished)' if finished(name) else ''}")
+            print(f"{name:24} {CONFIGS[name].steps:5} {overrides_text(name)}{'  (finished)' if finished(name) else ''}")
     elif args.what == "run":
-        run_all(args.names, args.jobs)
+        run_all(args.names or list(CONFIGS), args.jobs)
     else:
         table(args.names or [n for n in CONFIGS if (RUNS / n).exists()], args.markdown)
 
