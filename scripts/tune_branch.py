@@ -88,8 +88,9 @@ def make_branch(parent_dir: Path, child_dir: Path, child: Config, step: int) -> 
     rows = [r for r in _metrics(parent_dir) if r["step"] <= step and "averaged_steps" not in r
             and "length_penalty" not in r]
     state = _as_child(load_checkpoint(step_checkpoint(parent_dir, step)), child)
-    if state["best_bleu"] is not None:  # best.pt: the first validation that reached the best BLEU so far
-        best_step = next(r["step"] for r in rows if r.get("valid_bleu") == state["best_bleu"])
+    validations = [r for r in rows if "valid_bleu" in r]
+    if state["best_bleu"] is not None and validations:  # best.pt: the first validation with the best BLEU so far
+        best_step = max(validations, key=lambda r: (r["valid_bleu"], -r["step"]))["step"]
         save_checkpoint(_as_child(load_checkpoint(step_checkpoint(parent_dir, best_step)), child), child_dir / "best.pt")
     (child_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (child_dir / "branched_from.json").write_text(json.dumps({"parent": str(parent_dir), "step": step}) + "\n")
