@@ -11,7 +11,7 @@ depend on how busy the machine is; each run uses one thread under ``nice``.
 
 Columns: valid BLEU (greedy) at the last step, of the averaged checkpoint (train.average_last),
 and the best beam-4 valid BLEU of the length-penalty pass (what best.pt gives), the alpha it
-chose, the steps, the peak and the last learning rate.
+chose, the steps (done / planned), the schedule's peak learning rate and the one logged last.
 """
 
 from __future__ import annotations
@@ -141,8 +141,7 @@ def run_all(names: list[str], jobs: int) -> None:
         if n not in todo:
             print(f"{n}: finished, skipped")
     (RUNS / "logs").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XFORMER_DATA": os.environ.get("XFORMER_DATA", str(ROOT.parent / "shared" / "data"))}
-    os.environ.update(XFORMER_DATA=env["XFORMER_DATA"])  # the branches read the config in this process
+    env = dict(os.environ)
     running: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _stop)
     (RUNS / "logs" / "search.pid").write_text(f"{os.getpid()}\n")  # kill -TERM it: every run saves and stops
@@ -230,9 +229,16 @@ def summary(name: str) -> Optional[dict]:
         "averaged": averaged[-1]["valid_bleu"] if averaged else None,
         "lp": max(lp[-1]["length_penalty_valid_bleu"].values()) if lp else None,
         "alpha": lp[-1]["length_penalty"] if lp else None,
-        "peak_lr": max(lrs) if lrs else None, "last_lr": lrs[-1] if lrs else None,
+        "peak_lr": planned_peak(name), "last_lr": lrs[-1] if lrs else None,
         "curve": " ".join(f"{r['step']}:{r['valid_bleu']}" for r in valid),
     }
+
+
+def planned_peak(name: str) -> Optional[float]:
+    """The schedule's peak learning rate (the logged rates are every log_every steps only)."""
+    if name not in CONFIGS:
+        return None
+    return max(tune_branch.learning_rates(tune_branch.run_config(ROOT / CONFIG, sets_for(name)), CONFIGS[name].steps))
 
 
 def overrides_text(name: str) -> str:
@@ -249,7 +255,7 @@ def _fmt(value, spec: str = ".2f") -> str:
 
 
 def table(names: list[str], markdown: bool) -> None:
-    head = ["run", "overrides", "steps", "valid last", "averaged", "LP pass (beam 4)", "alpha", "peak lr", "last lr",
+    head = ["run", "overrides", "steps", "valid last", "averaged", "LP pass (beam 4)", "alpha", "peak lr", "lr at the last logged step",
             "greedy curve"]
     rows = []
     for name in names:
@@ -281,6 +287,8 @@ def main() -> None:
     show.add_argument("names", nargs="*")
     show.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    # the runs, and the configs this process reads (branches, peaks), find the corpus here
+    os.environ.setdefault("XFORMER_DATA", str(ROOT.parent / "shared" / "data"))
     if args.what == "list":
         for name in CONFIGS:
             print(f"{name:24} {CONFIGS[name].steps:5} {overrides_text(name)}{'  (finished)' if finished(name) else ''}")
