@@ -225,7 +225,7 @@ def summary(name: str) -> Optional[dict]:
     steps = max(r["step"] for r in rows)
     return {
         "name": name, "steps": steps, "planned": CONFIGS[name].steps if name in CONFIGS else None,
-        "last": valid[-1]["valid_bleu"] if valid and valid[-1]["step"] == steps else None,
+        "last": valid[-1]["valid_bleu"] if valid and valid[-1]["step"] == steps == CONFIGS.get(name, Run(0, {})).steps else None,
         "averaged": averaged[-1]["valid_bleu"] if averaged else None,
         "lp": max(lp[-1]["length_penalty_valid_bleu"].values()) if lp else None,
         "alpha": lp[-1]["length_penalty"] if lp else None,
