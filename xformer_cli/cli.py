@@ -207,7 +207,8 @@ def translate(
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
     split_sentences: bool = typer.Option(True, "--split-sentences/--no-split-sentences", help="Split a line holding several sentences into sentences (the checkpoint's source language rules), translate them together, join them back with the source's whitespace."),
     format: str = typer.Option("text", "--format", help="text, or html: translate the text of each line as HTML, keeping tags, entities, script, style, code and pre as they are."),
-    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs, e-mail addresses and numbers unchanged."),
+    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs and e-mail addresses unchanged and numbers as --keep-numbers does."),
+    keep_numbers: bool = typer.Option(False, "--keep-numbers", help="Keep every source number's value: where the translation lacks it (in digits, or as a number word of the target language), the source's digits replace the wrong number the model wrote in its place, or go where the number aligns. A number the model spelled out stays as it is: never both. Without this option (or --glossary) the output is the model's."),
 ) -> None:
     """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
 
@@ -217,8 +218,8 @@ def translate(
     _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
-    text_options = _text_options(checkpoints[0], split_sentences, format, glossary, nbest)
-    aligning = attention is not None or format == "html" or glossary is not None  # tags and terms follow attention
+    text_options = _text_options(checkpoints[0], split_sentences, format, glossary, nbest, keep_numbers)
+    aligning = attention is not None or format == "html" or glossary is not None or keep_numbers  # tags and terms follow attention
     needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
                                             ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
@@ -236,8 +237,10 @@ def translate(
         _plot_attention(translator, plotted, attention, beam_size, attention_heads)
 
 
-def _text_options(model: Path, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int):
-    """How ``translate`` reads its lines: the sentence splitter's language from the model."""
+def _text_options(model: Path, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int,
+                  keep_numbers: bool = False):
+    """How ``translate`` reads its lines: the sentence splitter's language (and the number
+    words') from the model."""
     from xformer_cli.serve.engine import model_languages
     from xformer_cli.text import TextOptions, load_glossary
     from xformer_cli.text.pipeline import FORMATS
@@ -246,7 +249,8 @@ def _text_options(model: Path, split_sentences: bool, format: str, glossary: Opt
         raise XformerError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     languages = model_languages(model) if model.exists() else None
     return TextOptions(source_lang=languages[0] if languages else "en", split_sentences=split_sentences, format=format,
-                       glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1)
+                       glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1,
+                       keep_numbers=keep_numbers, target_lang=languages[1] if languages else "")
 
 
 def _translate_stream(translator, options, text_options, input: Optional[Path], output: Optional[Path],
@@ -330,7 +334,7 @@ def eval_bleu(
     refs: List[Path] = typer.Option([], "--ref", "-r", help="Reference file; repeat for several references. With --checkpoint and neither --src nor --ref: the checkpoint config's data.test."),
     hyps: List[Path] = typer.Option([], "--hyp", help="Hypotheses (detokenized). Several: the first is the baseline of a paired test."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint (or export directory), then score."),
-    src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
+    src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint); with --hyp, the source the number accuracy reads."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also save the translations here."),
     metrics: str = typer.Option("bleu,chrf", "--metrics", help="Comma-separated: bleu, chrf, ter."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF (sacrebleu -lc)."),
@@ -376,7 +380,8 @@ def eval_bleu(
     for name, lines in systems:
         for warning in hypothesis_warnings(lines, name):
             typer.echo(f"warning: {warning}", err=True)
-    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names)
+    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names,
+                   numbers=_number_accuracy(systems, source_lines, src, checkpoint, refs))
     if len(systems) == 1:
         _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
     else:
@@ -398,40 +403,71 @@ def _references(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path
     return None, [list(read_lines(r)) for r in refs], [str(r) for r in refs], src
 
 
+def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[Path], checkpoint: Optional[Path],
+                     refs: List[Path]):
+    """Each system's number accuracy (docs/evaluation.md#number-accuracy), where the source is
+    known (--checkpoint, or --src with --hyp); None otherwise. The languages: the checkpoint's,
+    else the suffixes of --src and --ref (test.en, test.de)."""
+    from xformer_cli.numerals import language_of, number_accuracy
+    from xformer_cli.serve.engine import model_languages
+
+    if source_lines is None and src is None:
+        return None
+    sources = source_lines if source_lines is not None else _read_source(src)
+    languages = model_languages(checkpoint) if checkpoint is not None and checkpoint.exists() else None
+    if languages is None:
+        languages = ((language_of(src) if src is not None else "") or "en", language_of(refs[0]) if refs else "")
+    for name, lines in systems:
+        if len(lines) != len(sources):
+            raise XformerError(f"{src} has {len(sources)} lines but {name} has {len(lines)}: no number accuracy")
+    return [number_accuracy(sources, lines, *languages) for _, lines in systems]
+
+
 def _read_source(src: Path) -> list[str]:
     from xformer_cli.textio import iter_lines
 
     return list(iter_lines(src))
 
 
-def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json) -> None:
-    """One system's scores: text with signatures, or one JSON object."""
+def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json,
+                  numbers=None) -> None:
+    """One system's scores: text with signatures, or one JSON object; its number accuracy
+    beside them where the source is known."""
     from xformer_cli.evaluate import score_lines
 
     name, lines = system
     scores = score_lines(lines, ref_lines, metrics, lowercase, tokenize, confidence, name, ref_names)
     if as_json:
-        typer.echo(json.dumps({sc.name: sc.to_dict() for sc in scores}))
+        typer.echo(json.dumps({**{sc.name: sc.to_dict() for sc in scores},
+                               **({"numbers": numbers[0].to_dict()} if numbers else {})}))
         return
     for sc in scores:
         typer.echo(sc.text)
         typer.echo(f"  signature: {sc.signature}")
+    if numbers:
+        typer.echo(numbers[0].text)
 
 
-def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json) -> None:
-    """Several systems against the first: a significance table with signatures, or one JSON object."""
+def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json,
+                      numbers=None) -> None:
+    """Several systems against the first: a significance table with signatures, or one JSON
+    object; each system's number accuracy where the source is known."""
     from xformer_cli.evaluate import compare_systems
 
     rows, signatures = compare_systems(systems, ref_lines, metrics, lowercase, tokenize, paired_test, samples, ref_names)
     if as_json:
         typer.echo(json.dumps({
             "test": paired_test, "baseline": systems[0][0], "signatures": signatures,
-            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row}} for (name, _), row in zip(systems, rows)],
+            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row},
+                         **({"numbers": numbers[i].to_dict()} if numbers else {})}
+                        for i, ((name, _), row) in enumerate(zip(systems, rows))],
         }))
         return
     typer.echo(_significance_table([name for name, _ in systems], rows, paired_test))
     for metric_name, signature in signatures.items():
         typer.echo(f"{metric_name} signature: {signature}")
+    for (name, _), accuracy in zip(systems, numbers or []):
+        typer.echo(f"{name}: {accuracy.text}")
 
 
 def _significance_table(names: list[str], rows, test: str) -> str:

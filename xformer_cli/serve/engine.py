@@ -48,7 +48,7 @@ class ServedModel:
         if glossary:
             terms = terms.merged(Glossary.from_dict(dict(glossary)))
         opts = TextOptions(source_lang=self.source, split_sentences=split_sentences, format=format, glossary=terms,
-                           alternatives=alternatives)
+                           alternatives=alternatives, target_lang=self.target)
         beam = max(beam_size or self.beam_size or 1, alternatives + 1)
         return translate_texts(self.translator, texts, opts, self.translator.options(beam_size=beam), wanted)
 

@@ -1,0 +1,114 @@
+"""Numbers: what a source sentence holds, what a translation's numbers are worth (digits and
+German, English, French, Czech words), number accuracy, and translate's number handling:
+the engine's output untouched without an option, every value kept and none written twice
+with --keep-numbers or a glossary."""
+
+from decimal import Decimal
+
+import pytest
+from text_fakes import FakeEngine
+
+from xformer_cli.numerals import language_of, mentions, number_accuracy, source_numbers
+from xformer_cli.text import Glossary, TextOptions, translate_texts
+from xformer_cli.text.glossary import mask_terms
+
+
+def values(found) -> list:
+    return [float(m.value) for m in found]
+
+
+def test_source_numbers_read_by_the_source_language():
+    line = "1,102 runners, 3.5 km, 2007, at 10:30 on 9/11, the 3rd of 1,250th, 1970s, 50ft, A380, 1,5"
+    assert values(source_numbers(line, "en")) == [1102, 3.5, 2007, 10, 30, 9, 11, 3, 1250, 1970, 50, 380, 1, 5]
+    found = source_numbers(line, "en")
+    assert [line[m.start:m.end] for m in found][:2] == ["1,102", "3.5"] and line[found[7].start:found[7].end] == "3rd"
+    assert values(source_numbers("1.102 Läufer, 3,5 km, 2 000 Euro", "de")) == [1102, 3.5, 2000]
+    assert source_numbers("Two dogs and no digits.", "en") == []
+
+
+@pytest.mark.parametrize("lang, text, expected", [
+    ("de", "Zwei Mädchen, einundzwanzig Hunde, der dritten, zweitausendsieben, neunzehnhundertneunzig, zwölf",
+     [2, 21, 3, 2007, 1990, 12]),
+    ("de", "Ein Hund im Jahrhundert, der Hund, Tausende, ernst", [1]),
+    ("en", "one hundred and five dogs, the twenty-first, thirteen, a month up north", [105, 21, 13]),
+    ("fr", "vingt et un chiens, deux cents, quatre-vingt-dix-sept, le cinquième, la première", [21, 200, 97, 5, 1]),
+    ("cs", "dvacet jedna psů, dvě stě, třetí, pátého, pět set, druh", [21, 200, 3, 5, 500]),
+])
+def test_number_words_of_the_target_language(lang, text, expected):
+    found = mentions(text, lang)
+    assert [max(int(v) for v in m.values if v == int(v)) for m in found] == expected, found
+
+
+def test_digit_mentions_are_worth_every_reading():
+    (mention,) = mentions("Nummer 1.102", "de")
+    assert {Decimal(1102), Decimal("1.102")} <= mention.values
+    assert [m.article for m in mentions("Ein Mann und eine Frau, zwei Kinder", "de")] == [True, True, False]
+
+
+def test_number_accuracy_on_hand_made_lines():
+    sources = ["2 blond girls sit.", "A man with 2 dogs and 2 cats.", "The number 1102 runs.", "No numbers.",
+               "In 2007, 3.5 km.", "The 8 second clock."]
+    outputs = ["Zwei blonde Mädchen sitzen.", "Ein Mann mit zwei Hunden und Katzen.", "Die Nummer 12 läuft.",
+               "Keine Zahlen.", "Im Jahr 2007, 3,5 km.", "Die 888 8888 Uhr."]
+    accuracy = number_accuracy(sources, outputs, "en", "de")
+    # kept: 2 (Zwei), one of the two 2s (one "zwei" keeps one), 2007, 3.5; lost: a 2, 1102, 8
+    assert (accuracy.kept, accuracy.total, accuracy.lines) == (4, 7, 5)
+    assert accuracy.to_dict()["accuracy"] == pytest.approx(57.14)
+    assert "57.14% (4 of 7 source numbers kept" in accuracy.text
+    # digits only where the target language has no words here
+    assert number_accuracy(sources[:1], outputs[:1], "en", "fi").kept == 0
+    assert language_of("newstest2014.de") == "de" and language_of("hyp.out") == ""
+
+
+# A model that spells small numbers out and gets others wrong, as the README main job's did.
+MODEL = {
+    "2 blond girls are sitting on a ledge.": "Zwei blonde Mädchen sitzen auf einem Absatz.",
+    "3 boys are standing on a pier.": "Drei Jungen stehen auf einem Pier.",
+    "A man with 2 dogs.": "Ein Mann mit zwei Hunden.",
+    "A girl with the number 1102 runs.": "Ein Mädchen mit der Nummer 12 läuft.",
+    "These four people are standing with 3 dogs.": "Diese vier Personen stehen mit Hunden.",
+    "1 man and 1 woman at 2 tables.": "Ein Mann und eine Frau an 2 Tischen.",
+    "A shirt that says 2007.": "Ein Hemd mit der Aufschrift.",
+}
+THREE = list(MODEL)[:3]
+
+
+def spelling_engine() -> FakeEngine:
+    return FakeEngine(lambda text: MODEL[text])
+
+
+def test_without_an_option_the_output_is_the_engines():
+    engine = spelling_engine()
+    lines = list(MODEL) + ["Visit https://x.org/a with X1 at 10:30."]
+    MODEL[lines[-1]] = "Besuchen Sie es um halb elf."
+    try:
+        assert [r.text for r in translate_texts(engine, lines, TextOptions(target_lang="de"))] == engine.translate(lines)
+        assert [r.text for r in translate_texts(engine, lines, TextOptions())] == engine.translate(lines)
+    finally:
+        del MODEL[lines[-1]]
+    assert mask_terms("Visit https://x.org/a with X1 at 10:30.", None, placeholders=False).targets == []
+
+
+def written(text: str, value: int) -> int:
+    return sum(Decimal(value) in m.values for m in mentions(text, "de"))
+
+
+@pytest.mark.parametrize("opts", [TextOptions(keep_numbers=True, target_lang="de"),
+                                  TextOptions(glossary=Glossary(), target_lang="de"),
+                                  TextOptions(keep_numbers=True)], ids=["keep-numbers", "glossary", "any-language"])
+def test_spelled_out_numbers_are_not_written_twice(opts):
+    out = [r.text for r in translate_texts(spelling_engine(), THREE, opts)]
+    assert out == [MODEL[line] for line in THREE]  # "Zwei", "Drei", "zwei" kept: no "2 Zwei"
+    assert [written(text, n) for text, n in zip(out, (2, 3, 2))] == [1, 1, 1]
+
+
+def test_every_source_number_is_kept_once():
+    lines = list(MODEL)[3:]
+    out = [r.text for r in translate_texts(spelling_engine(), lines, TextOptions(keep_numbers=True, target_lang="de"))]
+    assert out[0] == "Ein Mädchen mit der Nummer 1102 läuft."  # the wrong copy replaced, not kept beside it
+    assert "vier Personen" in out[1] and written(out[1], 3) == 1 and out[1].count("3") == 1  # "vier" is the source's
+    assert out[2] == MODEL[lines[2]]  # the articles count as 1, and are never replaced
+    assert "2007" in out[3] and out[3].count("2007") == 1  # a dropped number inserted
+    accuracy = number_accuracy(list(MODEL), [r.text for r in translate_texts(
+        spelling_engine(), list(MODEL), TextOptions(keep_numbers=True, target_lang="de"))], "en", "de")
+    assert accuracy.kept == accuracy.total == 9
