@@ -3,6 +3,7 @@ German, English, French, Czech words), number accuracy, and translate's number h
 the engine's output untouched without an option, every value kept and none written twice
 with --keep-numbers or a glossary."""
 
+import json
 from decimal import Decimal
 
 import pytest
@@ -112,3 +113,69 @@ def test_every_source_number_is_kept_once():
     accuracy = number_accuracy(list(MODEL), [r.text for r in translate_texts(
         spelling_engine(), list(MODEL), TextOptions(keep_numbers=True, target_lang="de"))], "en", "de")
     assert accuracy.kept == accuracy.total == 9
+
+
+def test_tokenizer_options_split_digits_and_fall_back_to_bytes(tmp_path):
+    from helpers import quiet, write_lines
+
+    from xformer_cli.config import load_config
+    from xformer_cli.data.prepare import check_inputs
+    from xformer_cli.tokenizer import UNK_ID
+
+    english = [f"A man with {n} dogs runs {n * 7} metres in {1990 + n}." for n in range(60)]
+    german = [f"Ein Mann mit {n} Hunden läuft {n * 7} Meter im Jahr {1990 + n}." for n in range(60)]
+    for split in ("train", "valid", "test"):
+        write_lines(tmp_path / f"{split}.en", english)
+        write_lines(tmp_path / f"{split}.de", german)
+    sets = [f"data.{split}.prefix={tmp_path}/{split}" for split in ("train", "valid", "test")]
+    sets += [f"run_dir={tmp_path}/run", "tokenizer.vocab_size=400"]
+
+    def tokenizer(*options):
+        return check_inputs(load_config("configs/multi30k.yaml", sets + list(options)), quiet).tokenizer
+
+    plain, copying = tokenizer(), tokenizer("tokenizer.split_digits=true", "tokenizer.byte_fallback=true")
+    line = "Nummer 1102 kostet 5 €."  # "€" is in no training sentence
+    pieces = copying.src_pieces(line)
+    assert "1 1 0 2" in " ".join(pieces), pieces
+    assert not any(piece.isdigit() and len(piece) > 1 for piece in copying.src_pieces(" ".join(english)))
+    assert any(piece.strip("▁").isdigit() and len(piece.strip("▁")) > 1 for piece in plain.src_pieces(" ".join(english)))
+    assert UNK_ID in plain.encode_src([line])[0] and UNK_ID not in copying.encode_src([line])[0]
+    assert copying.decode_tgt(copying.encode_tgt([line])) == [line]
+
+
+DIGIT_LINES = ["2 blond girls are sitting on a ledge.", "3 boys are standing on a pier.", "A man with 2 dogs.",
+               "A girl with the number 1102 on her jersey runs across some grass.", "Two men play soccer.",
+               "A cowboy trying to beat the 8 second clock in 2007."]
+
+
+@pytest.mark.slow
+def test_translate_writes_the_engines_output_and_keeps_numbers_only_when_asked(trained_run, tmp_path):
+    from helpers import write_lines, xformer
+
+    from xformer_cli.decode.factory import load_engine
+
+    source = write_lines(tmp_path / "digits.en", DIGIT_LINES)
+    options = ("--engine", "xformer", "--precision", "fp32", "--device", "cpu", "--threads", "1", "-b", "1",
+               "--max-len-a", "0", "--max-len-b", "12")
+
+    def translate(*more: str) -> list[str]:
+        proc = xformer("translate", "-m", trained_run / "best.pt", "-i", source, *options, *more)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode().splitlines()
+
+    engine = load_engine(trained_run / "best.pt", "xformer", "fp32", "cpu", threads=1)
+    expected = engine.translate(DIGIT_LINES, beam_size=1, max_len_a=0, max_len_b=12)
+    assert translate() == expected  # digits included: nothing added, nothing replaced
+    kept = translate("--keep-numbers")
+    assert number_accuracy(DIGIT_LINES, kept, "en", "de").share == 1.0, kept
+    for line, model, out in zip(DIGIT_LINES, expected, kept):
+        if number_accuracy([line], [model], "en", "de").share == 1.0:
+            assert out == model  # a value the model kept (digits or word) is left as it wrote it
+    proc = xformer("eval-bleu", "--hyp", write_lines(tmp_path / "kept.de", kept), "--src", source,
+                   "--ref", write_lines(tmp_path / "ref.de", expected), "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    numbers = json.loads(proc.stdout)["numbers"]
+    assert (numbers["kept"], numbers["total"], numbers["lines"], numbers["target_lang"]) == (6, 6, 5, "de")
+    proc = xformer("eval-bleu", "-m", trained_run / "best.pt", "--src", source, "--ref", tmp_path / "ref.de",
+                   "--precision", "fp32", "-b", "1")
+    assert proc.returncode == 0 and "source numbers kept" in proc.stdout.decode(), proc.stderr.decode()
