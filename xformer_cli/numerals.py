@@ -124,10 +124,9 @@ def mentions(text: str, lang: str) -> list[Mention]:
         word = match.group()
         known = word_value(word, lang)
         joined = not text[last_end:match.start()].strip()
-        if known is not None and run and joined:
-            run.append((match.start(), match.end(), known[0], known[1]))
-        elif known is not None:
-            close()
+        if known is not None:
+            if not joined:
+                close()
             run.append((match.start(), match.end(), known[0], known[1]))
         elif run and joined and connector(word, lang) and not pending_connector:
             pending_connector = True
