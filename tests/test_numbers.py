@@ -41,8 +41,10 @@ def test_number_words_of_the_target_language(lang, text, expected):
 
 
 def test_digit_mentions_are_worth_every_reading():
-    (mention,) = mentions("Nummer 1.102", "de")
-    assert {Decimal(1102), Decimal("1.102")} <= mention.values
+    first, second = mentions("Nummer 1.102", "de")
+    assert first.values == {Decimal(1102), Decimal("1.102"), Decimal(1)} and second.values == {Decimal(102)}
+    assert [m.values for m in mentions("am 31.10.2013", "de")] == [{31}, {10}, {2013}]
+    assert number_accuracy(["On 10/31/2013 at 12:30."], ["Am 31.10.2013 um 12.30 Uhr."], "en", "de").share == 1.0
     assert [m.article for m in mentions("Ein Mann und eine Frau, zwei Kinder", "de")] == [True, True, False]
 
 

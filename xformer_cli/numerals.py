@@ -10,8 +10,8 @@ Used by ``eval-bleu``'s number accuracy (``number_accuracy``) and by ``translate
   "10:30": 10 and 30; "9/11": 9 and 11). Letters around the digits do not matter ("A380": 380,
   "1970s": 1970, "50ft": 50); an English ordinal counts as its number ("3rd": 3, "1,250th": 1250).
   Numbers spelled out in the source ("two dogs") are not source numbers.
-- A translation's number mentions: every digit token, worth any of its readings (each digit
-  run, and the token read with either convention: "1.102" may be 1102, 1.102, 1 or 102), and
+- A translation's number mentions: every run of digits, the first run of a token also worth
+  the token read with either convention ("1.102" is 1102 or 1.102, or 1 and 102), and
   every number word of the target language (German, English, French, Czech: cardinals and
   ordinals, "zwei", "einundzwanzig", "dritten", "vingt-et-un", "dvacet"), a run of number
   words being one mention ("deux cents": 200). German "ein" (all its forms) and French
@@ -98,19 +98,20 @@ def source_numbers(text: str, lang: str = "en") -> list[Mention]:
     return found
 
 
-def digit_readings(token: str) -> frozenset:
-    """Every value a digit token of a translation may stand for."""
-    values = {Decimal(int(run)) for run in re.findall(r"\d+", token)}
-    for grouping, decimal in ((",", "."), (".", ",")):
-        value = read_digits(token, grouping, decimal)
-        if value is not None:
-            values.add(value)
-    return frozenset(values)
+def digit_mentions(token: str, start: int) -> list[Mention]:
+    """A digit token of a translation as numbers: one per run of digits, the first also worth
+    the whole token read with either convention ("1.102": 1102 or 1.102, or 1 and 102;
+    "31.10.2013": 31, 10 and 2013), and then spanning the token (what a replacement replaces)."""
+    runs = list(re.finditer(r"\d+", token))
+    whole = {read_digits(token, grouping, decimal) for grouping, decimal in ((",", "."), (".", ","))} - {None}
+    first = Mention(start, start + (len(token) if whole else runs[0].end()), frozenset({Decimal(int(runs[0].group()))} | whole))
+    return [first] + [Mention(start + run.start(), start + run.end(), frozenset({Decimal(int(run.group()))}))
+                      for run in runs[1:]]
 
 
 def mentions(text: str, lang: str) -> list[Mention]:
     """Every number of a translation in ``lang``: digit tokens and runs of number words."""
-    found = [Mention(m.start(), m.end(), digit_readings(m.group())) for m in DIGITS.finditer(text)]
+    found = [mention for m in DIGITS.finditer(text) for mention in digit_mentions(m.group(), m.start())]
     run: list[tuple[int, int, int, bool]] = []  # (start, end, value, article) of the words so far
 
     def close() -> None:
