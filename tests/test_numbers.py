@@ -85,8 +85,9 @@ def test_without_an_option_the_output_is_the_engines():
     lines = list(MODEL) + ["Visit https://x.org/a with X1 at 10:30."]
     MODEL[lines[-1]] = "Besuchen Sie es um halb elf."
     try:
-        assert [r.text for r in translate_texts(engine, lines, TextOptions(target_lang="de"))] == engine.translate(lines)
-        assert [r.text for r in translate_texts(engine, lines, TextOptions())] == engine.translate(lines)
+        expected = engine.translate(lines)
+        assert [r.text for r in translate_texts(engine, lines, TextOptions(target_lang="de"))] == expected
+        assert [r.text for r in translate_texts(engine, lines, TextOptions())] == expected
     finally:
         del MODEL[lines[-1]]
     assert mask_terms("Visit https://x.org/a with X1 at 10:30.", None, placeholders=False).targets == []
@@ -140,7 +141,8 @@ def test_tokenizer_options_split_digits_and_fall_back_to_bytes(tmp_path):
     pieces = copying.src_pieces(line)
     assert "1 1 0 2" in " ".join(pieces), pieces
     assert not any(piece.isdigit() and len(piece) > 1 for piece in copying.src_pieces(" ".join(english)))
-    assert any(piece.strip("▁").isdigit() and len(piece.strip("▁")) > 1 for piece in plain.src_pieces(" ".join(english)))
+    whole_numbers = [p for p in plain.src_pieces(" ".join(english)) if p.strip("▁").isdigit() and len(p.strip("▁")) > 1]
+    assert whole_numbers  # without the option, sentencepiece learns pieces of several digits
     assert UNK_ID in plain.encode_src([line])[0] and UNK_ID not in copying.encode_src([line])[0]
     assert copying.decode_tgt(copying.encode_tgt([line])) == [line]
 

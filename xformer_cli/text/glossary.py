@@ -1,15 +1,16 @@
 """Glossaries and do-not-translate terms, by placeholders.
 
 Each listed source term (and, automatically with a glossary, every URL, e-mail address and
-number; numbers alone with ``keep_numbers``) is replaced in the source by a placeholder before translation and the placeholder by its
-target term afterwards. A model that copies the placeholder puts the term where the model
-wanted it; where the placeholder is lost (a small model never saw one) the term goes where
-the aligner (``align.py``) maps the placeholder's source position. Either way every listed
-target term appears once per source occurrence, and the rest of the sentence is decoded as
-usual. Numbers left in the source are kept by value (``numbers.py``): one the model
-spelled out stays as it is. Without a glossary and ``keep_numbers`` nothing is masked: the
-translation is the engine's. Placeholders were chosen over lexically constrained beam search because they work on
-every engine (CTranslate2's included) at the search's usual speed.
+number; numbers alone with ``keep_numbers``) is replaced in the source by a placeholder
+before translation and the placeholder by its target term afterwards. A model that copies
+the placeholder puts the term where the model wanted it; where the placeholder is lost (a
+small model never saw one) the term goes where the aligner (``align.py``) maps the
+placeholder's source position. Either way every listed target term appears once per source
+occurrence, and the rest of the sentence is decoded as usual. Numbers left in the source are
+kept by value (``numbers.py``): one the model spelled out stays as it is. Without a glossary
+and ``keep_numbers`` nothing is masked: the translation is the engine's. Placeholders were
+chosen over lexically constrained beam search because they work on every engine
+(CTranslate2's included) at the search's usual speed.
 """
 
 from __future__ import annotations
