@@ -352,7 +352,9 @@ def eval_bleu(
     threads: int = _threads,
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
-    or --checkpoint C alone (the test set its training config names)."""
+    or --checkpoint C alone (the test set its training config names). Where the source is known (--checkpoint, or --src with
+    --hyp), also the number accuracy: the share of source numbers whose value the output holds, in digits or as a word of
+    the target language (docs/evaluation.md#number-accuracy)."""
     _before_torch()
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import hypothesis_warnings, make_metrics
