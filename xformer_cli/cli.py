@@ -209,9 +209,10 @@ def translate(
     attention_heads: bool = typer.Option(False, "--attention-heads", help="One heatmap per head instead of the mean."),
     split_sentences: bool = typer.Option(True, "--split-sentences/--no-split-sentences", help="Split a line holding several sentences into sentences (the checkpoint's source language rules), translate them together, join them back with the source's whitespace."),
     format: str = typer.Option("text", "--format", help="text, or html: translate the text of each line as HTML, keeping tags, entities, script, style, code and pre as they are."),
-    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs, e-mail addresses and numbers unchanged."),
+    glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs and e-mail addresses unchanged and numbers as --keep-numbers does."),
     target_lang: Optional[str] = _target_lang,
     source_lang: Optional[str] = _source_lang,
+    keep_numbers: bool = typer.Option(False, "--keep-numbers", help="Keep every source number's value: where the translation lacks it (in digits, or as a number word of the target language), the source's digits replace the wrong number the model wrote in its place, or go where the number aligns. A number the model spelled out stays as it is: never both. Without this option (or --glossary) the output is the model's."),
 ) -> None:
     """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
 
@@ -222,8 +223,8 @@ def translate(
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
     lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang)
-    text_options = _text_options(direction, split_sentences, format, glossary, nbest)
-    aligning = attention is not None or format == "html" or glossary is not None  # tags and terms follow attention
+    text_options = _text_options(direction, split_sentences, format, glossary, nbest, keep_numbers)
+    aligning = attention is not None or format == "html" or glossary is not None or keep_numbers  # tags and terms follow attention
     needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
                                             ("temperature", temperature != 1.0), ("seed", seed is not None),
                                             ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
@@ -281,15 +282,18 @@ def _direction(model: Path, target_lang: Optional[str], source_lang: Optional[st
     return choose_direction(languages, target_lang, source_lang, text, _log)
 
 
-def _text_options(direction, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int):
-    """How ``translate`` reads its lines: the sentence splitter's language is the direction's source."""
+def _text_options(direction, split_sentences: bool, format: str, glossary: Optional[Path], nbest: int,
+                  keep_numbers: bool = False):
+    """How ``translate`` reads its lines: the sentence splitter's language is the direction's
+    source; the number words --keep-numbers accepts are its target's."""
     from xformer_cli.text import TextOptions, load_glossary
     from xformer_cli.text.pipeline import FORMATS
 
     if format not in FORMATS:
         raise XformerError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     return TextOptions(source_lang=direction.source, split_sentences=split_sentences, format=format,
-                       glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1)
+                       glossary=load_glossary(glossary) if glossary is not None else None, alternatives=max(nbest, 1) - 1,
+                       keep_numbers=keep_numbers, target_lang=direction.target)
 
 
 def _translate_stream(translator, options, text_options, lines, input: Optional[Path], output: Optional[Path],
@@ -374,7 +378,7 @@ def eval_bleu(
     refs: List[Path] = typer.Option([], "--ref", "-r", help="Reference file; repeat for several references. With --checkpoint and neither --src nor --ref: the checkpoint config's data.test."),
     hyps: List[Path] = typer.Option([], "--hyp", help="Hypotheses (detokenized). Several: the first is the baseline of a paired test."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m", help="Translate --src with this checkpoint (or export directory), then score."),
-    src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
+    src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint); with --hyp, the source the number accuracy reads."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also save the translations here."),
     metrics: str = typer.Option("bleu,chrf", "--metrics", help="Comma-separated: bleu, chrf, ter."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF (sacrebleu -lc)."),
@@ -395,7 +399,9 @@ def eval_bleu(
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C --src S --ref R,
     or --checkpoint C alone (the test set its training config names; a multilingual model's: one row per direction,
-    with the share of outputs in another language than asked for)."""
+    with the share of outputs in another language than asked for). Where the source is known (--checkpoint with --src or
+    alone on a one-direction model, or --src with --hyp), also the number accuracy: the share of source numbers whose
+    value the output holds, in digits or as a word of the target language (docs/evaluation.md#number-accuracy)."""
     _before_torch()
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import hypothesis_warnings, make_metrics
@@ -420,7 +426,8 @@ def eval_bleu(
     for name, lines in systems:
         for warning in hypothesis_warnings(lines, name):
             typer.echo(f"warning: {warning}", err=True)
-    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names)
+    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names,
+                   numbers=_number_accuracy(systems, source_lines, src, checkpoint, refs, target_lang))
     if len(systems) == 1:
         _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
     else:
@@ -514,40 +521,82 @@ def _references(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path
     return None, [list(read_lines(r)) for r in refs], [str(r) for r in refs], src
 
 
+def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[Path], checkpoint: Optional[Path],
+                     refs: List[Path], target_lang: Optional[str] = None):
+    """Each system's number accuracy (docs/evaluation.md#number-accuracy), where the source is
+    known (--checkpoint, or --src with --hyp); None otherwise. The languages: the checkpoint's,
+    else the suffixes of --src and --ref (test.en, test.de)."""
+    from xformer_cli.numerals import number_accuracy
+
+    if source_lines is None and src is None:
+        return None
+    sources = source_lines if source_lines is not None else _read_source(src)
+    languages = _number_languages(checkpoint, src, refs, target_lang)
+    for name, lines in systems:
+        if len(lines) != len(sources):
+            raise XformerError(f"{src} has {len(sources)} lines but {name} has {len(lines)}: no number accuracy")
+    return [number_accuracy(sources, lines, *languages) for _, lines in systems]
+
+
+def _number_languages(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path],
+                      target_lang: Optional[str]) -> tuple[str, str]:
+    """(source, target) language of the number words: a one-direction checkpoint's pair, else
+    --target-lang and the suffixes of --src and --ref (test.en, test.de); "" = any known."""
+    from xformer_cli.decode.direction import model_languages
+    from xformer_cli.numerals import language_of
+
+    languages = model_languages(checkpoint) if checkpoint is not None and checkpoint.exists() else None
+    if languages is not None and len(languages.pairs) == 1:
+        return languages.pairs[0]
+    source = (language_of(src) if src is not None else "") or "en"
+    return source, target_lang or (language_of(refs[0]) if refs else "")
+
+
 def _read_source(src: Path) -> list[str]:
     from xformer_cli.textio import iter_lines
 
     return list(iter_lines(src))
 
 
-def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json) -> None:
-    """One system's scores: text with signatures, or one JSON object."""
+def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json,
+                  numbers=None) -> None:
+    """One system's scores: text with signatures, or one JSON object; its number accuracy
+    beside them where the source is known."""
     from xformer_cli.evaluate import score_lines
 
     name, lines = system
     scores = score_lines(lines, ref_lines, metrics, lowercase, tokenize, confidence, name, ref_names)
     if as_json:
-        typer.echo(json.dumps({sc.name: sc.to_dict() for sc in scores}))
+        typer.echo(json.dumps({**{sc.name: sc.to_dict() for sc in scores},
+                               **({"numbers": numbers[0].to_dict()} if numbers else {})}))
         return
     for sc in scores:
         typer.echo(sc.text)
         typer.echo(f"  signature: {sc.signature}")
+    if numbers:
+        typer.echo(numbers[0].text)
 
 
-def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json) -> None:
-    """Several systems against the first: a significance table with signatures, or one JSON object."""
+def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json,
+                      numbers=None) -> None:
+    """Several systems against the first: a significance table with signatures, or one JSON
+    object; each system's number accuracy where the source is known."""
     from xformer_cli.evaluate import compare_systems
 
     rows, signatures = compare_systems(systems, ref_lines, metrics, lowercase, tokenize, paired_test, samples, ref_names)
     if as_json:
         typer.echo(json.dumps({
             "test": paired_test, "baseline": systems[0][0], "signatures": signatures,
-            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row}} for (name, _), row in zip(systems, rows)],
+            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row},
+                         **({"numbers": numbers[i].to_dict()} if numbers else {})}
+                        for i, ((name, _), row) in enumerate(zip(systems, rows))],
         }))
         return
     typer.echo(_significance_table([name for name, _ in systems], rows, paired_test))
     for metric_name, signature in signatures.items():
         typer.echo(f"{metric_name} signature: {signature}")
+    for (name, _), accuracy in zip(systems, numbers or []):
+        typer.echo(f"{name}: {accuracy.text}")
 
 
 def _significance_table(names: list[str], rows, test: str) -> str:

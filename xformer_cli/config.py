@@ -150,6 +150,8 @@ class TokenizerConfig:
     model_type: str = "unigram"
     character_coverage: float = 1.0
     input_sentence_size: int = 2_000_000  # sentences sampled to train it (bounded memory)
+    split_digits: bool = False  # every digit a piece of its own (numbers copied digit by digit)
+    byte_fallback: bool = False  # characters outside the vocabulary as UTF-8 byte pieces, not unk
 
 
 BATCHINGS = ("dynamic", "packed")

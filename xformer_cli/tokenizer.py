@@ -33,9 +33,16 @@ def train_sentencepiece(
     input_sentence_size: int = 2_000_000,
     seed: int = 1,
     user_defined_symbols: Sequence[str] = (),
+    split_digits: bool = False,
+    byte_fallback: bool = False,
 ) -> bytes:
     """Train on (a seeded random sample of) ``sentences``; returns the serialized model.
-    ``user_defined_symbols``: pieces never split (a multilingual model's tags, ``>>deu<<``)."""
+    ``user_defined_symbols``: pieces never split (a multilingual model's tags, ``>>deu<<``).
+
+    ``split_digits`` makes every digit a piece of its own, so a number is spelled digit by
+    digit and the model copies it digit by digit instead of choosing among whole-number
+    pieces; ``byte_fallback`` encodes a character the vocabulary lacks as its UTF-8 bytes
+    (256 more pieces) instead of unk, so it can be copied too."""
     sample = list(sentences)
     if len(sample) > input_sentence_size:
         sample = random.Random(seed).sample(sample, input_sentence_size)
@@ -55,6 +62,8 @@ def train_sentencepiece(
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             pad_piece="<pad>",
+            split_digits=split_digits,
+            byte_fallback=byte_fallback,
             hard_vocab_limit=False,  # small corpora get a smaller vocabulary rather than an error
             user_defined_symbols=list(user_defined_symbols),
             num_threads=2,

@@ -105,6 +105,7 @@ class TokenizerPlan:
             src, tgt, joint=tc.joint, vocab_size=tc.vocab_size,
             model_type=tc.model_type, character_coverage=tc.character_coverage,
             input_sentence_size=tc.input_sentence_size, seed=self.config.train.seed, user_defined_symbols=tags,
+            split_digits=tc.split_digits, byte_fallback=tc.byte_fallback,
         )
         self.log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece ({tokenizer.src_vocab_size} pieces"
                  f"{', tags ' + ' '.join(tags) if tags else ''}) on {what} in {time.time() - started:.1f}s")

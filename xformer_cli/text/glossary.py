@@ -1,13 +1,16 @@
 """Glossaries and do-not-translate terms, by placeholders.
 
-Each listed source term (and, automatically, every URL, e-mail address and number) is
-replaced in the source by a placeholder before translation and the placeholder by its
-target term afterwards. A model that copies the placeholder puts the term where the model
-wanted it; where the placeholder is lost (a small model never saw one) the term goes where
-the aligner (``align.py``) maps the placeholder's source position. Either way every listed
-target term appears once per source occurrence, and the rest of the sentence is decoded as
-usual. Placeholders were chosen over lexically constrained beam search because they work on
-every engine (CTranslate2's included) at the search's usual speed.
+Each listed source term (and, automatically with a glossary, every URL, e-mail address and
+number; numbers alone with ``keep_numbers``) is replaced in the source by a placeholder
+before translation and the placeholder by its target term afterwards. A model that copies
+the placeholder puts the term where the model wanted it; where the placeholder is lost (a
+small model never saw one) the term goes where the aligner (``align.py``) maps the
+placeholder's source position. Either way every listed target term appears once per source
+occurrence, and the rest of the sentence is decoded as usual. Numbers left in the source are
+kept by value (``numbers.py``): one the model spelled out stays as it is. Without a glossary
+and ``keep_numbers`` nothing is masked: the translation is the engine's. Placeholders were
+chosen over lexically constrained beam search because they work on every engine
+(CTranslate2's included) at the search's usual speed.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from xformer_cli.errors import XformerError
+from xformer_cli.text.masked import Masked
+from xformer_cli.text.numbers import NUMBER, NumberCheck
 from xformer_cli.text.offsets import Edits
 
 # Do-not-translate by pattern: URLs, e-mail addresses, numbers (digits with inner . , : /).
 AUTOMATIC = re.compile(
     r"(?:https?://|www\.)[^\s<>\"]*[^\s<>\".,;:!?)\]']"
     r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
-    r"|\d+(?:[.,:/]\d+)*"
+    r"|" + NUMBER.pattern
 )
 PLACEHOLDER = "X{}"  # what the term is masked with: X1, X2, ... within one unit
 PLACEHOLDER_FOUND = re.compile(r"X(\d+)")
@@ -77,24 +82,16 @@ def load_glossary(path: "str | Path") -> Glossary:
     return Glossary(terms)
 
 
-@dataclass
-class Masked:
-    """A unit's source with its terms replaced by placeholders."""
-
-    text: str  # what the engine translates
-    targets: list[str]  # placeholder i+1 -> the text it stands for in the output
-    spans: list[tuple[int, int]]  # placeholder i+1's span in ``text``
-    edits: "Edits"  # the unmasked text -> ``text``
-    placeholders: bool = True  # False: the terms were left in ``text``; ``spans`` are theirs
-
-
-def mask_terms(text: str, glossary: Optional[Glossary], placeholders: bool = True) -> Masked:
+def mask_terms(text: str, glossary: Optional[Glossary], placeholders: bool = True, numbers: bool = False,
+               languages: tuple[str, str] = ("en", "")) -> Masked:
     """Replace glossary terms (longest first, whole words) and automatic do-not-translate
-    matches by placeholders X1, X2, ... (a placeholder-like word already in the text is
-    masked too, so the output's placeholders are all ours)."""
-    found = _matches(text, glossary)
+    matches (with a glossary; numbers alone with ``numbers``) by placeholders X1, X2, ... (a
+    placeholder-like word already in the text is masked too, so the output's placeholders are
+    all ours). Nothing is masked without a glossary and ``numbers``."""
+    found = _matches(text, glossary, numbers)
     if not placeholders:
-        return Masked(text, [target for _, _, target in found], [(start, end) for start, end, _ in found], Edits(), False)
+        return Masked(text, [target for _, _, target in found], [(start, end) for start, end, _ in found], Edits(),
+                      False, languages)
     out, targets, spans, at = [], [], [], 0
     edits = Edits()
     for start, end, target in found:
@@ -107,18 +104,21 @@ def mask_terms(text: str, glossary: Optional[Glossary], placeholders: bool = Tru
         edits.add(start, end - start, placeholder)
         at = end
     out.append(text[at:])
-    return Masked("".join(out), targets, spans, edits)
+    return Masked("".join(out), targets, spans, edits, True, languages)
 
 
-def _matches(text: str, glossary: Optional[Glossary]) -> list[tuple[int, int, str]]:
+def _matches(text: str, glossary: Optional[Glossary], numbers: bool = False) -> list[tuple[int, int, str]]:
     """Non-overlapping (start, end, target) matches, glossary terms before automatic ones."""
+    if glossary is None and not numbers:
+        return []
     candidates: list[tuple[int, int, str]] = []
     if glossary is not None:
         for source in sorted(glossary.terms, key=len, reverse=True):
             pattern = rf"(?<!\w){re.escape(source)}(?!\w)"
             candidates += [(m.start(), m.end(), glossary.terms[source]) for m in re.finditer(pattern, text)]
-    if glossary is None or glossary.automatic:
-        candidates += [(m.start(), m.end(), m.group()) for m in AUTOMATIC.finditer(text)]
+    automatic = AUTOMATIC if glossary is not None and glossary.automatic else NUMBER if numbers else None
+    if automatic is not None:
+        candidates += [(m.start(), m.end(), m.group()) for m in automatic.finditer(text)]
     candidates += [(m.start(), m.end(), m.group()) for m in re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)]
     taken: list[tuple[int, int, str]] = []
     for start, end, target in candidates:  # first come (longest glossary terms) first served
@@ -127,22 +127,25 @@ def _matches(text: str, glossary: Optional[Glossary]) -> list[tuple[int, int, st
     return sorted(taken)
 
 
-def missing_placeholders(target: str, masked: Masked) -> list[int]:
+def missing_placeholders(target: str, masked: Masked, numbers: Optional[NumberCheck] = None) -> list[int]:
     """Indices (0-based) of the placeholders the translation ``target`` lost (terms left in
-    the source: those whose target term it lacks)."""
+    the source: those whose target term it lacks; number terms: those whose value it lacks)."""
     if not masked.placeholders:  # a term the output holds fewer times than the source: all its occurrences
         found = {term: len(_term_in(term, target)) for term in set(masked.targets)}
-        return [i for i, term in enumerate(masked.targets) if found[term] < masked.targets.count(term)]
+        lost = [i for i, term in enumerate(masked.targets) if found[term] < masked.targets.count(term)]
+        return lost if numbers is None else sorted({i for i in lost if i not in numbers.terms} | set(numbers.lost))
     seen = {int(m.group(1)) for m in _placeholders_in(target)}
     return [i for i in range(len(masked.targets)) if i + 1 not in seen]
 
 
-def restore_terms(target: str, masked: Masked, placed: dict[int, int]) -> tuple[str, Edits]:
+def restore_terms(target: str, masked: Masked, placed: dict[int, int],
+                  numbers: Optional[NumberCheck] = None) -> tuple[str, Edits]:
     """``target`` with each placeholder replaced by its term, and each lost one's term inserted
-    at ``placed[index]`` (a word boundary of ``target``); and the edits that made it."""
+    at ``placed[index]`` (a word boundary of ``target``); and the edits that made it. Lost
+    number terms (``numbers``) replace a free number of ``target`` where there is one."""
     edits = Edits()
     if not masked.placeholders:
-        return _replace_aligned(target, masked, placed)
+        return _replace_aligned(target, masked, placed, numbers)
     for match in _placeholders_in(target):
         number = int(match.group(1))
         if 1 <= number <= len(masked.targets):
@@ -183,16 +186,23 @@ def whole_words(text: str, start: int, end: int) -> tuple[int, int]:
     return (core_start, core_end) if core_end > core_start else (start, end)
 
 
-def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, int] | int"]) -> tuple[str, Edits]:
+def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, int] | int"],
+                     numbers: Optional[NumberCheck] = None) -> tuple[str, Edits]:
     """Terms left in the source: the whole target words aligned to a term (``placed``: their
     span) replaced by its target term; an empty or already used span gets the term inserted
-    before a word; words that already hold the term are left as they are."""
+    before a word; words that already hold the term are left as they are. A lost number term
+    replaces a free number of ``target`` (``NumberCheck.take``) where there is one."""
     edits = Edits()
     taken: list[tuple[int, int]] = []
     body = len(target.rstrip(".!?;:,\"')»“” "))
     for index, span in sorted(placed.items(), key=lambda item: item[1] if isinstance(item[1], int) else item[1][0]):
         start, end = whole_words(target, *((span, span) if isinstance(span, int) else span))
         term = masked.targets[index]
+        wrong = numbers.take(start, end) if numbers is not None and index in numbers.terms else None
+        if wrong is not None and not any(wrong[0] < e and s < wrong[1] for s, e in taken):
+            taken.append(wrong)
+            edits.add(wrong[0], wrong[1] - wrong[0], term)
+            continue
         source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
         if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
             end = start

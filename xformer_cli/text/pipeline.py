@@ -14,6 +14,7 @@ from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.text.align import Aligner, AttentionAligner, Position, relative_aligner
 from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
 from xformer_cli.text.long import cut_sentence
+from xformer_cli.text.numbers import check_numbers
 from xformer_cli.text.offsets import Edits, normalize_with_map
 from xformer_cli.text.segments import Rendered, Segment
 from xformer_cli.text.sentences import Span, split_spans
@@ -30,10 +31,12 @@ class TextOptions:
     split_sentences: bool = True
     format: str = "text"  # text | html
     glossary: Optional[Glossary] = None  # also turns on do-not-translate for URLs, e-mails, numbers
+    keep_numbers: bool = False  # every source number's value kept (text/numbers.py), without a glossary too
     alternatives: int = 0  # extra translations per text, from the n-best lists
     aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
     placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
-    target_lang: Optional[str] = None  # a multilingual model's target language (else the search options')
+    target_lang: Optional[str] = None  # a multilingual model's target language (else the search options'); also
+    # which number words count for keep_numbers (None = any known language's)
 
 
 @dataclass
@@ -103,7 +106,8 @@ class Planner:
             begin = normalized.find(part, at)
             begin = at if begin < 0 else begin
             located.append((len(self.units), begin, begin + len(part)))
-            self.units.append(mask_terms(part, self.opts.glossary, self.opts.placeholders))
+            self.units.append(mask_terms(part, self.opts.glossary, self.opts.placeholders, self.opts.keep_numbers,
+                                         (self.opts.source_lang, self.opts.target_lang or "")))
             at = begin + len(part)
         return _Sentence(start, end, norm_map, located)
 
@@ -149,7 +153,8 @@ def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligne
     if hyp is None:
         return "", {index: 0 for index, _, _ in wanted}
     target = engine.detokenize(hyp)
-    lost = missing_placeholders(target, masked)
+    numbers = check_numbers(target, masked)
+    lost = missing_placeholders(target, masked, numbers)
     if masked.placeholders:  # a lost placeholder: its term goes where the placeholder aligns
         term_positions = [(masked.spans[i][0], "start") for i in lost]
     else:  # a term left in the source: its target replaces what the term's words align to
@@ -158,7 +163,7 @@ def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligne
     aligned = aligner(masked.text, target, hyp.tokens, positions) if positions else []
     terms = aligned[:len(term_positions)]
     spots = dict(zip(lost, terms)) if masked.placeholders else {i: (terms[2 * n], terms[2 * n + 1]) for n, i in enumerate(lost)}
-    restored, edits = restore_terms(target, masked, spots)
+    restored, edits = restore_terms(target, masked, spots, numbers)
     placed = {index: edits.map(at, side) for (index, _, side), at in zip(wanted, aligned[len(term_positions):])}
     return restored, placed
 
