@@ -15,22 +15,13 @@ import pytest
 import torch
 
 from helpers import quiet
-from multilingual_fixture import multilingual_checkpoint, multilingual_config, parallel_lines, write_corpus
+from multilingual_fixture import corpus, checkpoint  # noqa: F401 (module fixtures)
+from multilingual_fixture import multilingual_config
 from xformer_cli.errors import XformerError
 from xformer_cli.evaluate import bleu
 from xformer_cli.train.validation import DirectionScore, ValidScores
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("multi") / "m")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(corpus, tmp_path_factory) -> Path:
-    return multilingual_checkpoint(corpus, tmp_path_factory.mktemp("ckpt") / "mul.pt")
 
 
 def run_state(checkpoint: Path, dist=None):
@@ -195,6 +186,22 @@ def test_a_target_s_own_alpha_applies_unless_an_alpha_is_given(checkpoint):
     assert engine.options(target_lang="de").length_penalty == 0.6  # no alpha of its own: the shared one
     assert engine.options(target_lang="fr", length_penalty=0.9).length_penalty == 0.9  # asked for: kept
     assert engine.options().length_penalty == 0.6
+
+
+def test_the_ctranslate2_export_and_a_reloaded_checkpoint_keep_the_alphas_per_target(checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from xformer_cli import Translator
+    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.decode.ct2_engine import CTranslate2Translator
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+
+    state = load_checkpoint(checkpoint)
+    state["config"]["decode"]["length_penalty_by_target"] = {"de": 1.2}
+    save_checkpoint(state, tmp_path / "tuned.pt")
+    for engine in (Translator.from_checkpoint(tmp_path / "tuned.pt", device="cpu"),
+                   CTranslate2Translator.from_directory(export_ctranslate2(tmp_path / "tuned.pt", tmp_path / "ct2"))):
+        assert engine.options(target_lang="de").length_penalty == 1.2
+        assert engine.options(target_lang="fr").length_penalty == state["config"]["decode"]["length_penalty"]
 
 
 def test_an_alpha_for_a_language_the_model_does_not_write_is_refused_naming_the_key(corpus, tmp_path):
