@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import torch
 
 WORDS = {
@@ -64,6 +65,18 @@ def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), 
             p.add_(0.5 * torch.randn_like(p))
     save_checkpoint({"config": config.to_dict(), "tokenizer": tokenizer.state(), "model": model.state_dict()}, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A module's synthetic multi-parallel corpus (write_corpus)."""
+    return write_corpus(tmp_path_factory.mktemp("multi") / "m")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(corpus, tmp_path_factory) -> Path:
+    """A module's tiny en->de + en->fr checkpoint (multilingual_checkpoint), random weights."""
+    return multilingual_checkpoint(corpus, tmp_path_factory.mktemp("ckpt") / "mul.pt")
 
 
 class FakeMultilingual:

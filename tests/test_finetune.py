@@ -210,7 +210,7 @@ def finetune_config(corpus: Path, run_dir: Path, source, *sets: str, train_corpo
 
 
 def _valid_loss(model, trainer: Trainer) -> float:
-    return validation_loss(model, trainer.state.valid.encoded, 600, torch.device("cpu"), 0.1)[0]
+    return validation_loss(model, trainer.state.valid[0].encoded, 600, torch.device("cpu"), 0.1)[0]
 
 
 @pytest.mark.slow

@@ -14,21 +14,12 @@ import pytest
 import torch
 
 from helpers import quiet
-from multilingual_fixture import multilingual_checkpoint, multilingual_config, parallel_lines, write_corpus
+from multilingual_fixture import corpus, checkpoint  # noqa: F401 (module fixtures)
+from multilingual_fixture import multilingual_checkpoint, multilingual_config, parallel_lines
 from xformer_cli.config import config_from_dict
 from xformer_cli.errors import XformerError
 
 TAGS = {"de": ">>deu<<", "fr": ">>fra<<", "cs": ">>ces<<"}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("multi") / "m")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(corpus, tmp_path_factory) -> Path:
-    return multilingual_checkpoint(corpus, tmp_path_factory.mktemp("ckpt") / "mul.pt")
 
 
 # -- the config ------------------------------------------------------------------------------------

@@ -227,6 +227,11 @@ class TrainConfig:
     # At the end, decode the valid set (beam decode.beam_size) with best.pt at each GNMT alpha
     # listed; best.pt keeps the best one as its decode.length_penalty. [] = off (train/tune.py).
     tune_length_penalty: list[float] = field(default_factory=list)
+    # With several target languages: also pick an alpha per target language (the best mean
+    # valid BLEU over the directions into it) and write it to best.pt's
+    # decode.length_penalty_by_target; false = one alpha for every direction (the best mean
+    # over them all), decode.length_penalty alone. BENCHMARKS.md (issue 27) compares the two.
+    length_penalty_by_target: bool = False
     patience: int = 0  # stop after this many validations without a better BLEU; 0 = never
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
     valid_beam_size: int = 1  # beam for validation BLEU (1 = greedy, cheapest)
@@ -252,6 +257,10 @@ class DecodeConfig:
     batch_size: int = 256  # sentences per decoding batch at most (bigger: fewer, fuller steps)
     max_tokens: int = 16000  # padded source tokens times beam size per decoding batch at most
     max_input_len: int = 0  # source pieces kept per line (longer lines are cut, with a warning); 0 = data.max_len
+    # A multilingual model's alpha per target language ({de: 1.0, cs: 1.6}), used in place of
+    # length_penalty when that target is asked for (target_lang) and no alpha is given;
+    # train.tune_length_penalty writes it with train.length_penalty_by_target.
+    length_penalty_by_target: dict[str, float] = field(default_factory=dict)
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, why) for each impossible setting: the one check behind both config
@@ -271,6 +280,8 @@ class DecodeConfig:
             found.append(("max_tokens", "must be at least 1"))
         if self.max_input_len < 0:
             found.append(("max_input_len", "must be >= 0 (0 = data.max_len)"))
+        if any(alpha < 0 for alpha in self.length_penalty_by_target.values()):
+            found.append(("length_penalty_by_target", "every alpha must be >= 0"))
         return found
 
 
@@ -506,6 +517,10 @@ def validate(cfg: Config) -> None:
     _check_data(d)
     for name, why in dec.problems():
         _require(False, f"decode.{name}", why)
+    targets = d.languages().targets
+    for code in dec.length_penalty_by_target:
+        _require(code in targets, f"decode.length_penalty_by_target.{code}",
+                 f"not a target language of this model ({', '.join(targets)})")
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 

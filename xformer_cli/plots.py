@@ -61,6 +61,9 @@ def summarize(rows: Sequence[dict]) -> str:
         lines.append(f"valid: loss {valid[-1]['valid_loss']:.3f}, ppl {valid[-1]['valid_ppl']:.2f}, "
                      f"BLEU {valid[-1]['valid_bleu']:.2f} at step {valid[-1]['step']}; "
                      f"best BLEU {best['valid_bleu']:.2f} at step {best['step']}")
+    if valid and valid[-1].get("directions"):
+        lines.append("valid BLEU by direction (mean above): " + ", ".join(
+            f"{name} {figures['valid_bleu']:.2f}" for name, figures in valid[-1]["directions"].items()))
     for r in averaged:
         lines.append(f"average of {len(r['averaged_steps'])} checkpoints (steps {r['averaged_steps'][0]}-"
                      f"{r['averaged_steps'][-1]}): valid loss {r['valid_loss']:.3f}, BLEU {r['valid_bleu']:.2f}")
@@ -69,7 +72,8 @@ def summarize(rows: Sequence[dict]) -> str:
 
 def plot_report(run_dir: str | Path, output: str | Path) -> str:
     """Losses, validation BLEU and learning rate against steps (top) and minutes (bottom); the
-    averaged checkpoint's validation is a marker of its own, not a point on the run's line."""
+    averaged checkpoint's validation is a marker of its own, not a point on the run's line. A
+    multilingual run's BLEU panel has a line per direction and their mean."""
     plt = _pyplot()
     rows = read_metrics(run_dir)
     train = [r for r in rows if "train_loss" in r]
@@ -81,15 +85,14 @@ def plot_report(run_dir: str | Path, output: str | Path) -> str:
         loss_ax.plot([r[x_key] for r in train], [r["train_loss"] for r in train], label="train (label-smoothed)")
         loss_ax.plot([r[x_key] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid (label-smoothed)")
         loss_ax.set_ylabel("loss per target token")
-        bleu_ax.plot([r[x_key] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="tab:green",
-                     label="valid, as trained")
+        _plot_bleu(bleu_ax, valid, x_key)
         for r in averaged:
             label = f"average of {len(r['averaged_steps'])} checkpoints"
             loss_ax.plot([r[x_key]], [r["valid_loss"]], "*", color="tab:purple", markersize=14, label=label)
             bleu_ax.plot([r[x_key]], [r["valid_bleu"]], "*", color="tab:purple", markersize=14, label=label)
         loss_ax.legend()
-        if averaged:
-            bleu_ax.legend()
+        if averaged or _directions(valid):
+            bleu_ax.legend(fontsize=8)
         bleu_ax.set_ylabel("valid sacreBLEU")
         lr_ax.plot([r[x_key] for r in train], [r["lr"] for r in train], color="tab:red")
         lr_ax.set_ylabel("learning rate")
@@ -101,6 +104,24 @@ def plot_report(run_dir: str | Path, output: str | Path) -> str:
     _save(fig, output)
     plt.close(fig)
     return summarize(rows)
+
+
+def _directions(valid: Sequence[dict]) -> list[str]:
+    """The directions a multilingual run validated ("en-de", ...), in their order; [] for a bilingual run."""
+    return list(dict.fromkeys(name for r in valid for name in r.get("directions", {})))
+
+
+def _plot_bleu(ax, valid: Sequence[dict], x_key: str) -> None:
+    """Validation BLEU: one line, or with several directions one thin line each and their mean
+    (the figure best.pt is picked by) thick."""
+    directions = _directions(valid)
+    for name in directions:
+        rows = [r for r in valid if name in r.get("directions", {})]
+        ax.plot([r[x_key] for r in rows], [r["directions"][name]["valid_bleu"] for r in rows], ".-", linewidth=1,
+                label=name.replace("-", "->"))
+    ax.plot([r[x_key] for r in valid], [r["valid_bleu"] for r in valid], "o-", linewidth=2.5,
+            color="black" if directions else "tab:green",  # the directions take the colour cycle
+            label="mean of the directions" if directions else "valid, as trained")
 
 
 def plot_attention(maps: Sequence, output: str | Path, per_head: bool = False) -> None:

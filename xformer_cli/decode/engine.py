@@ -42,7 +42,8 @@ class Engine:
     def options(self, **given) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the model's decode
         defaults; checked, and refused when this engine cannot honour them. ``target_lang``
-        becomes the model's code for it (fra -> fr), refused when the model lacks it."""
+        becomes the model's code for it (fra -> fr), refused when the model lacks it; with no
+        length_penalty given, the target's own alpha (decode.length_penalty_by_target) applies."""
         opts = resolve_options(self.decode, **given)
         default = SearchOptions()
         for name in self.unsupported:
@@ -50,6 +51,8 @@ class Engine:
                 raise XformerError(f"the {self.name} engine does not support --{name.replace('_', '-')}")
         if opts.target_lang is not None and self.languages is not None:
             opts.target_lang = self.languages.target(opts.target_lang, "target_lang")
+        if given.get("length_penalty") is None and opts.target_lang in opts.length_penalty_by_target:
+            opts.length_penalty = opts.length_penalty_by_target[opts.target_lang]  # the target's own alpha
         return opts
 
     def source_tag(self, opts: SearchOptions) -> SourceTag:

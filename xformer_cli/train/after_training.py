@@ -5,6 +5,7 @@ checkpoint averaging (train.average_last) and the length-penalty search on the v
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import Iterator
 
@@ -14,8 +15,9 @@ from xformer_cli.checkpoint import checkpoint_step, kept_checkpoints, load_check
 from xformer_cli.train import checkpointing
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.state import RunState
-from xformer_cli.train.tune import pick_length_penalty
-from xformer_cli.train.validation import score_valid
+from xformer_cli.evaluate import bleu
+from xformer_cli.train.tune import alphas_by_target, best_alpha
+from xformer_cli.train.validation import score_valid, translate_shares
 
 
 @contextlib.contextmanager
@@ -31,11 +33,11 @@ def other_weights(model: torch.nn.Module, weights: dict) -> Iterator[None]:
 
 def average_last(run: RunState) -> None:
     """train.average_last: average the newest step checkpoints (the paper's checkpoint
-    averaging), validate the mean, and make it best.pt when its BLEU is higher. last.pt
-    keeps the trained weights, so resuming is unaffected."""
+    averaging), validate the mean, and make it best.pt when its BLEU (the mean over the
+    directions) is higher. last.pt keeps the trained weights, so resuming is unaffected."""
     run_dir = run.run_dir
     kept = kept_checkpoints(run_dir)[-run.config.train.average_last:]
-    if len(kept) < 2 or run.valid is None:
+    if len(kept) < 2 or not run.valid:
         run.log(f"average_last: {len(kept)} step checkpoint(s) kept, nothing to average")
         return
     averaged = average_checkpoints(kept, run_dir / "average.pt")
@@ -43,39 +45,63 @@ def average_last(run: RunState) -> None:
     # Saved inside the block: a state dict shares the parameters' storage, which the
     # trained weights overwrite on the way out.
     with other_weights(run.model, averaged["model"]):
-        loss, ppl, score = score_valid(run)
+        scores = score_valid(run)
         best = run.counters.best_bleu
-        better = best is None or score > best
-        run.log(f"average of steps {', '.join(map(str, steps))}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}"
-                    f" ({'better than' if better else 'not above'} best {best or 0:.2f})")
-        run.metrics.record(run.event(precision=run.precision, averaged_steps=steps, valid_loss=round(loss, 4),
-                                     valid_ppl=round(ppl, 3), valid_bleu=round(score, 2)))
+        better = best is None or scores.bleu > best
+        run.log(f"average of steps {', '.join(map(str, steps))}: {scores.describe()}"
+                f" ({'better than' if better else 'not above'} best {best or 0:.2f})")
+        run.metrics.record(run.event(precision=run.precision, averaged_steps=steps, **scores.figures()))
         if better:
-            run.counters.best_bleu = score
+            run.counters.best_bleu = scores.bleu
             save_checkpoint({**checkpointing.state(run), "averaged_steps": steps}, run_dir / "best.pt")
 
 
 def tune_length_penalty(run: RunState) -> None:
-    """train.tune_length_penalty: decode the valid set with best.pt's weights at each alpha
-    (beam decode.beam_size, the precision validation uses) and write the best alpha into
-    best.pt's decode.length_penalty; the run's config.yaml and last.pt stay as they were."""
+    """train.tune_length_penalty: decode every direction's valid set with best.pt's weights at
+    each alpha (beam decode.beam_size, the precision validation uses; each rank its share)
+    and write the alpha with the best mean BLEU into best.pt's decode.length_penalty, and with
+    train.length_penalty_by_target each target's own into decode.length_penalty_by_target;
+    the run's config.yaml and last.pt stay as they were."""
     alphas = run.config.train.tune_length_penalty
     path = run.run_dir / "best.pt"
     best = load_checkpoint(path)
     beam = run.config.decode.beam_size
-    corpus = run.valid.corpus
     started = time.time()
     with other_weights(run.model, best["model"]):
-        run.model.eval()
-        translator = run.valid_engine()
-        alpha, scores = pick_length_penalty(
-            lambda a: translator.translate(corpus.src, beam_size=beam, length_penalty=a), corpus.tgt, alphas)
-        run.model.train()
+        scores = {alpha: {v.direction: bleu(hyps, v.corpus.tgt).score
+                          for v, hyps in zip(run.valid, translate_shares(run, beam, length_penalty=alpha))}
+                  for alpha in alphas}
+    directions = [v.direction for v in run.valid]
+    alpha = best_alpha(scores, directions)
+    by_target = alphas_by_target(scores) if run.config.train.length_penalty_by_target and len(
+        {t for _, t in directions}) > 1 else {}
     best["config"]["decode"]["length_penalty"] = alpha
-    best["length_penalty_scores"] = scores
+    best["config"]["decode"]["length_penalty_by_target"] = by_target
+    means = {a: statistics.fmean(by_direction.values()) for a, by_direction in scores.items()}
+    best["length_penalty_scores"] = means
+    if len(directions) > 1:
+        best["length_penalty_scores_by_direction"] = {a: {f"{s}-{t}": v for (s, t), v in by.items()}
+                                                      for a, by in scores.items()}
     save_checkpoint(best, path)
-    run.log(f"length penalty: valid BLEU (beam {beam}) "
-                + ", ".join(f"{a:g}: {s:.2f}" for a, s in scores.items())
-                + f" -> {alpha:g} in best.pt (decode.length_penalty; {time.time() - started:.0f} s)")
-    run.metrics.record(run.event(length_penalty=alpha,
-                                 length_penalty_valid_bleu={f"{a:g}": round(s, 2) for a, s in scores.items()}))
+    _log_length_penalty(run, scores, alpha, by_target, beam, time.time() - started)
+
+
+def _log_length_penalty(run: RunState, scores: dict, alpha: float, by_target: dict[str, float], beam: int,
+                        seconds: float) -> None:
+    means = {a: statistics.fmean(by_direction.values()) for a, by_direction in scores.items()}
+    several = len(next(iter(scores.values()))) > 1
+    run.log(f"length penalty: valid BLEU (beam {beam}{', mean of the directions' if several else ''}) "
+            + ", ".join(f"{a:g}: {s:.2f}" for a, s in means.items())
+            + f" -> {alpha:g} in best.pt (decode.length_penalty; {seconds:.0f} s)")
+    entry = run.event(length_penalty=alpha, length_penalty_valid_bleu={f"{a:g}": round(s, 2) for a, s in means.items()})
+    if several:
+        for (source, target) in next(iter(scores.values())):
+            run.log(f"  {source}-{target}: " + ", ".join(f"{a:g}: {by[(source, target)]:.2f}" for a, by in scores.items()))
+        entry["directions"] = {f"{s}-{t}": {"length_penalty_valid_bleu": {f"{a:g}": round(by[(s, t)], 2)
+                                                                          for a, by in scores.items()}}
+                               for s, t in next(iter(scores.values()))}
+    if by_target:
+        run.log("length penalty by target language: " + ", ".join(f"{t} {a:g}" for t, a in by_target.items())
+                + " in best.pt (decode.length_penalty_by_target)")
+        entry["length_penalty_by_target"] = by_target
+    run.metrics.record(entry)

@@ -44,6 +44,32 @@ class StepStats:
         return values[0], values[1], int(values[2]), int(values[3]), int(values[4])
 
 
+def scalars(entry: dict) -> list[tuple[str, float]]:
+    """A metrics.jsonl row as TensorBoard (tag, value) pairs: every number but step and epoch;
+    a nested dict's numbers under "key/inner" tags, and a direction's figures under
+    "figure/direction" (``{"directions": {"en-de": {"valid_bleu": 21.0}}}`` ->
+    ``valid_bleu/en-de``), so TensorBoard shows each direction beside the mean of them all."""
+    found: list[tuple[str, float]] = []
+
+    def walk(tag: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{tag}/{key}", inner)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append((tag, value))
+
+    for key, value in entry.items():
+        if key in ("step", "epoch"):
+            continue
+        if key == "directions" and isinstance(value, dict):
+            for direction, figures in value.items():
+                for name, figure in figures.items():
+                    walk(f"{name}/{direction}", figure)
+        else:
+            walk(key, value)
+    return found
+
+
 def tensorboard_writer(directory: Path):
     """A TensorBoard SummaryWriter on ``directory``; None without tensorboard."""
     try:
@@ -55,7 +81,8 @@ def tensorboard_writer(directory: Path):
 
 class MetricsLog:
     """One JSON row per event in ``RUN_DIR/metrics.jsonl``, and its numbers as TensorBoard
-    scalars in ``RUN_DIR/tensorboard``. Only the process that writes (rank 0) opens either."""
+    scalars in ``RUN_DIR/tensorboard`` (``scalars``: per direction too). Only the process that
+    writes (rank 0) opens either."""
 
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir, self.enabled = run_dir, enabled
@@ -70,9 +97,8 @@ class MetricsLog:
             with metrics.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry) + "\n")
         if self.tensorboard is not None:
-            for key, value in entry.items():
-                if key not in ("step", "epoch") and isinstance(value, (int, float)):
-                    self.tensorboard.add_scalar(key, value, entry["step"])
+            for tag, value in scalars(entry):
+                self.tensorboard.add_scalar(tag, value, entry["step"])
             self.tensorboard.flush()
 
     def close(self) -> None:

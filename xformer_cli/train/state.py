@@ -47,8 +47,16 @@ class Counters:
 
 @dataclass
 class ValidSet:
-    corpus: ParallelCorpus  # the text, for BLEU
-    encoded: EncodedCorpus  # the piece ids, for the loss
+    """One direction's valid set. A bilingual run has one; a multilingual run one per
+    direction, in config.data.directions() order."""
+
+    direction: tuple[str, str]  # (source, target)
+    corpus: ParallelCorpus  # the text without tags, for BLEU (translated with target_lang=target)
+    encoded: EncodedCorpus  # the piece ids (the tag first where the model reads tags), for the loss
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction[0]}-{self.direction[1]}"
 
 
 @dataclass
@@ -65,7 +73,7 @@ class RunState:
     schedule: object  # train.schedule.LrSchedule
     scaler: torch.amp.GradScaler
     metrics: MetricsLog
-    valid: Optional[ValidSet]
+    valid: list[ValidSet]  # [] = no valid set
     log: Callable[[str], None]
     counters: Counters = field(default_factory=Counters)
     started: float = field(default_factory=time.time)
@@ -79,9 +87,10 @@ class RunState:
         return (time.time() - self.started) / 60
 
     def valid_engine(self) -> "Translator":
-        """The model decoding the way `xformer translate --engine xformer` does on this device."""
+        """The model decoding the way `xformer translate --engine xformer` does on this device,
+        knowing its directions (``translate(lines, target_lang=...)`` leads them with the tag)."""
         return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device,
-                                self.decode_precision)
+                                self.decode_precision, languages=self.config.data.languages())
 
     def event(self, **figures) -> dict:
         """A metrics.jsonl row for an event of this run (validation, averaging, ...): where and when."""

@@ -65,7 +65,8 @@ class Trainer:
         self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         model = self._build_model(plan)
         self.step_fn = self._build_step(plan, model)
-        valid = ValidSet(plan.data.valid, plan.data.valid_encoded) if plan.data.valid_encoded is not None else None
+        valid = [ValidSet(direction, corpus, plan.data.valid_encoded_sets[direction])
+                 for direction, corpus in plan.data.valid_sets.items()]
         self.state = RunState(self.config, self.dist, self.device, plan.precision, plan.data.tokenizer, model,
                               self.step_fn.optimizer, make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model),
                               self.step_fn.scaler, MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main),
@@ -317,7 +318,7 @@ class Trainer:
         run.dist = Distributed()  # rank 0 goes on alone: the passes below communicate with nobody
         if tc.average_last and main and reason != "interrupted":
             after_training.average_last(run)
-        if tc.tune_length_penalty and main and reason != "interrupted" and run.valid is not None:
+        if tc.tune_length_penalty and main and reason != "interrupted" and run.valid:
             after_training.tune_length_penalty(run)
         run.metrics.close()
         if tc.compile:

@@ -7,11 +7,17 @@ BENCHMARKS.md, "The length penalty, chosen on valid"). Decoding the valid set on
 candidate alpha with the final weights is cheap next to training, so
 ``train.tune_length_penalty`` does it and stores the winner in best.pt, where `translate`
 and `eval-bleu` read their default from.
+
+A multilingual model decodes every direction's valid set at each alpha. The shared alpha is
+the one with the highest mean BLEU over the directions (decode.length_penalty); with
+``train.length_penalty_by_target`` each target language also gets its own, the one with the
+highest mean BLEU over the directions into it (decode.length_penalty_by_target).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import statistics
+from typing import Callable, Mapping, Sequence
 
 from ..evaluate import bleu
 
@@ -22,3 +28,18 @@ def pick_length_penalty(translate: Callable[[float], list[str]], refs: Sequence[
     BLEU). Ties go to the alpha listed first, so list the default first."""
     scores = {alpha: bleu(translate(alpha), refs).score for alpha in alphas}
     return max(alphas, key=scores.__getitem__), scores  # max keeps the first of equals
+
+
+def best_alpha(scores: Mapping[float, Mapping[tuple[str, str], float]], directions: Sequence[tuple[str, str]]) -> float:
+    """The alpha (key of ``scores``: alpha -> direction -> BLEU) with the highest mean BLEU over
+    ``directions``; ties go to the alpha listed first."""
+    alphas = list(scores)
+    mean = {alpha: statistics.fmean(scores[alpha][d] for d in directions) for alpha in alphas}
+    return max(alphas, key=mean.__getitem__)
+
+
+def alphas_by_target(scores: Mapping[float, Mapping[tuple[str, str], float]]) -> dict[str, float]:
+    """Each target language's alpha: the highest mean BLEU over the directions into it."""
+    directions = list(next(iter(scores.values())))
+    targets = list(dict.fromkeys(target for _, target in directions))
+    return {target: best_alpha(scores, [d for d in directions if d[1] == target]) for target in targets}

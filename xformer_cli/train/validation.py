@@ -1,14 +1,22 @@
 """Validation during training: loss, perplexity and BLEU on the valid set, then the save
 that goes with it (best.pt when BLEU improved) and the early-stopping count.
 
-With several ranks, every rank scores its own share of the valid set (every world_size-th
-sentence) and the figures and translations are gathered: no rank waits while another
-decodes the whole set, and validation takes 1/world_size of the time.
+A multilingual run validates each direction on its own valid set (translated into its
+target, the loss with its tag): per-direction loss and BLEU under ``directions`` in
+metrics.jsonl, and the mean of the directions' BLEU as ``valid_bleu``, the figure best.pt,
+early stopping and checkpoint averaging compare (each direction counts the same, whatever
+the size of its valid set). A bilingual run logs what it always has.
+
+With several ranks, every rank scores its own share of each direction's set (every
+world_size-th sentence) and the figures and translations are gathered: no rank waits while
+another decodes the whole set, and validation takes 1/world_size of the time.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -51,35 +59,88 @@ def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     return loss / tokens, nll / tokens
 
 
-def score_valid(run: RunState) -> tuple[float, float, float]:
-    """(label-smoothed loss, perplexity, BLEU) of the model's current weights on the valid set,
-    on every rank (each scores its share); BLEU decodes the way `xformer translate
-    --precision auto` does on this device."""
-    tc, dist, valid = run.config.train, run.dist, run.valid
-    assert valid is not None
-    mine = shard(list(range(len(valid.encoded.src))), dist.rank, dist.world_size)
-    sums = validation_sums(run.model, valid.encoded, tc.max_tokens, run.device, tc.label_smoothing, run.precision, mine)
-    loss, nll, tokens = dist.all_reduce_sum(sums).tolist()
-    src = shard(valid.corpus.src, dist.rank, dist.world_size)
+@dataclass
+class DirectionScore:
+    loss: float  # label-smoothed, per target token
+    ppl: float
+    bleu: float
+
+
+@dataclass
+class ValidScores:
+    """A validation's figures: over every direction, and each direction's own."""
+
+    loss: float  # label-smoothed, per target token of every direction together
+    ppl: float
+    bleu: float  # the mean of the directions' BLEU: what best.pt, early stopping and averaging compare
+    directions: dict[str, DirectionScore] = field(default_factory=dict)  # "en-de" -> its figures
+
+    def figures(self) -> dict:
+        """The metrics.jsonl figures: valid_loss, valid_ppl, valid_bleu as a bilingual run has
+        always logged them, and with several directions each one's under ``directions``."""
+        out: dict = {"valid_loss": round(self.loss, 4), "valid_ppl": round(self.ppl, 3), "valid_bleu": round(self.bleu, 2)}
+        if len(self.directions) > 1:
+            out["directions"] = {name: {"valid_loss": round(d.loss, 4), "valid_ppl": round(d.ppl, 3),
+                                        "valid_bleu": round(d.bleu, 2)} for name, d in self.directions.items()}
+        return out
+
+    def describe(self) -> str:
+        """"valid loss 3.120 ppl 22.65 BLEU 21.30", with each direction's BLEU when there are several."""
+        line = f"valid loss {self.loss:.3f} ppl {self.ppl:.2f} BLEU {self.bleu:.2f}"
+        if len(self.directions) > 1:
+            line += " (mean of " + ", ".join(f"{name} {d.bleu:.2f}" for name, d in self.directions.items()) + ")"
+        return line
+
+
+def _ppl(nll: float, tokens: float) -> float:
+    return math.exp(min(nll / max(tokens, 1.0), 50))
+
+
+def translate_shares(run: RunState, beam_size: int, **search) -> list[list[str]]:
+    """Every direction's valid set translated into its target, each rank translating its share
+    (every world_size-th line) and the shares gathered: the whole of each set on every rank."""
+    dist = run.dist
     run.model.eval()
-    hyps = run.valid_engine().translate(src, beam_size=tc.valid_beam_size) if src else []
+    engine = run.valid_engine()
+    mine = []
+    for valid in run.valid:
+        src = shard(valid.corpus.src, dist.rank, dist.world_size)
+        mine.append(engine.translate(src, beam_size=beam_size, target_lang=valid.direction[1], **search) if src else [])
     run.model.train()
-    hyps = unshard(dist.gather(hyps, "validation (the ranks' translations)"))
-    return loss / tokens, math.exp(min(nll / tokens, 50)), bleu(hyps, valid.corpus.tgt).score
+    shares = dist.gather(mine, "validation (the ranks' translations)")
+    return [unshard([share[i] for share in shares]) for i in range(len(run.valid))]
+
+
+def score_valid(run: RunState) -> ValidScores:
+    """The model's current weights on every direction's valid set: loss and perplexity over
+    all of them and per direction, BLEU per direction and its mean; on every rank (each scores
+    its share). BLEU decodes the way `xformer translate --precision auto` does on this device."""
+    tc, dist = run.config.train, run.dist
+    assert run.valid
+    sums = torch.stack([validation_sums(run.model, v.encoded, tc.max_tokens, run.device, tc.label_smoothing,
+                                        run.precision, shard(list(range(len(v.encoded.src))), dist.rank, dist.world_size))
+                        for v in run.valid])
+    sums = dist.all_reduce_sum(sums).tolist()  # (directions, 3): one collective for them all
+    hyps = translate_shares(run, tc.valid_beam_size)
+    directions = {v.name: DirectionScore(loss / max(tokens, 1.0), _ppl(nll, tokens), bleu(h, v.corpus.tgt).score)
+                  for v, (loss, nll, tokens), h in zip(run.valid, sums, hyps)}
+    loss, nll, tokens = (sum(column) for column in zip(*sums))
+    return ValidScores(loss / max(tokens, 1.0), _ppl(nll, tokens),
+                       statistics.fmean(d.bleu for d in directions.values()), directions)
 
 
 def validate(run: RunState) -> bool:
     """Validate and save; returns, on every rank, whether patience ran out."""
     tc, c = run.config.train, run.counters
     entry = run.event(precision=run.precision)
-    improved = run.valid is None  # without a valid set, best.pt is simply the latest
-    if run.valid is not None:
-        loss, ppl, score = score_valid(run)
-        entry.update(valid_loss=round(loss, 4), valid_ppl=round(ppl, 3), valid_bleu=round(score, 2))
-        run.log(f"step {c.step}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {score:.2f}")
-        improved = c.best_bleu is None or score > c.best_bleu
+    improved = not run.valid  # without a valid set, best.pt is simply the latest
+    if run.valid:
+        scores = score_valid(run)
+        entry.update(scores.figures())
+        run.log(f"step {c.step}: {scores.describe()}")
+        improved = c.best_bleu is None or scores.bleu > c.best_bleu
         if improved:
-            c.best_bleu = score
+            c.best_bleu = scores.bleu
             c.bad_validations = 0
         else:
             c.bad_validations += 1

@@ -1,0 +1,51 @@
+#!/bin/bash
+# The issue-27 quality runs on Multi30k (BENCHMARKS.md, "Multilingual models, phase 2"): one
+# small model and batch for every run, bounded by steps (not minutes) so that the figures do not
+# depend on the machine's load; then test2016 per direction, beam 4, fp32.
+#
+#   scripts/bench_multilingual_quality.sh RUN [WORK]      WORK: runs/quality by default
+#
+# RUN: bi-ende, bi-enfr, bi-encs (1000 steps each), multi (en->de,fr,cs, 3000 steps: three times
+# the bilingual budget), b-bi (en->cs on the first 3000 pairs), b-multi (en->de, en->fr in full
+# and en->cs on those 3000 pairs, sampling temperature 5); a suffix -s2 trains with seed 2,
+# -long gives b-bi / b-multi 3000 steps in place of 500. Data: $XFORMER_DATA/multi30k
+# (default ../shared/data).
+set -euo pipefail
+RUN=$1
+WORK=${2:-runs/quality}
+D=$(cd "${XFORMER_DATA:-../shared/data}/multi30k" && pwd)
+mkdir -p "$WORK"
+CS3K="$WORK/cs3k/train"
+if [ ! -f "$CS3K.cs" ]; then
+  mkdir -p "$WORK/cs3k" && head -3000 "$D/train.en" > "$CS3K.en" && head -3000 "$D/train.cs" > "$CS3K.cs"
+fi
+COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null -s data.test.fallback_dataset=null
+        -s "data.train.prefix=$D/train" -s "data.valid.prefix=$D/valid" -s "data.test.prefix=$D/test2016"
+        -s train.max_minutes=0 -s train.threads=1 -s train.save_every=0 -s train.keep_checkpoints=0
+        -s train.average_last=0 -s data.valid_max_sentences=300
+        -s model.d_model=128 -s model.d_ff=512 -s model.n_heads=4 -s model.encoder_layers=2 -s model.decoder_layers=2
+        -s train.max_tokens=2000 -s train.warmup_steps=400 -s train.lr_scale=0.7 -s train.valid_every=500
+        -s train.validations=0 -s train.precision=bf16 -s train.log_every=25 -s decode.max_len_a=1.2
+        -s decode.max_len_b=10 "-s" "train.tune_length_penalty=[0.6,1.0,1.4,2.0]")
+MORE=()
+NAME=$RUN
+case $RUN in *-s2) MORE+=(-s train.seed=2); RUN=${RUN%-s2} ;; esac
+case $RUN in *-long) LONG=(-s train.max_steps=3000 -s train.valid_every=750); RUN=${RUN%-long} ;; *) LONG=() ;; esac
+BI=configs/multi30k.yaml
+MULTI=configs/multi30k-multilingual.yaml
+case $RUN in
+  bi-ende|bi-enfr|bi-encs) CFG=$BI; ARGS=(-s "data.tgt_lang=${RUN#bi-en}" -s tokenizer.vocab_size=3000 -s train.max_steps=1000) ;;
+  multi) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=3000 -s train.valid_every=750
+                           -s train.length_penalty_by_target=true) ;;
+  b-bi) CFG=$BI; ARGS=(-s data.tgt_lang=cs -s "data.train.prefix=$CS3K" -s tokenizer.vocab_size=3000 -s train.max_steps=500) ;;
+  b-multi) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
+                             -s train.length_penalty_by_target=true
+                             -s "data.pairs=[en-de, en-fr, {src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]}]") ;;
+  *) echo "unknown run $RUN" >&2; exit 2 ;;
+esac
+start=$(date +%s)
+nice -n 5 xformer train -c "$CFG" --overwrite -q -s "run_dir=$WORK/$NAME" "${COMMON[@]}" "${ARGS[@]}" "${LONG[@]}" "${MORE[@]}"
+echo "$NAME: trained in $(( $(date +%s) - start )) s"
+start=$(date +%s)
+nice -n 5 xformer eval-bleu -m "$WORK/$NAME/best.pt" -b 4 --precision fp32 --threads 1 | tee "$WORK/eval-$NAME.txt"
+echo "$NAME: evaluated in $(( $(date +%s) - start )) s"
