@@ -93,16 +93,49 @@ def test_the_plan_is_measured_once_only_for_a_minutes_bound_run_that_needs_it():
     assert calls == [1]
 
 
-def test_the_keeper_shortens_the_plan_only_when_the_pace_no_longer_fits():
-    start = 1000.0
-    keeper = BudgetKeeper(deadline=start + 200, valid_s=5.0, validations=[100, 200])
-    assert keeper.proposal(0, 200, start) == 200  # the first call only marks the pace's start
-    assert keeper.proposal(50, 200, start + 20) == 200  # 0.4 s a step: 150 steps and 2 validations fit in 180 s
-    keeper.validated(5.0)  # the validation's time is not pace
-    assert keeper.proposal(100, 200, start + 45) == 200  # still 0.4 s a step: 100 steps and 1 validation in 155 s
-    slowed = keeper.proposal(150, 200, start + 145)  # 2 s a step now: 50 s left, one validation to come
-    assert slowed == 150 + int((200 - 145 - 5) * budget.MARGIN / 2.0) == 174
-    assert keeper.proposal(160, 174, start + 165) == 174  # fewer than PACE_STEPS since the last look: no opinion
+def _keep(keeper: BudgetKeeper, planned: int, steps: range, pace, clock: float = 0.0) -> tuple[int, float]:
+    """Looks every 10 steps, as the trainer's agreement does; ``pace(step)``: the seconds the
+    10 steps before ``step`` took. Returns (the plan, the clock)."""
+    for step in steps:
+        clock += pace(step)
+        planned = keeper.proposal(step, planned, clock)
+    return planned, clock
+
+
+def test_the_keeper_shortens_the_plan_when_the_machine_stays_slower():
+    """200 steps planned at 0.4 s a step in 93 s; from step 50 a step takes 1 s. The time lost
+    counts at once; once most of the recent paces are the slow one, the plan shortens to what
+    fits at 1 s a step. The validation's time is not pace."""
+    keeper = BudgetKeeper(deadline=93.0, valid_s=5.0, validations=[50, 200], cooldown_steps=60)
+    assert keeper.proposal(0, 200, 0.0) == 200  # the first look only marks the pace's start
+    planned, clock = _keep(keeper, 200, range(10, 51, 10), lambda step: 4.0)
+    assert planned == 50 + int((93 - 20 - 5.0) * budget.MARGIN / 0.4) == 214  # more fit than planned: longer
+    keeper.validated(5.0)
+    planned, clock = _keep(keeper, planned, range(60, 91, 10), lambda step: 10.0, clock + 5.0)
+    assert planned == 90 + int((93 - clock - 5.0) * budget.MARGIN / 0.4)  # four slow paces of nine: not the median yet
+    planned, clock = _keep(keeper, planned, [100], lambda step: 10.0, clock)
+    assert planned == 100 + int((93 - clock - 5.0) * budget.MARGIN / 1.0) == 112
+
+
+def test_a_stall_costs_its_own_steps_only_and_the_cool_down_never_lengthens():
+    """2200 steps planned at 0.65 s in 25 minutes, a cool-down over the last 1100. A 55-second
+    stall at step 110 (the main job met one) costs the steps of 55 seconds, not the pace of the
+    whole run; a machine twice as slow from step 400 on shortens the plan for good; inside the
+    cool-down a faster pace leaves the plan as it is; more steps than train.max_steps never."""
+    def keeper() -> BudgetKeeper:
+        return BudgetKeeper(deadline=25 * 60, valid_s=7.0, validations=[550, 1100, 1650, 2200],
+                            cooldown_steps=1100, max_steps=100_000)
+
+    stalled, _ = _keep(keeper(), 2200, range(0, 301, 10), lambda step: 6.5 + (55.0 if step == 110 else 0.0))
+    assert 2200 - 55 / 0.65 - 22 <= stalled <= 2200 - 55 / 0.65 * budget.MARGIN + 22
+    slower, clock = _keep(keeper(), 2200, range(0, 601, 10), lambda step: 6.5 if step <= 400 else 13.0)
+    left = 25 * 60 - clock - 3 * 7.0
+    assert slower == pytest.approx(600 + left * budget.MARGIN / 1.3, rel=budget.REVISE_SHARE) and slower < 1700
+    cooling = keeper()
+    _keep(cooling, 2200, range(1000, 1201, 10), lambda step: 6.5, clock=1000 * 0.65)
+    assert _keep(cooling, 2200, range(1210, 1401, 10), lambda step: 3.0, clock=1200 * 0.65)[0] == 2200
+    capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], cooldown_steps=100, max_steps=1000)
+    assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
 
 
 # -- runs -----------------------------------------------------------------------------------
@@ -160,7 +193,7 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
 @pytest.mark.slow
 def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_corpus, tmp_path, monkeypatch):
     """The plan says 0.05 s a step; from step 10 every step takes 0.3 s more. The keeper sees the
-    new pace and shortens the plan, so the cool-down and the last validation still come, and the
+    new pace and shortens the plan (into the cool-down, where it only shortens), so the cool-down and the last validation still come, and the
     run ends inside its 30 seconds."""
     from xformer_cli.train.step import TrainStep
     from xformer_cli.train.trainer import train

@@ -10,11 +10,15 @@ their validations into the minutes (``fit_steps``). The value is written to conf
 a resumed run takes it from its checkpoint: it is never measured again, so a resume stays
 exact.
 
-When the machine slows down mid-run (another job, thermal throttling), ``BudgetKeeper``
-notices at the ranks' regular agreement (every few steps) that the planned steps no longer
-fit, and shortens the plan to what does, so the cool-down still ends near zero; it never
-lengthens it. The run stops at its minutes whatever happens (the loop's deadline), and a
-shortened plan is kept in the checkpoint (the schedule's state) and logged.
+When the machine's pace changes mid-run (another job, thermal throttling, a stall),
+``BudgetKeeper`` revises the plan at the ranks' regular agreement (every few steps) to what
+fits in the minutes left at the recent pace. Before the cool-down begins the schedule does not
+depend on the planned steps, so the plan follows the pace both ways: a stall of a minute
+shortens it, and the steps after it give the steps back. Inside the cool-down the plan only
+shortens (lengthening would raise the rate again), so a machine that slows down still ends
+near zero inside its minutes, and one that speeds up ends early. The run stops at its minutes
+whatever happens (the loop's deadline), and a revised plan is kept in the checkpoint (the
+schedule's state) and logged.
 """
 
 from __future__ import annotations
@@ -147,15 +151,20 @@ def _sync(device: torch.device) -> None:
 
 
 PACE_STEPS = 50  # the pace is measured over at least this many steps (one slow step is no trend)
+PACE_LOOKS = 9  # ... as the median of the paces between the last looks: a stall is one outlier
+REVISE_SHARE = 0.01  # the plan moves only for a change of at least 1% of it (no churn)
 
 
 class BudgetKeeper:
-    """Shortens the planned steps when the recent pace no longer fits them into the minutes left."""
+    """Keeps the planned steps inside the minutes: revised to the recent pace, both ways before
+    the cool-down begins, only shorter inside it."""
 
-    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int]):
+    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int], cooldown_steps: int = 0,
+                 max_steps: Optional[int] = None):
         self.deadline, self.valid_s, self.validations = deadline, valid_s, list(validations)
-        self.mark: Optional[tuple[int, float]] = None  # (step, time) the pace is measured from
-        self.excluded = 0.0  # seconds since the mark spent validating and saving
+        self.cooldown_steps, self.max_steps = cooldown_steps, max_steps
+        self.marks: list[tuple[int, float]] = []  # (step, time less validations and saves) of the last looks
+        self.excluded = 0.0  # seconds spent validating and saving, all told
 
     def exclude(self, seconds: float) -> None:
         self.excluded += seconds
@@ -165,16 +174,28 @@ class BudgetKeeper:
         self.valid_s = seconds
         self.exclude(seconds)
 
+    def step_seconds(self, step: int, now: float) -> Optional[float]:
+        """Seconds a step: the median of the paces between the last PACE_LOOKS + 1 looks (None
+        until they span PACE_STEPS steps). A stall (a minute of another job, a swap storm) slows
+        one or two of them and moves no median; a machine that stays slower moves them all."""
+        if self.marks and step <= self.marks[-1][0]:
+            return None
+        self.marks = (self.marks + [(step, now - self.excluded)])[-(PACE_LOOKS + 1):]
+        if self.marks[-1][0] - self.marks[0][0] < PACE_STEPS:
+            return None
+        paces = sorted(max(b[1] - a[1], 1e-9) / (b[0] - a[0]) for a, b in zip(self.marks, self.marks[1:]))
+        return paces[len(paces) // 2]
+
     def proposal(self, step: int, planned: int, now: float) -> int:
-        """The planned steps to keep: ``planned``, or fewer when the pace since the last call
-        would end them past the deadline (never fewer than ``step`` + 1)."""
-        if self.mark is None:
-            self.mark, self.excluded = (step, now), 0.0
+        """The planned steps to keep: what fits at the recent pace, at least ``step`` + 1, at
+        most train.max_steps; above ``planned`` only before the cool-down begins."""
+        step_s = self.step_seconds(step, now)
+        if step_s is None or step >= planned:
             return planned
-        if step - self.mark[0] < PACE_STEPS or step >= planned:
-            return planned
-        step_s = max(now - self.mark[1] - self.excluded, 1e-9) / (step - self.mark[0])
-        self.mark, self.excluded = (step, now), 0.0
         left = self.deadline - now - self.valid_s * sum(1 for v in self.validations if v > step)
         fits = step + max(1, math.floor(left * MARGIN / step_s))
-        return min(planned, fits)
+        if self.max_steps is not None:
+            fits = min(fits, self.max_steps)
+        if step >= planned - self.cooldown_steps:
+            fits = min(fits, planned)
+        return fits if abs(fits - planned) >= max(1, planned * REVISE_SHARE) else planned

@@ -155,10 +155,12 @@ class Trainer:
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         if c.step >= self.last_step():
             self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
-                           f"planned {self.state.schedule.planned_steps or '-'}); raise train.max_steps to train on")
+                           f"planned {self.state.schedule.planned_steps or '-'}); raise train.max_steps (and train.planned_steps, "
+                           "when planned) to train on")
             return TrainResult(c.step, c.epoch, 0.0, c.best_bleu, self.state.run_dir, "already done")
         if tc.max_minutes and self.state.schedule.planned_steps:
-            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps())
+            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(),
+                                       self.state.schedule.cooldown_steps, tc.max_steps)
         self.state.model.train()
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
@@ -278,7 +280,7 @@ class Trainer:
 
     def stop_reason(self, signals: StopSignals, due_to_save: bool) -> str:
         """Why the run stops after this step ("" to go on): interrupted, the step limit or time.
-        Every few steps the budget keeper may also shorten the planned steps."""
+        Every few steps the budget keeper may also revise the planned steps."""
         tc, step = self.config.train, self.counters.step
         now, planned = time.time(), self.last_step()
         interrupted, out_of_time = signals.received is not None, now >= self.deadline
@@ -293,18 +295,19 @@ class Trainer:
                 flags = self.dist.sum([float(interrupted), float(out_of_time), float(proposal)], self.device)
                 interrupted, out_of_time = flags[0] > 0, flags[1] > 0
                 proposal = math.floor(flags[2] / self.dist.world_size)
-        if proposal < planned:
-            self.shorten_plan(proposal)
+        if proposal != planned:
+            self.revise_plan(proposal)
         if interrupted:
             return "interrupted"
         if step >= self.last_step():
             return "max_steps" if step >= tc.max_steps else "planned steps"
         return "time" if out_of_time else ""
 
-    def shorten_plan(self, steps: int) -> None:
-        """The machine has slowed: the schedule's cool-down and the validations move to fewer steps."""
+    def revise_plan(self, steps: int) -> None:
+        """The machine's pace has changed: the schedule's cool-down and the validations move."""
         schedule, c = self.state.schedule, self.counters
-        self.state.log(f"step {c.step}: at this pace {schedule.planned_steps} steps no longer fit in "
+        fit = "no longer fit" if steps < schedule.planned_steps else "leave time for more"
+        self.state.log(f"step {c.step}: at this pace {schedule.planned_steps} steps {fit} in "
                        f"{self.config.train.max_minutes:g} minutes; planned steps {schedule.planned_steps} -> {steps}")
         self.state.metrics.record(self.state.event(planned_steps=steps, planned_before=schedule.planned_steps))
         schedule.planned_steps = steps
