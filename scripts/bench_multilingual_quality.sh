@@ -25,7 +25,7 @@ COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null 
         -s train.average_last=0 -s data.valid_max_sentences=300
         -s model.d_model=128 -s model.d_ff=512 -s model.n_heads=4 -s model.encoder_layers=2 -s model.decoder_layers=2
         -s train.max_tokens=2000 -s train.warmup_steps=400 -s train.lr_scale=0.7 -s train.valid_every=500
-        -s train.validations=0 -s train.precision=bf16 -s train.log_every=25 -s decode.max_len_a=1.2
+        -s train.validations=0 -s train.cooldown=0.5 -s train.precision=bf16 -s train.log_every=25 -s decode.max_len_a=1.2
         -s decode.max_len_b=10 "-s" "train.tune_length_penalty=[0.6,1.0,1.4,2.0]")
 MORE=()
 NAME=$RUN

@@ -32,8 +32,25 @@ EOF
 score() {  # $1 label, $2 hypothesis, $3 prefix
   printf '%-40s ' "$1"
   xformer eval-bleu --hyp "$2" --src "$3.en" --ref "$3.de" --json \
-    | python -c 'import json,sys; d=json.load(sys.stdin); n=d["numbers"]; print(f"BLEU {d[\"BLEU\"][\"score\"]:6.2f}  numbers {100*n[\"accuracy\"]:6.2f}% ({n[\"kept\"]} of {n[\"total\"]})")'
+    | python -c 'import json,sys; d=json.load(sys.stdin); n=d["numbers"]; b=d["BLEU"]["score"]
+print("BLEU %6.2f  numbers %6.2f%% (%d of %d)" % (b, n["accuracy"], n["kept"], n["total"]))'
 }
+
+if [ -n "$before" ]; then  # the checkpoint with only the config keys the older xformer knows
+  (cd "$before" && python - "$here/$checkpoint" "$here/$out/before.pt" <<'EOF'
+import dataclasses, sys, typing, torch
+from xformer_cli import config as old
+state = torch.load(sys.argv[1], map_location="cpu", weights_only=True)
+hints = typing.get_type_hints(old.Config)
+def known(cls, tree):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in tree.items() if k in names}
+state["config"] = {name: known(hints[name], tree) if isinstance(tree, dict) and dataclasses.is_dataclass(hints[name]) else tree
+                   for name, tree in state["config"].items() if name in hints}
+torch.save(state, sys.argv[2])
+EOF
+  )
+fi
 
 for set in "multi30k/test2016" "wmt14/newstest2014"; do
   name=$(basename "$set"); prefix="$out/$name.digits"
@@ -43,7 +60,7 @@ for set in "multi30k/test2016" "wmt14/newstest2014"; do
   echo "  translate: $(( $(date +%s) - start )) s"
   xformer translate -m "$checkpoint" --beam-size 4 --keep-numbers < "$prefix.en" > "$prefix.keep.de"
   if [ -n "$before" ]; then
-    (cd "$before" && python -m xformer_cli translate -m "$here/$checkpoint" --beam-size 4 \
+    (cd "$before" && python -m xformer_cli translate -m "$here/$out/before.pt" --beam-size 4 \
       < "$here/$prefix.en" > "$here/$prefix.before.de")
     score "$name: before (older translate)" "$prefix.before.de" "$prefix"
   fi
