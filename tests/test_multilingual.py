@@ -430,6 +430,7 @@ def two_direction_config(corpus: Path, run_dir: Path, steps: int, **more):
             "tokenizer.vocab_size": 2000, "model.d_model": 128, "model.d_ff": 256, "model.encoder_layers": 2,
             "model.decoder_layers": 2, "train.max_steps": steps, "train.max_minutes": 0, "train.max_tokens": 1500,
             "train.warmup_steps": 100, "train.lr_scale": 1.0, "train.valid_every": steps, "train.save_every": 0,
+            "train.cooldown": 0, "train.validations": 0,  # the paper's schedule: max_steps can grow on resume
             "train.keep_checkpoints": 0, "train.average_last": 0, "train.tune_length_penalty": "[]",
             "train.precision": "fp32", "train.device": "cpu", "train.threads": 1, "train.log_every": 50,
             "decode.max_len_a": 1.2, "decode.max_len_b": 10, **more}

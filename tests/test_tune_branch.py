@@ -63,9 +63,10 @@ def test_a_run_that_trains_differently_is_no_branch(tmp_path):
 def test_a_longer_warmup_shares_no_step_and_a_cooldown_shares_those_before_it(tmp_path):
     from xformer_cli.config import load_config
 
-    def config(*sets):
+    def config(*sets):  # on the recipe before the search: the paper's schedule, a validation every 1000 steps
         return tune_branch.with_plan(load_config("configs/multi30k.yaml", [f"run_dir={tmp_path}/x", "train.max_minutes=0",
-                                                                          "train.max_steps=2000", *sets]))
+                                                                          "train.max_steps=2000", "train.cooldown=0",
+                                                                          "train.validations=0", *sets]))
     plain = config()
     assert tune_branch.branch_step(plain, config("train.warmup_steps=200")) == 0
     assert tune_branch.branch_step(plain, config("train.cooldown=0.3")) == 1350  # cool-down from step 1401
