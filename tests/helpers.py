@@ -162,3 +162,20 @@ class FsyncSpy:
 
     def paths(self) -> list[Path]:
         return [path for path, _ in self.calls]
+
+
+def signal_after_step(trainer, step: int, monkeypatch) -> None:
+    """SIGTERM this process once ``trainer`` has finished step ``step``, as Ctrl-C or a job
+    scheduler would: the trainer finishes the step, saves and stops."""
+    import os
+    import signal
+
+    real_step = trainer.train_step
+
+    def step_then_signal(group):
+        done = real_step(group)
+        if trainer.counters.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(trainer, "train_step", step_then_signal)

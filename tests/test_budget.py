@@ -15,7 +15,7 @@ from xformer_cli.train import budget
 from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, validation_steps
 from xformer_cli.train.schedule import cooldown_factor, make_schedule, noam_lr
 
-from helpers import quiet, tiny_config
+from helpers import quiet, signal_after_step, tiny_config
 
 
 def _optimizer():
@@ -149,8 +149,6 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
     """The plan is measured once (faked: 24 steps fit), written to config.yaml, taken from the
     checkpoint on resume (not measured again); a run interrupted at step 12 and resumed equals
     the uninterrupted one, weights and losses; the last step's rate is under a tenth of the peak."""
-    import os
-    import signal
 
     from xformer_cli.train.trainer import Trainer, train
 
@@ -173,15 +171,7 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
     assert [r["step"] for r in rows if "valid_bleu" in r and "averaged_steps" not in r] == [8, 16, 24]
 
     trainer = Trainer(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
-    real_step = trainer.train_step
-
-    def step_then_signal(group):
-        done = real_step(group)
-        if trainer.counters.step == 12:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return done
-
-    monkeypatch.setattr(trainer, "train_step", step_then_signal)
+    signal_after_step(trainer, 12, monkeypatch)
     assert trainer.run().stopped_because == "interrupted" and measured == [1, 1]
     resumed = train(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
     assert resumed.steps == 24 and measured == [1, 1]  # the resume took the plan from its checkpoint

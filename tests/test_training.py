@@ -1,7 +1,6 @@
 """Training survives: exact resume, signals, non-finite losses, early stopping, averaging."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from xformer_cli import checkpoint as checkpoint_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
-from helpers import ROOT, assert_one_line_error, losses, quiet, tiny_config, tiny_overrides, xformer
+from helpers import ROOT, assert_one_line_error, losses, quiet, signal_after_step, tiny_config, tiny_overrides, xformer
 
 
 @pytest.mark.slow
@@ -70,15 +69,7 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
     cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 50, "train.valid_every": 100,
                                                            "train.save_every": 3})
     trainer = Trainer(cfg, log=quiet, progress=False)
-    real_step = trainer.train_step
-
-    def step_then_signal(group):
-        result = real_step(group)
-        if trainer.counters.step == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    monkeypatch.setattr(trainer, "train_step", step_then_signal)
+    signal_after_step(trainer, 4, monkeypatch)
     result = trainer.run()
     assert result.stopped_because == "interrupted" and result.steps == 4
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 4
