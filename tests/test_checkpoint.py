@@ -91,3 +91,32 @@ def test_the_upgrade_fills_what_version_1_training_checkpoints_may_lack():
     v2 = upgrade_checkpoint({"version": 2, "optimizer": {}, "rng": {"torch": rng["torch"], "ranks": ["r0"]},
                              "nonfinite_total": 1})
     assert v2["oom_total"] == 0 and v2["nonfinite_total"] == 1
+
+
+def test_resume_compares_the_files_a_run_reads_not_how_their_paths_are_spelt(tmp_path, monkeypatch):
+    """A run started with ../data/train resumes with /abs/data/train (the same files), and with
+    another test set or cache folder (neither builds the model nor orders its batches); another
+    train or valid corpus, or another pair's corpus, is still refused."""
+    from xformer_cli.config import load_config
+    from xformer_cli.train.checkpointing import resume_mismatch
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+
+    def config(*sets: str) -> dict:
+        return load_config(None, ["data.train.prefix=../data/train", "data.valid.prefix=../data/valid",
+                                         "data.test.prefix=../data/test", *sets]).to_dict()
+
+    saved = config()
+    absolute = str(tmp_path / "data")
+    assert resume_mismatch(saved, config(f"data.train.prefix={absolute}/train",
+                                         f"data.valid.prefix={absolute}/./valid")) is None
+    assert resume_mismatch(saved, config("data.test.prefix=../data/test2016", "data.cache_dir=elsewhere")) is None
+    assert resume_mismatch(saved, config("data.train.prefix=../data/train2")) == "data.train"
+    assert resume_mismatch(saved, config("data.valid.prefix=../data/valid2")) == "data.valid"
+    pairs = "data.pairs=[en-de, {src_lang: en, tgt_lang: fr, train: [{prefix: ../data/fr}]}]"
+    moved = f"data.pairs=[en-de, {{src_lang: en, tgt_lang: fr, train: [{{prefix: {absolute}/fr}}]}}]"
+    other = "data.pairs=[en-de, {src_lang: en, tgt_lang: fr, train: [{prefix: ../data/fr2}]}]"
+    assert resume_mismatch(config(pairs), config(moved)) is None
+    assert resume_mismatch(config(pairs), config(other)) == "data.pairs"

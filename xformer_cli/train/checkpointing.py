@@ -10,6 +10,7 @@ with the one it continues (``resume_state``). The file format and its version ar
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -65,10 +66,44 @@ def _completed(saved: dict) -> dict:
         return _with_defaults(saved, Config().to_dict())
 
 
+# Data settings that neither build the model nor order its batches: the test set is read only by
+# eval-bleu, and the cache is found by its contents' fingerprint wherever it lives.
+_NOT_RESUME_DATA = ("test", "cache_dir")
+_PATH_KEYS = ("prefix", "src", "tgt", "data_files")
+
+
+def _same_files(corpus):
+    """A corpus (or list of them) with its file paths spelt one way: "../shared/data/x/train" and
+    "/work/shared/data/x/train" name the same files. A dataset name is a path only where one exists
+    (else it is a Hub name, which no spelling changes)."""
+    if isinstance(corpus, list):
+        return [_same_files(item) for item in corpus]
+    if not isinstance(corpus, dict):
+        return corpus
+    out = dict(corpus)
+    for key, value in corpus.items():
+        path_like = key in _PATH_KEYS or (key in ("dataset", "fallback_dataset") and value and os.path.exists(value))
+        if path_like and isinstance(value, str):
+            out[key] = os.path.realpath(value)
+    return out
+
+
+def _resume_view(config: dict) -> dict:
+    """The part of a config dict a resume compares: data without the test set and cache folder,
+    corpus paths resolved."""
+    data = {k: v for k, v in config.get("data", {}).items() if k not in _NOT_RESUME_DATA}
+    for key in ("train", "valid"):
+        data[key] = _same_files(data.get(key))
+    data["pairs"] = [{k: _same_files(v) for k, v in pair.items() if k != "test"} if isinstance(pair, dict) else pair
+                     for pair in data.get("pairs", [])]
+    return {**config, "data": data}
+
+
 def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
     """The first of RESUME_KEYS (down to the differing inner key) where two configs differ;
-    a key the saved config lacks reads as its default."""
-    saved = _completed(saved)
+    a key the saved config lacks reads as its default. The test set, the cache folder and the
+    spelling of a corpus's path are not compared (_resume_view)."""
+    saved, current = _resume_view(_completed(saved)), _resume_view(current)
     for key in RESUME_KEYS:
         a, b = saved, current
         for part in key.split("."):
