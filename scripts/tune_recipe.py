@@ -47,6 +47,7 @@ WF10 = {"train.cooldown": 0.3, "train.warmup_fraction": 0.1, "train.lr_scale": 0
 WF10_HI = {"train.cooldown": 0.3, "train.warmup_fraction": 0.1, "train.lr_scale": 0.75}
 DROP2 = {"model.dropout": 0.2}
 DROP3 = {"model.dropout": 0.3}
+DROP05 = {"model.dropout": 0.05}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,7 @@ CONFIGS: dict[str, Run] = {
     "s1300-cd50-drop2": Run(1300, {**CD50, **DROP2}, "s2000-cd30-drop2"),
     "s2000-cd30-drop3": Run(2000, {**CD30, **DROP3}),
     "s1300-cd30-drop3": Run(1300, {**CD30, **DROP3}, "s2000-cd30-drop3"),
+    "s2000-cd30-drop05": Run(2000, {**CD30, **DROP05}),
     "s2000-wf10-hi": Run(2000, WF10_HI),
     "s2000-wf10-hi-cd50": Run(2000, {**WF10_HI, **CD50}, "s2000-wf10-hi"),
     "s1300-wf10-hi": Run(1300, WF10_HI),

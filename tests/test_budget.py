@@ -181,6 +181,32 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
 
 
 @pytest.mark.slow
+def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp_path, monkeypatch):
+    """The clock travels in the checkpoint (fairseq's --stop-time-hours counts the same way): a
+    resumed run's metrics go on from the minutes trained before, and train.max_minutes counts
+    them. Here the checkpoint says the whole budget was spent before the interruption: the
+    resumed run stops by the clock after one step, its minutes past the budget's 10."""
+    from xformer_cli.checkpoint import save_checkpoint
+    from xformer_cli.train.trainer import Trainer, train
+
+    monkeypatch.setattr(budget, "measure_seconds", lambda *args: ((600 * budget.MARGIN - 3) / 24, 1.0))
+    sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.validations": 3,
+            "train.save_every": 0, "train.average_last": 0}
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(small_corpus, run_dir, **sets), log=quiet, progress=False)
+    signal_after_step(trainer, 12, monkeypatch)
+    assert trainer.run().stopped_because == "interrupted"
+    last = load_checkpoint(run_dir / "last.pt")
+    assert 0 < last["train_seconds"] < 120  # what the first part took
+    last["train_seconds"] = 600.0
+    save_checkpoint(last, run_dir / "last.pt")
+    resumed = train(tiny_config(small_corpus, run_dir, **sets), log=quiet, progress=False)
+    assert resumed.stopped_because == "time" and resumed.steps == 13 and resumed.minutes >= 10
+    later = [r for r in _lr_rows(run_dir) if r["step"] > 12]
+    assert later and all(r["minutes"] >= 10 for r in later)
+
+
+@pytest.mark.slow
 def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_corpus, tmp_path, monkeypatch):
     """The plan says 0.05 s a step; from step 10 every step takes 0.3 s more. The keeper sees the
     new pace and shortens the plan (into the cool-down, where it only shortens), so the cool-down and the last validation still come, and the

@@ -22,7 +22,8 @@ class RunProgress:
                  started: Optional[float] = None):
         self.max_steps, self.max_minutes = max_steps, max_minutes
         self.first_step = step
-        self.started = time.time() if started is None else started
+        self.process_started = time.time()  # the pace is this process's steps over its own time
+        self.started = self.process_started if started is None else started  # the run's clock (a resume's goes on)
         self.unit = "min" if max_minutes else "steps"
         total, initial = (max_minutes, 0.0) if self.unit == "min" else (max_steps, step)
         self.total, self.position = total, initial  # what the bar shows (also when it is disabled)
@@ -33,11 +34,12 @@ class RunProgress:
         """``min`` while the clock will end the run first, ``steps`` once the step limit will."""
         if not self.max_minutes:
             return "steps"
-        elapsed = time.time() - self.started
+        now = time.time()
+        elapsed, left = now - self.process_started, self.max_minutes * 60 - (now - self.started)
         done = step - self.first_step
         if done <= 0 or elapsed <= 0:
             return self.unit
-        steps_at_deadline = step + done / elapsed * max(self.max_minutes * 60 - elapsed, 0.0)
+        steps_at_deadline = step + done / elapsed * max(left, 0.0)
         return "steps" if steps_at_deadline >= self.max_steps else "min"
 
     def update(self, step: int, **postfix) -> None:

@@ -43,6 +43,9 @@ class Counters:
     # averages the same steps an uninterrupted run's would.
     window_loss_sum: float = 0.0
     window_good_tokens: float = 0.0
+    # Seconds the run has trained before this process: a resumed run's clock (metrics'
+    # minutes, train.max_minutes) goes on from there, as fairseq's --stop-time-hours does.
+    train_seconds: float = 0.0
 
 
 @dataclass

@@ -151,7 +151,7 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train until max_steps, the clock, max_epochs, patience or a signal ends the run."""
         tc, c = self.config.train, self.counters
-        self.state.started = time.time()
+        self.state.started = time.time() - c.train_seconds  # a resumed run's minutes go on
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         if c.step >= self.last_step():
             self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
