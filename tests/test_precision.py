@@ -290,6 +290,20 @@ def test_progress_counts_toward_the_limit_that_ends_the_run():
     assert untimed.unit == "steps" and untimed.position == 21 and untimed.total == 300
 
 
+def test_a_resumed_runs_progress_paces_this_process_and_counts_the_minutes_trained_before():
+    """Resumed at step 1000 after 9 minutes trained; this process has run 1 minute (100 steps).
+    The bar shows the run's 10 minutes, and judges the limit by this process's pace alone."""
+    now = time.time()
+    resumed = RunProgress(max_steps=100_000, max_minutes=25, step=1000, enabled=False, started=now - 600,
+                          trained_before=540)
+    resumed.update(1100)  # 100 steps a minute, 15 minutes left: 2600 by the deadline
+    assert resumed.unit == "min" and resumed.position == pytest.approx(10.0, abs=0.05)
+    capped = RunProgress(max_steps=2000, max_minutes=25, step=1000, enabled=False, started=now - 600,
+                         trained_before=540)
+    capped.update(1100)  # 2600 > 2000: the step limit ends it first
+    assert capped.unit == "steps" and capped.position == 1100
+
+
 def test_under_cpu_autocast_only_the_matrix_products_run_in_bf16():
     """CPU autocast's op lists differ from CUDA's: softmax, log-softmax and layer_norm are not
     in its fp32 list, so they run in whatever dtype reaches them. The model keeps them fp32:

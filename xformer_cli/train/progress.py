@@ -19,11 +19,13 @@ _MINUTES_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} min [{e
 
 class RunProgress:
     def __init__(self, max_steps: int, max_minutes: float, step: int, enabled: bool = True,
-                 started: Optional[float] = None):
+                 started: Optional[float] = None, trained_before: float = 0.0):
         self.max_steps, self.max_minutes = max_steps, max_minutes
         self.first_step = step
-        self.process_started = time.time()  # the pace is this process's steps over its own time
-        self.started = self.process_started if started is None else started  # the run's clock (a resume's goes on)
+        self.started = time.time() if started is None else started  # the run's clock (a resume's goes on)
+        # The pace is this process's steps over its own time: its loop began trained_before
+        # seconds after the run's clock (the seconds a resumed run trained in earlier processes).
+        self.process_started = self.started + trained_before
         self.unit = "min" if max_minutes else "steps"
         total, initial = (max_minutes, 0.0) if self.unit == "min" else (max_steps, step)
         self.total, self.position = total, initial  # what the bar shows (also when it is disabled)

@@ -165,7 +165,7 @@ class Trainer:
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
         self.window_start = time.time()
-        bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started)
+        bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started, c.train_seconds)
         with StopSignals() as signals:
             reason, last_validated = self._loop(signals, bar)
             bar.close()
