@@ -84,6 +84,7 @@ CONFIGS: dict[str, Run] = {
     "s2000-cd30-drop3": Run(2000, {**CD30, **DROP3}),
     "s1300-cd30-drop3": Run(1300, {**CD30, **DROP3}, "s2000-cd30-drop3"),
     "s2000-cd30-drop05": Run(2000, {**CD30, **DROP05}),
+    "s2000-cd30-drop0": Run(2000, {**CD30, "model.dropout": 0.0}),
     "s2000-wf10-hi": Run(2000, WF10_HI),
     "s2000-wf10-hi-cd50": Run(2000, {**WF10_HI, **CD50}, "s2000-wf10-hi"),
     "s1300-wf10-hi": Run(1300, WF10_HI),
