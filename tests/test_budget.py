@@ -12,7 +12,7 @@ import yaml
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.config import TrainConfig
 from xformer_cli.train import budget
-from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, validation_steps
+from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
 from xformer_cli.train.schedule import cooldown_factor, make_schedule, noam_lr
 
 from helpers import quiet, signal_after_step, tiny_config
@@ -74,6 +74,20 @@ def test_validations_are_spread_evenly_and_the_last_is_at_the_end():
     assert validation_steps(TrainConfig(validations=4), 1291) == [323, 646, 968, 1291]
     assert validation_steps(TrainConfig(validations=3), 2) == [1, 2]
     assert validation_steps(TrainConfig(validations=0), 1291) == []
+
+
+def test_a_moved_plan_neither_repeats_nor_loses_a_validation():
+    """Seen in a main job: validated at 1069 (a quarter of 4276), the plan grew to 4330 at step
+    1070, and a quarter of the new plan (1082) validated a second time."""
+    before = validation_steps(TrainConfig(validations=4), 4276)
+    assert before[0] == 1069
+    after = revised_validation_steps(before, 1070, 4330)
+    assert after == [1069, 2157, 3243, 4330]  # the three to come over the rest of the plan, the last at its end
+    # A plan that shrinks past a point still to come: that validation moves ahead instead of being lost.
+    shrunk = revised_validation_steps([1000, 2000, 3000, 4000], 1990, 3900)
+    assert shrunk == [1000, 2627, 3263, 3900] and len(shrunk) == 4
+    assert revised_validation_steps([1000, 2000], 1500, 1500) == [1000]  # the plan ends now: the end's own validation
+    assert revised_validation_steps([], 500, 900) == []  # valid_every decides: nothing planned
 
 
 def test_the_plan_is_measured_once_only_for_a_minutes_bound_run_that_needs_it():

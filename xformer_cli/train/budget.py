@@ -68,6 +68,18 @@ def validation_steps(tc: TrainConfig, planned: int) -> list[int]:
     return sorted({round(planned * k / n) for k in range(1, n + 1)}) if n else []
 
 
+def revised_validation_steps(current: Sequence[int], step: int, planned: int) -> list[int]:
+    """The validations when the plan moves to ``planned`` at ``step``: those at or before
+    ``step`` have run (or run now) and stay; the ones still to come spread evenly over the rest
+    of the new plan, the last at its end. None runs twice (a later first point would repeat
+    one just run) and none is lost (an earlier point would fall behind the step and never come)."""
+    done = [v for v in current if v <= step]
+    left = len(current) - len(done)
+    if left <= 0 or planned <= step:
+        return done
+    return done + sorted({step + round((planned - step) * k / left) for k in range(1, left + 1)})
+
+
 def planned_train(tc: TrainConfig, measure: Optional[Measure], log: Callable[[str], None]) -> TrainConfig:
     """``tc`` with planned_steps worked out where the config needs it and does not give it:
     max_steps, or for a max_minutes run what ``measure`` says fits."""

@@ -27,7 +27,7 @@ from xformer_cli.data.batching import Batch
 from xformer_cli.errors import XformerError
 from xformer_cli.train import after_training, checkpointing, forward_loss, init_from, validation
 from xformer_cli.train.batch_plan import BatchPlan, epoch_share, plan_for
-from xformer_cli.train.budget import BudgetKeeper, validation_steps
+from xformer_cli.train.budget import BudgetKeeper, revised_validation_steps, validation_steps
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog, StepStats
 from xformer_cli.train.plan import RunPlan, plan_run
@@ -77,6 +77,7 @@ class Trainer:
         self.stats = StepStats(self.device)
         self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
         self.keeper: Optional[BudgetKeeper] = None
+        self.planned_validations: Optional[list[int]] = None  # train.validations' steps, once the plan is known
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
 
     def _build_model(self, plan: RunPlan) -> torch.nn.Module:
@@ -220,8 +221,11 @@ class Trainer:
         return min(self.config.train.max_steps, planned) if planned else self.config.train.max_steps
 
     def validation_steps(self) -> list[int]:
-        """The steps train.validations spreads over the plan ([] when valid_every decides)."""
-        return validation_steps(self.config.train, self.last_step())
+        """The steps train.validations spreads over the plan ([] when valid_every decides);
+        revise_plan moves the ones still to come."""
+        if self.planned_validations is None:
+            self.planned_validations = validation_steps(self.config.train, self.last_step())
+        return self.planned_validations
 
     def due_to_validate(self, step: int) -> bool:
         tc = self.config.train
@@ -311,7 +315,8 @@ class Trainer:
                        f"{self.config.train.max_minutes:g} minutes; planned steps {schedule.planned_steps} -> {steps}")
         self.state.metrics.record(self.state.event(planned_steps=steps, planned_before=schedule.planned_steps))
         schedule.planned_steps = steps
-        self.keeper.validations = self.validation_steps()
+        self.planned_validations = revised_validation_steps(self.validation_steps(), c.step, self.last_step())
+        self.keeper.validations = self.planned_validations
 
     def finish(self, reason: str) -> TrainResult:
         """After the loop: release the process group, average checkpoints, say how it ended."""
