@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from xformer_cli.config import load_config
 from xformer_cli.data.sources import load_corpus
-from xformer_cli.device import autocast, computes_natively, cpu_flags, pick_device, resolve_precision
+from xformer_cli.device import autocast, computes_natively, cpu_flags, keep_freed_memory, pick_device, resolve_precision
 from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.batch_plan import plan_for
@@ -237,12 +237,17 @@ def xformer_trainer_rate(args, steps: int, every: int, precision: str) -> tuple[
     return statistics.median(rates), rates
 
 
-def onmt_trainer_rate(venv: str, cfg, steps: int, every: int) -> tuple[float, list[float], float]:
+# glibc's malloc set from outside as xformer's trainer sets it from inside (device.keep_freed_memory)
+KEEP_FREED_MEMORY = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
+
+
+def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool = False) -> tuple[float, list[float], float]:
     """Steady-state target tokens/s of OpenNMT-py's onmt_train on the same sizes and max_tokens,
-    from its "Step N/M; ...; SRC/TGT tok/s" lines; also its mean target tokens per batch."""
+    from its "Step N/M; ...; SRC/TGT tok/s" lines; also its mean target tokens per batch.
+    ``keep_freed``: under the malloc settings xformer's trainer applies to itself."""
     m = cfg.model
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
-           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", **({"GLIBC_TUNABLES": KEEP_FREED_MEMORY} if keep_freed else {})}
     spm_model = Path("/tmp/onmt-m30k/spm/joint.model")
     if not spm_model.exists():  # the peer script trains it (same recipe as xformer's tokenizer)
         subprocess.run(["bash", "scripts/peers/run_onmt_multi30k.sh", "1"], check=True, cwd=ROOT, env=env,
@@ -281,6 +286,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--length-bucket", type=int, default=0,
                         help="batches of declared shapes, as train.length_bucket (with --compile on CUDA: CUDA graphs)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
+    parser.add_argument("--onmt-keep-freed", action="store_true",
+                        help="also time onmt_train with glibc's malloc set as xformer's trainer sets its own")
     return parser.parse_args()
 
 
@@ -367,6 +374,12 @@ def report_trainers(args, cfg, auto: str) -> None:
               f"reports: {', '.join(f'{r:.0f}' for r in onmt_reports)})")
         for precision, rate in trainer_rates.items():
             print(f"ratio xformer {precision} / OpenNMT-py: {rate / onmt_rate:.2f}x")
+        if args.onmt_keep_freed:
+            kept, kept_reports, _ = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every, True)
+            print(f"OpenNMT-py onmt_train, GLIBC_TUNABLES={KEEP_FREED_MEMORY} {kept:7.0f} target tokens/s  "
+                  f"(reports: {', '.join(f'{r:.0f}' for r in kept_reports)})")
+            for precision, rate in trainer_rates.items():
+                print(f"ratio xformer {precision} / OpenNMT-py with those settings: {rate / kept:.2f}x")
 
 
 def main() -> None:
@@ -375,6 +388,8 @@ def main() -> None:
     if cfg.train.max_tokens == "auto":  # the probe belongs to a training run; a benchmark names its batch
         raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
     device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
+    if device.type == "cpu":
+        keep_freed_memory()  # as the trainer runs (train/plan.py); the loops share one process
     tokenizer, plan, batches = load_batches(cfg, args, device)
     auto, why = resolve_precision("auto", device)
     systems, ours = build_systems(cfg, args, tokenizer, plan, device, auto)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_train import cpu_name, load_batches, peak_matmul_flops  # noqa: E402
 from xformer_cli.checkpoint import build_model  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
-from xformer_cli.device import cpu_flags  # noqa: E402
+from xformer_cli.device import cpu_flags, keep_freed_memory  # noqa: E402
 from xformer_cli.train import forward_loss  # noqa: E402
 from xformer_cli.train.distributed import Distributed  # noqa: E402
 from xformer_cli.train.step import TrainStep  # noqa: E402
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6000)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    keep_freed_memory()  # as the trainer runs (train/plan.py)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(args.config)

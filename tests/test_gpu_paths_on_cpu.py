@@ -85,9 +85,9 @@ def test_fp16_with_a_gradient_scaler_skips_an_overflowing_step(small_corpus, tmp
     real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}
 
-    def overflow_once(logits, target, eps, pad):
+    def overflow_once(logits, target, eps, pad, *rest):
         calls["n"] += 1
-        loss, nll = real(logits, target, eps, pad)
+        loss, nll = real(logits, target, eps, pad, *rest)
         return (loss * float("inf"), nll) if calls["n"] == 3 else (loss, nll)
 
     monkeypatch.setattr(forward_loss_module, "label_smoothed_nll", overflow_once)

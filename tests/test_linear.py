@@ -28,6 +28,37 @@ def test_padded_bf16_linear_matches_f_linear_forward_and_backward():
         assert mine.dtype == torch.float32  # fp32 master weights get fp32 gradients
 
 
+def test_the_feed_forward_pads_its_rows_once_and_computes_what_autocast_computes():
+    """bf16 training on a CPU: the FFN's two products run on one padded copy of the rows (a
+    multiple of 64, no pad-and-copy per product), and outputs and gradients are autocast's."""
+    from xformer_cli.model.transformer import FeedForward
+
+    torch.manual_seed(0)
+    ffn = FeedForward(32, 96, activation_dropout=0.0)
+    x = torch.randn(5, 13, 32, requires_grad=True)  # 65 rows
+    g = torch.randn(5, 13, 32)
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda _m, args: seen.append(tuple(args[0].shape))) for m in (ffn.w1, ffn.w2)]
+    with torch.autocast("cpu", torch.bfloat16):
+        ours = ffn(x)
+    for h in hooks:
+        h.remove()
+    (ours.float() * g).sum().backward()
+    got = [t.grad.clone() for t in (x, ffn.w1.weight, ffn.w1.bias, ffn.w2.weight, ffn.w2.bias)]
+    assert seen == [(128, 32), (128, 96)]  # both products on the padded height
+    for t in (x, ffn.w1.weight, ffn.w1.bias, ffn.w2.weight, ffn.w2.bias):
+        t.grad = None
+    with torch.autocast("cpu", torch.bfloat16):
+        hidden = F.relu(F.linear(x, ffn.w1.weight, ffn.w1.bias))
+        reference = F.linear(hidden, ffn.w2.weight, ffn.w2.bias)
+    (reference.float() * g).sum().backward()
+    assert ours.dtype == torch.bfloat16 and ours.shape == (5, 13, 32)
+    torch.testing.assert_close(ours.float(), reference.float(), atol=2e-2, rtol=2e-2)
+    for mine, t in zip(got, (x, ffn.w1.weight, ffn.w1.bias, ffn.w2.weight, ffn.w2.bias)):
+        torch.testing.assert_close(mine, t.grad, atol=1e-2 * t.grad.abs().max().item(), rtol=0)
+        assert mine.dtype == torch.float32
+
+
 def _tiny_stack(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(Linear(16, 32), torch.nn.ReLU(), Linear(32, 8, bias=False))

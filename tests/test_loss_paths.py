@@ -55,3 +55,27 @@ def test_one_pass_without_gradient_returns_the_same_sums():
         with forced_path("one_pass"):
             got = label_smoothed_nll(logits, target, 0.1, pad_id=0)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("upstream", [1 / 523, 0.37, float("nan")])
+def test_a_gradient_scale_given_ahead_gives_the_gradient_of_whatever_comes_back(dtype, upstream):
+    """The CPU path writes the gradient already times grad_scale; the backward pass then has
+    nothing to do when that is what comes back, and rescales when something else does."""
+    torch.manual_seed(2)
+    logits = (torch.randn(40, 13, 301) * 3).to(dtype)
+    target = torch.randint(1, 301, logits.shape[:2])
+    target[0, 5:] = 0
+    reference = logits.detach().double().requires_grad_()
+    label_smoothed_nll(reference, target, 0.1, pad_id=0)[0].mul(upstream).backward()
+    leaf = logits.detach().clone().requires_grad_()
+    with forced_path("blocked"):
+        loss, _ = label_smoothed_nll(leaf, target, 0.1, pad_id=0, grad_scale=torch.ones(()) / 523)
+    (loss * upstream).backward() if upstream != 1 / 523 else (loss / 523).backward()
+    assert leaf.grad.dtype == dtype
+    if upstream != upstream:  # NaN upstream: a NaN gradient, as without the scale (the step skips it)
+        assert leaf.grad.isnan().all()
+        return
+    tolerance = {"rtol": 1e-2, "atol": 1e-5} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-8}
+    torch.testing.assert_close(leaf.grad.double(), reference.grad, **tolerance)
+    assert leaf.grad[0, 5:].abs().max().item() == 0.0  # padding positions get no gradient

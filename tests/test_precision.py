@@ -353,3 +353,22 @@ def test_cuda_asked_for_without_cuda_is_one_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(XformerError, match="'cuda:1' was asked for but CUDA is not available"):
         pick_device("cuda:1")
+
+
+class _FakeLibc:
+    def __init__(self, accepts: bool):
+        self.calls, self.accepts = [], accepts
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1 if self.accepts else 0
+
+
+def test_a_cpu_training_process_keeps_freed_memory_where_glibc_allows_it():
+    from xformer_cli.device import keep_freed_memory
+
+    glibc = _FakeLibc(accepts=True)
+    assert keep_freed_memory(glibc) is True
+    assert glibc.calls == [(-4, 0), (-1, 2**31 - 1)]  # M_MMAP_MAX 0: no fresh maps; M_TRIM_THRESHOLD: no trim
+    assert keep_freed_memory(_FakeLibc(accepts=False)) is False  # a C library that refuses the knob
+    assert keep_freed_memory(object()) is False  # one without mallopt (musl, macOS)

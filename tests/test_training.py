@@ -88,9 +88,9 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(sm
     calls = {"n": 0}
     poisoned = {3}
 
-    def sometimes_nan(logits, target, eps, pad):
+    def sometimes_nan(logits, target, eps, pad, *rest):
         calls["n"] += 1
-        loss, nll = real(logits, target, eps, pad)
+        loss, nll = real(logits, target, eps, pad, *rest)
         return (loss * float("nan"), nll) if calls["n"] in poisoned else (loss, nll)
 
     monkeypatch.setattr(forward_loss_module, "label_smoothed_nll", sometimes_nan)

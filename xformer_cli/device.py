@@ -14,9 +14,11 @@ flags from every choice made here, so one machine can make the choices of anothe
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import functools
 import os
+import sys
 from typing import Iterable, Optional
 
 import torch
@@ -65,6 +67,31 @@ def configure_cuda() -> None:
 def configure_threads(threads: int) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (glibc's malloc.h)
+
+
+def keep_freed_memory(libc: Optional[object] = None) -> bool:
+    """Ask glibc's malloc to keep the memory a CPU training step frees for the next step.
+
+    By default it maps every block over 32 MB afresh and returns it on free (and trims the
+    heap's top): a step's logits and their gradient then come back as new pages, each zeroed
+    by a page fault, step after step (BENCHMARKS.md: a 36 MB block, ~9 ms). A training loop
+    asks for the same sizes every step, so the process keeps its peak instead, as PyTorch's
+    CUDA allocator does. True when applied; elsewhere than Linux with glibc, nothing changes.
+    ``libc``: what provides ``mallopt`` (tests pass a fake)."""
+    if libc is None:
+        if not sys.platform.startswith("linux"):
+            return False
+        try:
+            libc = ctypes.CDLL(None)  # the C library this process already runs on
+        except OSError:
+            return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # musl and others without glibc's knobs
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def cpu_flags() -> frozenset[str]:

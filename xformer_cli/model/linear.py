@@ -83,6 +83,34 @@ class _PaddedLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+class _PadRows(torch.autograd.Function):
+    """(..., K) -> (rows rounded up to ROW_MULTIPLE, K) in bf16, zeros below; the gradient of
+    the real rows comes back in the input's dtype and shape."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.rows, ctx.x_shape, ctx.x_dtype = x.numel() // x.size(-1), x.shape, x.dtype
+        return _padded_rows(x, ctx.rows, torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad[: ctx.rows].view(ctx.x_shape).to(ctx.x_dtype)
+
+
+def padded_bf16_block(x: Tensor, weight: Tensor, block) -> Optional[Tensor]:
+    """``block`` (row-wise: linears and element-wise functions of them) run on the rows of ``x``
+    padded once to a multiple of ROW_MULTIPLE in bf16, its output cut back to ``x``'s rows:
+    when training in bf16 on a CPU. Every product inside then takes the padded height as it
+    is: one cast-and-pad copy for the block instead of one per product, forward and backward.
+    The padding rows get no gradient (only the real rows' output is used), so whatever the
+    block computes on them is dropped. None where this does not apply."""
+    if not (torch.is_grad_enabled() and _cpu_bf16(x, weight)) or weight.dtype == torch.bfloat16:
+        return None
+    rows = x.numel() // x.size(-1)
+    out = block(_PadRows.apply(x))
+    return out[:rows].view(*x.shape[:-1], out.size(-1))
+
+
 def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:
     """A bf16 product on a CPU: bf16 weights (decoding), or bf16 autocast (training)."""
     if x.device.type != "cpu" or _plain_only:

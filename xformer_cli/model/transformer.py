@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xformer_cli.model.dropout import Dropout
-from xformer_cli.model.linear import Linear
+from xformer_cli.model.linear import Linear, padded_bf16_block
 
 
 @dataclass
@@ -207,6 +207,10 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
+        padded = padded_bf16_block(x, self.w1.weight, self._ffn)  # bf16 training on a CPU: pad once
+        return self._ffn(x) if padded is None else padded
+
+    def _ffn(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(self.activation(self.w1(x))))
 
 

@@ -24,7 +24,7 @@ from xformer_cli.model.transformer import Packing
 from xformer_cli.tokenizer import PAD_ID
 from xformer_cli.train.loss import label_smoothed_nll
 
-LossFn = Callable[[Tensor, Tensor, Tensor, Optional[Packing]], Tensor]
+LossFn = Callable[[Tensor, Tensor, Tensor, Optional[Packing], Optional[Tensor]], Tensor]
 _half_weights_forced: Optional[bool] = None
 
 
@@ -59,13 +59,15 @@ def attach_half_weights(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def forward_loss(model: torch.nn.Module, device: torch.device, precision: str, epsilon: float) -> LossFn:
-    """(src, tgt_in, tgt_out, packing) -> the summed label-smoothed loss of the batch, forward under
-    autocast; ``packing``: None, or the segments and positions of packed rows."""
+    """(src, tgt_in, tgt_out, packing, grad_scale) -> the summed label-smoothed loss of the batch,
+    forward under autocast; ``packing``: None, or the segments and positions of packed rows;
+    ``grad_scale``: the gradient the loss sum will be given (``label_smoothed_nll``'s), or None."""
 
-    def loss_of(src: Tensor, tgt_in: Tensor, tgt_out: Tensor, packing: Optional[Packing] = None) -> Tensor:
+    def loss_of(src: Tensor, tgt_in: Tensor, tgt_out: Tensor, packing: Optional[Packing] = None,
+                grad_scale: Optional[Tensor] = None) -> Tensor:
         with autocast(device, precision):
             logits = model(src, tgt_in) if packing is None else model(src, tgt_in, packing=packing)
-        return label_smoothed_nll(logits, tgt_out, epsilon, PAD_ID)[0]
+        return label_smoothed_nll(logits, tgt_out, epsilon, PAD_ID, grad_scale)[0]
 
     return loss_of
 

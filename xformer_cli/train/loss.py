@@ -58,8 +58,10 @@ def forced_path(path: str) -> Iterator[None]:
 
 
 def _smoothed_rows(rows: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
-                   want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(n, V) logits, (n, 1) gold -> (loss sum, NLL sum, gradient in ``compute`` or None)."""
+                   want_grad: bool, scale: float = 1.0,
+                   out: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """(n, V) logits, (n, 1) gold -> (loss sum, NLL sum, gradient times ``scale`` or None), the
+    gradient written into ``out`` when given (its dtype: the cast is the last pass's store)."""
     vocab = rows.size(-1)
     # Half-precision logits are upcast: the softmax over a large vocabulary needs fp32.
     lprobs = torch.log_softmax(rows.to(compute), dim=-1)
@@ -70,41 +72,47 @@ def _smoothed_rows(rows: Tensor, gold: Tensor, epsilon: float, pad_id: int, comp
     nll_sum = nll.masked_fill_(pad, 0.0).sum()
     if not want_grad:
         return loss, nll_sum, None
-    grad = lprobs.exp_().sub_(epsilon / vocab)  # softmax - eps/V ...
-    grad.scatter_add_(-1, gold, torch.full_like(nll, epsilon - 1.0))  # ... - (1 - eps) on gold
-    return loss, nll_sum, grad.masked_fill_(pad, 0.0)
+    probs = lprobs.exp_()
+    probs.scatter_add_(-1, gold, torch.full_like(nll, epsilon - 1.0))  # softmax - (1 - eps) on gold ...
+    # ... - eps/V everywhere, times the scale, in one pass that stores in out's dtype
+    offset = torch.full((), -epsilon / vocab * scale, dtype=compute, device=rows.device)
+    return loss, nll_sum, torch.add(offset, probs, alpha=scale, out=out).masked_fill_(pad, 0.0)
 
 
 def _blocked(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
-             want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+             want_grad: bool, scale: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     grad = torch.empty_like(flat) if want_grad else None
     loss = torch.zeros((), dtype=compute, device=flat.device)
     nll_sum = torch.zeros((), dtype=compute, device=flat.device)
     for start in range(0, flat.size(0), _ROWS):
         rows = slice(start, start + _ROWS)
-        block_loss, block_nll, block_grad = _smoothed_rows(flat[rows], gold[rows], epsilon, pad_id, compute, want_grad)
+        block_loss, block_nll, _ = _smoothed_rows(flat[rows], gold[rows], epsilon, pad_id, compute, want_grad,
+                                                  scale, None if grad is None else grad[rows])
         loss += block_loss
         nll_sum += block_nll
-        if want_grad:
-            grad[rows] = block_grad
     return loss, nll_sum, grad
 
 
 def _one_pass(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,
-              want_grad: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    loss, nll_sum, grad = _smoothed_rows(flat, gold, epsilon, pad_id, compute, want_grad)
+              want_grad: bool, scale: float) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    loss, nll_sum, grad = _smoothed_rows(flat, gold, epsilon, pad_id, compute, want_grad, scale)
     return loss, nll_sum, None if grad is None else grad.to(flat.dtype)  # no copy when already that dtype
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, grad_scale: Optional[Tensor]):
         vocab = logits.size(-1)
         flat, gold = logits.reshape(-1, vocab), target.reshape(-1, 1)
         want_grad = ctx.needs_input_grad[0]
         compute = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 when given fp64
-        walk = _blocked if loss_path(logits.device) == "blocked" else _one_pass
-        loss, nll_sum, grad = walk(flat, gold, epsilon, pad_id, compute, want_grad)
+        blocked = loss_path(logits.device) == "blocked"
+        # The blocked walk scales the gradient while each block is in cache; one pass (a GPU)
+        # leaves it to the backward's one kernel, which needs no host read to skip.
+        ctx.prescaled = grad_scale if blocked and want_grad else None
+        walk = _blocked if blocked else _one_pass
+        scale = 1.0 if ctx.prescaled is None else ctx.prescaled.item()  # a CPU tensor: no device sync
+        loss, nll_sum, grad = walk(flat, gold, epsilon, pad_id, compute, want_grad, scale)
         ctx.mark_non_differentiable(nll_sum)
         if want_grad:
             ctx.save_for_backward(grad.view(logits.shape))
@@ -114,9 +122,19 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         (grad,) = ctx.saved_tensors
         # The graph is never backpropagated twice, so the saved buffer can be scaled in place.
-        return grad.mul_(grad_loss), None, None, None
+        if ctx.prescaled is None:
+            return grad.mul_(grad_loss), None, None, None, None
+        if grad_loss.device.type == "cpu" and torch.equal(grad_loss, ctx.prescaled.to(grad_loss)):
+            return grad, None, None, None, None  # the gradient asked for is the one written: no pass
+        return grad.mul_(grad_loss / ctx.prescaled), None, None, None, None
 
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
-    """(..., V) logits and (...) gold ids -> (smoothed loss sum, plain NLL sum) over non-pad tokens."""
-    return _LabelSmoothedCrossEntropy.apply(logits, target, epsilon, pad_id)
+def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad_id: int,
+                       grad_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(..., V) logits and (...) gold ids -> (smoothed loss sum, plain NLL sum) over non-pad tokens.
+
+    ``grad_scale``: the gradient the caller will send back for the loss sum (the 1/tokens of
+    ``(loss / tokens).backward()``), when known before the forward pass. The CPU path then
+    writes the logits' gradient already scaled and the backward pass skips a whole pass over
+    it; any other gradient still comes out right (scaled by the ratio)."""
+    return _LabelSmoothedCrossEntropy.apply(logits, target, epsilon, pad_id, grad_scale)

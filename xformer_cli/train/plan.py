@@ -20,7 +20,7 @@ import torch
 
 from xformer_cli.config import Config, TrainConfig
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
-from xformer_cli.device import configure_threads, pick_device, resolve_precision
+from xformer_cli.device import configure_threads, keep_freed_memory, pick_device, resolve_precision
 from xformer_cli.train import batch_size, budget, checkpointing, init_from
 from xformer_cli.train.batch_plan import widest_pair
 from xformer_cli.train.distributed import Distributed
@@ -68,6 +68,8 @@ def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None])
     device = dist.device_for(pick_device(tc.device))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif device.type == "cpu" and keep_freed_memory():
+        log("memory: freed blocks stay with the process for the next step (glibc malloc: no mmap, no trim)")
     backend = dist.start(device, tc.dist_backend, tc.dist_timeout_minutes)
     if backend:
         log(f"distributed: {dist.world_size} processes over {backend}; a collective waits at most "

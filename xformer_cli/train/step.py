@@ -73,8 +73,11 @@ class TrainStep:
         total = torch.zeros((), device=self.device)
         oom_here = False
         try:
+            # What (loss / all_tokens).backward() sends the loss, computed the same way: the loss
+            # writes its gradient already scaled (scaler.scale is a pass-through unless fp16).
+            grad_scale = torch.ones((), device=self.device) / all_tokens
             for batch in group:
-                loss = self.loss_of(batch.src, batch.tgt_in, batch.tgt_out, getattr(batch, "packing", None))
+                loss = self.loss_of(batch.src, batch.tgt_in, batch.tgt_out, getattr(batch, "packing", None), grad_scale)
                 self.shapes_seen.add((*batch.src.shape, batch.tgt_in.size(1)))
                 self.scaler.scale(loss / all_tokens).backward()
                 total += loss.detach()
