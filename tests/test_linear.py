@@ -1,5 +1,6 @@
 """model/linear.py: the padded bf16 Linear (CPU) and the cached half weights (CUDA) compute what autocast's F.linear computes."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -145,3 +146,43 @@ def test_the_half_weight_cache_is_for_cuda_autocast_in_bf16_and_fp16_alike():
     with forced_half_weights(True):
         assert attach_half_weights(model, optimizer, cpu, "fp16", False).dtype == torch.float16
         assert attach_half_weights(model, optimizer, cpu, "bf16", False).dtype == torch.bfloat16
+
+
+def _attention_and_grads(attn, query, memory, mask, causal, g):
+    for t in (query, memory, *attn.parameters()):
+        if t is not None:
+            t.grad = None
+    with torch.autocast("cpu", torch.bfloat16):
+        out = attn(query, memory, mask=mask, causal=causal)
+    (out.float() * g).sum().backward()
+    grads = [t.grad.clone() for t in (query, memory, *attn.parameters()) if t is not None]
+    return out, grads
+
+
+@pytest.mark.parametrize("kind", ["self, causal", "self, padding mask", "encoder-decoder"])
+def test_bf16_training_attention_on_padded_rows_computes_what_the_plain_path_computes(kind):
+    """bf16 training on a CPU: q, k, v of self-attention in one product on rows padded once, the
+    heads straight into the output projection's padded rows; outputs and gradients as the
+    per-projection path (plain_products) computes them."""
+    from xformer_cli.model.transformer import MultiHeadAttention
+
+    torch.manual_seed(3)
+    attn = MultiHeadAttention(32, 4, dropout=0.0)
+    query = torch.randn(5, 13, 32, requires_grad=True)  # 65 rows
+    memory = torch.randn(5, 11, 32, requires_grad=True) if kind == "encoder-decoder" else None
+    keys = 11 if memory is not None else 13
+    mask = None if kind == "self, causal" else (torch.arange(keys) < torch.tensor([keys, 9, 5, keys, 7])[:, None])[:, None, None, :]
+    g = torch.randn(5, 13, 32)
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda _m, args: seen.append(args[0].size(0))) for m in (attn.q_proj, attn.kv_proj, attn.out_proj)]
+    ours, got = _attention_and_grads(attn, query, memory, mask, kind == "self, causal", g)
+    for h in hooks:
+        h.remove()
+    assert seen and all(rows % 64 == 0 for rows in seen)  # every product the modules run sees padded rows
+    with plain_products():
+        reference, expected = _attention_and_grads(attn, query, memory, mask, kind == "self, causal", g)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (5, 13, 32)
+    torch.testing.assert_close(ours.float(), reference.float(), atol=2e-2, rtol=2e-2)
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs, atol=1e-2 * theirs.abs().max().item(), rtol=0)
+        assert mine.dtype == torch.float32

@@ -20,6 +20,7 @@ autocast computes.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, Optional
 
 import torch
@@ -43,10 +44,11 @@ def plain_products() -> Iterator[None]:
 
 
 def _padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
-    """(rows, K) -> (rows rounded up to ROW_MULTIPLE, K) in ``dtype``, zeros below."""
+    """(..., K) with ``rows`` rows of K -> (rows rounded up to ROW_MULTIPLE, K) in ``dtype``, zeros
+    below; one pass however ``x`` is laid out (attention's heads come in transposed)."""
     height = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
-    out = x.new_empty(height, x.size(-1), dtype=dtype)
-    out[:rows].copy_(x.reshape(rows, x.size(-1)))
+    out = x.new_empty(height, x.numel() // rows, dtype=dtype)
+    out[:rows].view(x.shape).copy_(x)
     out[rows:].zero_()
     return out
 
@@ -84,31 +86,34 @@ class _PaddedLinear(torch.autograd.Function):
 
 
 class _PadRows(torch.autograd.Function):
-    """(..., K) -> (rows rounded up to ROW_MULTIPLE, K) in bf16, zeros below; the gradient of
-    the real rows comes back in the input's dtype and shape."""
+    """(..., K) -> (rows rounded up to ROW_MULTIPLE, K) in bf16, zeros below, where a row is the
+    last ``row_dims`` dims; the gradient of the real rows comes back in the input's dtype and shape."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        ctx.rows, ctx.x_shape, ctx.x_dtype = x.numel() // x.size(-1), x.shape, x.dtype
+    def forward(ctx, x: Tensor, row_dims: int) -> Tensor:
+        ctx.rows, ctx.x_shape, ctx.x_dtype = math.prod(x.shape[:-row_dims]), x.shape, x.dtype
         return _padded_rows(x, ctx.rows, torch.bfloat16)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        return grad[: ctx.rows].view(ctx.x_shape).to(ctx.x_dtype)
+    def backward(ctx, grad: Tensor):
+        return grad[: ctx.rows].view(ctx.x_shape).to(ctx.x_dtype), None
 
 
-def padded_bf16_block(x: Tensor, weight: Tensor, block) -> Optional[Tensor]:
-    """``block`` (row-wise: linears and element-wise functions of them) run on the rows of ``x``
-    padded once to a multiple of ROW_MULTIPLE in bf16, its output cut back to ``x``'s rows:
-    when training in bf16 on a CPU. Every product inside then takes the padded height as it
-    is: one cast-and-pad copy for the block instead of one per product, forward and backward.
-    The padding rows get no gradient (only the real rows' output is used), so whatever the
-    block computes on them is dropped. None where this does not apply."""
-    if not (torch.is_grad_enabled() and _cpu_bf16(x, weight)) or weight.dtype == torch.bfloat16:
-        return None
-    rows = x.numel() // x.size(-1)
-    out = block(_PadRows.apply(x))
-    return out[:rows].view(*x.shape[:-1], out.size(-1))
+def cpu_bf16_training(x: Tensor, weight: Tensor) -> bool:
+    """Training in bf16 on a CPU (autocast over fp32 weights, gradients on): where the padded
+    products of this module apply."""
+    return torch.is_grad_enabled() and weight.dtype != torch.bfloat16 and _cpu_bf16(x, weight)
+
+
+def padded_bf16_block(x: Tensor, block, row_dims: int = 1) -> Tensor:
+    """``block`` (row-wise: linears and element-wise functions of them) on the rows of ``x``
+    padded once to a multiple of ROW_MULTIPLE in bf16, its output cut back to ``x``'s rows (a
+    row: the last ``row_dims`` dims of ``x``). Every product inside then takes the padded
+    height as it is: one cast-and-pad copy for the block instead of one per product, forward
+    and backward. The padding rows get no gradient (only the real rows' output is used), so
+    whatever the block computes on them is dropped. For ``cpu_bf16_training``."""
+    out = block(_PadRows.apply(x, row_dims))
+    return out[: math.prod(x.shape[:-row_dims])].view(*x.shape[:-row_dims], out.size(-1))
 
 
 def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:

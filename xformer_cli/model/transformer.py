@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xformer_cli.model.dropout import Dropout
-from xformer_cli.model.linear import Linear, padded_bf16_block
+from xformer_cli.model.linear import Linear, cpu_bf16_training, padded_bf16_block
 
 
 @dataclass
@@ -178,10 +178,30 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """``memory`` is what is attended to (``query`` itself for self-attention);
         ``kv`` passes keys and values already projected (the decoding cache)."""
+        if kv is None and cpu_bf16_training(query, self.q_proj.weight):
+            return self._padded_forward(query, memory, mask, causal)
         q = self._split_heads(self.q_proj(query))
         k, v = kv if kv is not None else self.project_kv(query if memory is None else memory)
         out = attention(q, k, v, mask, causal, self.dropout if self.training else 0.0)
         return self.out_proj(out.transpose(1, 2).reshape(query.shape))
+
+    def _padded_forward(self, query: Tensor, memory: Optional[Tensor], mask: Optional[Tensor], causal: bool) -> Tensor:
+        """``forward`` when training in bf16 on a CPU: the projections on rows padded once per
+        input (q, k and v of self-attention in one product), q, k, v cast to fp32 in one copy
+        each (attention itself runs in fp32 there, see ``attention``), and the heads read
+        straight into the output projection's padded rows."""
+        if memory is None:
+            weight = torch.cat([self.q_proj.weight, self.kv_proj.weight])
+            bias = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.kv_proj.bias])
+            q, k, v = padded_bf16_block(query, lambda rows: F.linear(rows, weight, bias)).float().chunk(3, dim=-1)
+        else:
+            q = padded_bf16_block(query, self.q_proj).float()
+            k, v = padded_bf16_block(memory, self.kv_proj).float().chunk(2, dim=-1)
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(self._split_heads(q), self._split_heads(k), self._split_heads(v),
+                                                 attn_mask=mask, is_causal=causal,
+                                                 dropout_p=self.dropout if self.training else 0.0)
+        return padded_bf16_block(out.transpose(1, 2), self.out_proj, row_dims=2)
 
     def weights(self, query: Tensor, memory: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """softmax(Q K^T / sqrt(d_k)) per head, (B, H, Lq, Lk): what ``forward`` computes
@@ -207,8 +227,9 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        padded = padded_bf16_block(x, self.w1.weight, self._ffn)  # bf16 training on a CPU: pad once
-        return self._ffn(x) if padded is None else padded
+        if cpu_bf16_training(x, self.w1.weight):  # pad the rows once for both products
+            return padded_bf16_block(x, self._ffn)
+        return self._ffn(x)
 
     def _ffn(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(self.activation(self.w1(x))))
