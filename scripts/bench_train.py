@@ -241,10 +241,12 @@ def xformer_trainer_rate(args, steps: int, every: int, precision: str) -> tuple[
 KEEP_FREED_MEMORY = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 
 
-def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool = False) -> tuple[float, list[float], float]:
+def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool = False,
+                      batch_size: int = 0) -> tuple[float, list[float], float]:
     """Steady-state target tokens/s of OpenNMT-py's onmt_train on the same sizes and max_tokens,
     from its "Step N/M; ...; SRC/TGT tok/s" lines; also its mean target tokens per batch.
-    ``keep_freed``: under the malloc settings xformer's trainer applies to itself."""
+    ``keep_freed``: under the malloc settings xformer's trainer applies to itself; ``batch_size``:
+    its -batch_size in tokens (default: the config's max_tokens, which it counts differently)."""
     m = cfg.model
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", **({"GLIBC_TUNABLES": KEEP_FREED_MEMORY} if keep_freed else {})}
@@ -257,7 +259,8 @@ def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool =
     subprocess.run([f"{venv}/bin/onmt_build_vocab", *common, "-n_sample", "-1"], check=True, cwd=ROOT, env=env,
                    capture_output=True)
     sizes = ["-hidden_size", m.d_model, "-word_vec_size", m.d_model, "-transformer_ff", m.d_ff, "-heads", m.n_heads,
-             "-enc_layers", m.encoder_layers, "-dec_layers", m.decoder_layers, "-batch_size", cfg.train.max_tokens,
+             "-enc_layers", m.encoder_layers, "-dec_layers", m.decoder_layers,
+             "-batch_size", batch_size or cfg.train.max_tokens,
              "-train_steps", steps, "-report_every", every, "-save_checkpoint_steps", steps * 10,
              "-valid_steps", steps * 10, "-seed", 1]
     done = subprocess.run([f"{venv}/bin/onmt_train", *common, *map(str, sizes)], cwd=ROOT, env=env,
@@ -286,6 +289,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--length-bucket", type=int, default=0,
                         help="batches of declared shapes, as train.length_bucket (with --compile on CUDA: CUDA graphs)")
     parser.add_argument("--onmt-venv", help="OpenNMT-py 3.5.1 virtualenv: time onmt_train too (needs --trainer-steps)")
+    parser.add_argument("--onmt-batch-size", type=int, default=0,
+                        help="onmt_train's -batch_size (tokens); default the config's max_tokens. OpenNMT-py counts a "
+                             "batch's tokens differently: this sets one whose batches hold as many target tokens as ours")
     parser.add_argument("--onmt-keep-freed", action="store_true",
                         help="also time onmt_train with glibc's malloc set as xformer's trainer sets its own")
     return parser.parse_args()
@@ -369,13 +375,15 @@ def report_trainers(args, cfg, auto: str) -> None:
         trainer_rates[precision] = rate
         print(f"xformer train {precision:<6} {rate:8.0f} target tokens/s  (reports: {', '.join(f'{r:.0f}' for r in reports)})")
     if args.onmt_venv:
-        onmt_rate, onmt_reports, per_batch = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every)
+        onmt_rate, onmt_reports, per_batch = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every,
+                                                               batch_size=args.onmt_batch_size)
         print(f"OpenNMT-py onmt_train {onmt_rate:7.0f} target tokens/s  ({per_batch:.0f} target tokens per batch; "
               f"reports: {', '.join(f'{r:.0f}' for r in onmt_reports)})")
         for precision, rate in trainer_rates.items():
             print(f"ratio xformer {precision} / OpenNMT-py: {rate / onmt_rate:.2f}x")
         if args.onmt_keep_freed:
-            kept, kept_reports, _ = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every, True)
+            kept, kept_reports, _ = onmt_trainer_rate(args.onmt_venv, cfg, args.trainer_steps, args.report_every, True,
+                                                      args.onmt_batch_size)
             print(f"OpenNMT-py onmt_train, GLIBC_TUNABLES={KEEP_FREED_MEMORY} {kept:7.0f} target tokens/s  "
                   f"(reports: {', '.join(f'{r:.0f}' for r in kept_reports)})")
             for precision, rate in trainer_rates.items():

@@ -82,12 +82,31 @@ def test_a_moved_plan_neither_repeats_nor_loses_a_validation():
     before = validation_steps(TrainConfig(validations=4), 4276)
     assert before[0] == 1069
     after = revised_validation_steps(before, 1070, 4330)
-    assert after == [1069, 2157, 3243, 4330]  # the three to come over the rest of the plan, the last at its end
-    # A plan that shrinks past a point still to come: that validation moves ahead instead of being lost.
+    assert after == [1069, 2165, 3248, 4330]  # the three to come at their shares of the new plan, the last at its end
+    # A plan that shrinks past a point still to come: that validation runs at the next step instead of being lost.
     shrunk = revised_validation_steps([1000, 2000, 3000, 4000], 1990, 3900)
-    assert shrunk == [1000, 2627, 3263, 3900] and len(shrunk) == 4
+    assert shrunk == [1000, 1991, 2925, 3900] and len(shrunk) == 4
     assert revised_validation_steps([1000, 2000], 1500, 1500) == [1000]  # the plan ends now: the end's own validation
     assert revised_validation_steps([], 500, 900) == []  # valid_every decides: nothing planned
+
+
+def test_validations_stay_spread_over_a_plan_that_moves_dozens_of_times():
+    """Seen in a main job: the keeper moved the plan 30 times (3788 -> 3984 by steps of about 50)
+    and each move spread the validations still to come over what was left, so they drifted to
+    the end (3358, 3568, 3776, 3984: none in the first 3000 steps)."""
+    planned, points, ran = 3788, validation_steps(TrainConfig(validations=4), 3788), []
+    for step in range(1, 10000):
+        if step % 30 == 0 and step < 3000:
+            planned += 50 if (step // 30) % 3 else -90  # up twice, down once: the keeper's pattern
+            points = revised_validation_steps(points, step, planned)
+        if step in points:
+            ran.append(step)
+        if step >= planned:
+            break
+    assert len(ran) == 4 == len(set(ran))
+    assert [r / planned for r in ran] == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=0.05)  # near k/4 of the plan
+    # the rule this replaced, for the record: 3257, 3544, 3831, 4118 (no validation before 79% of the run)
+    assert ran[-1] == planned
 
 
 def test_the_plan_is_measured_once_only_for_a_minutes_bound_run_that_needs_it():

@@ -70,14 +70,20 @@ def validation_steps(tc: TrainConfig, planned: int) -> list[int]:
 
 def revised_validation_steps(current: Sequence[int], step: int, planned: int) -> list[int]:
     """The validations when the plan moves to ``planned`` at ``step``: those at or before
-    ``step`` have run (or run now) and stay; the ones still to come spread evenly over the rest
-    of the new plan, the last at its end. None runs twice (a later first point would repeat
-    one just run) and none is lost (an earlier point would fall behind the step and never come)."""
+    ``step`` have run (or run now) and stay; each one still to come goes back to its own share
+    of the new plan (the k-th of n at k/n of it, the last at its end), so that a plan which
+    moves dozens of times does not push them all to the end. One whose share is already behind
+    the step runs at the next step instead of being lost; none runs twice."""
     done = [v for v in current if v <= step]
-    left = len(current) - len(done)
-    if left <= 0 or planned <= step:
+    n = len(current)
+    if len(done) >= n or planned <= step:
         return done
-    return done + sorted({step + round((planned - step) * k / left) for k in range(1, left + 1)})
+    later: list[int] = []
+    for k in range(len(done) + 1, n + 1):
+        at = min(max(round(planned * k / n), (later[-1] if later else step) + 1), planned)
+        if not later or at > later[-1]:
+            later.append(at)
+    return done + later
 
 
 def planned_train(tc: TrainConfig, measure: Optional[Measure], log: Callable[[str], None]) -> TrainConfig:
