@@ -290,6 +290,20 @@ def test_progress_counts_toward_the_limit_that_ends_the_run():
     assert untimed.unit == "steps" and untimed.position == 21 and untimed.total == 300
 
 
+def test_progress_follows_a_plan_that_moves():
+    """Seen in a main job: planned 982 steps at the start, the keeper raised the plan to 3966,
+    and the bar stayed at "x/982" (full for three quarters of the run)."""
+    bar = RunProgress(max_steps=982, max_minutes=25, step=0, enabled=False, started=time.time() - 60)
+    bar.update(400)  # 400 steps a minute: the plan ends the run first
+    assert bar.unit == "steps" and bar.total == 982
+    bar.retarget(3966)
+    bar.update(1000)
+    assert bar.total == 3966 and bar.position == 1000 and bar.bar.total == 3966
+    minutes = RunProgress(max_steps=100_000, max_minutes=25, step=0, enabled=False)
+    minutes.retarget(50_000)  # counting minutes: the total stays the budget
+    assert minutes.unit == "min" and minutes.total == 25
+
+
 def test_a_resumed_runs_progress_paces_this_process_and_counts_the_minutes_trained_before():
     """Resumed at step 1000 after 9 minutes trained; this process has run 1 minute (100 steps).
     The bar shows the run's 10 minutes, and judges the limit by this process's pace alone."""

@@ -44,6 +44,13 @@ class RunProgress:
         steps_at_deadline = step + done / elapsed * max(left, 0.0)
         return "steps" if steps_at_deadline >= self.max_steps else "min"
 
+    def retarget(self, max_steps: int) -> None:
+        """The step that ends the run moved (the budget keeper revised the plan): count toward it."""
+        self.max_steps = max_steps
+        if self.unit == "steps":
+            self.total = self.bar.total = max_steps
+            self.bar.refresh()
+
     def update(self, step: int, **postfix) -> None:
         unit = self.limit(step)
         if unit != self.unit:  # the other limit now ends the run first: count toward it instead

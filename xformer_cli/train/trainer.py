@@ -78,6 +78,7 @@ class Trainer:
         self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
         self.keeper: Optional[BudgetKeeper] = None
         self.planned_validations: Optional[list[int]] = None  # train.validations' steps, once the plan is known
+        self.bar: Optional[RunProgress] = None  # the progress bar, while the loop runs
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
 
     def _build_model(self, plan: RunPlan) -> torch.nn.Module:
@@ -166,7 +167,8 @@ class Trainer:
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
         self.window_start = time.time()
-        bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started, c.train_seconds)
+        bar = self.bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started,
+                                     c.train_seconds)
         with StopSignals() as signals:
             reason, last_validated = self._loop(signals, bar)
             bar.close()
@@ -317,6 +319,8 @@ class Trainer:
         schedule.planned_steps = steps
         self.planned_validations = revised_validation_steps(self.validation_steps(), c.step, self.last_step())
         self.keeper.validations = self.planned_validations
+        if self.bar is not None:
+            self.bar.retarget(self.last_step())
 
     def finish(self, reason: str) -> TrainResult:
         """After the loop: release the process group, average checkpoints, say how it ended."""
