@@ -134,10 +134,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     """
     q = q.to(k.dtype)  # a bf16 model on a CPU keeps its decoding cache in fp32 (see DecoderLayer.cached)
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
-        if q.dtype != torch.float32 and q.device.type == "cpu" and torch.is_grad_enabled():
-            # bf16 q, k, v under CPU autocast: the CPU flash-attention kernel's bf16 backward is
-            # ~7x its fp32 one (measured), so the scores are computed in fp32 and only the
-            # projections around them in bf16.
+        if q.device.type == "cpu" and torch.is_grad_enabled() and (q.dtype != torch.float32
+                                                                   or torch.is_autocast_enabled("cpu")):
+            # Training under CPU autocast (bf16 q, k, v, or fp32 ones from the padded path): the
+            # CPU flash-attention kernel's bf16 backward is ~7x its fp32 one (measured), so the
+            # scores are computed in fp32, outside autocast (which would cast them back), and
+            # only the projections around them in bf16.
             with torch.autocast("cpu", enabled=False):
                 return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                       is_causal=causal, dropout_p=dropout)
@@ -197,10 +199,8 @@ class MultiHeadAttention(nn.Module):
         else:
             q = padded_bf16_block(query, self.q_proj).float()
             k, v = padded_bf16_block(memory, self.kv_proj).float().chunk(2, dim=-1)
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(self._split_heads(q), self._split_heads(k), self._split_heads(v),
-                                                 attn_mask=mask, is_causal=causal,
-                                                 dropout_p=self.dropout if self.training else 0.0)
+        out = attention(self._split_heads(q), self._split_heads(k), self._split_heads(v), mask, causal,
+                        self.dropout if self.training else 0.0)
         return padded_bf16_block(out.transpose(1, 2), self.out_proj, row_dims=2)
 
     def weights(self, query: Tensor, memory: Tensor, mask: Optional[Tensor] = None) -> Tensor:
