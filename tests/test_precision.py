@@ -14,6 +14,9 @@ from xformer_cli.device import (CPU_FLAGS_MASK_ENV, EMULATED_ON_CPU, cpu_flags, 
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
 from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.config import TrainConfig
+from xformer_cli.train import plan
+from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.trainer import train
@@ -354,10 +357,36 @@ def test_a_cuda_device_is_configured_without_cudnn_attention(monkeypatch: pytest
         torch.backends.cuda.matmul.allow_tf32 = False
         assert pick_device("cpu").type == "cpu" and torch.backends.cuda.cudnn_sdp_enabled()  # CPU: untouched
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        assert pick_device("auto") == torch.device("cuda")
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        assert pick_device("auto") == torch.device("cuda", 0)
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         assert torch.backends.cuda.matmul.allow_tf32
         assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the backend that trained through
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+
+
+def test_train_device_cuda_without_an_index_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.device: cuda`` (configs/multi30k-gpu.yaml) stopped every run on an H200 (torch
+    2.11): torch.cuda.set_device refuses a device without an index. pick_device gives the
+    current one; the fake set_device refuses as torch does."""
+    set_to = []
+
+    def set_device(device: torch.device) -> None:
+        if device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        set_to.append(device)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(plan, "resolve_precision", lambda requested, device: ("bf16", "faked"))
+    saved = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads())
+    try:
+        for name, index in (("cuda", 2), ("cuda:1", 1)):
+            device, precision = plan.start_device(TrainConfig(device=name, threads=saved[2]), Distributed(), lambda line: None)
+            assert device == torch.device("cuda", index) and set_to[-1] == device and precision == "bf16"
     finally:
         torch.backends.cuda.enable_cudnn_sdp(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
