@@ -3,6 +3,7 @@ warm-up share (train/schedule.py), validations spread over the plan, and a plan 
 when the machine slows down. Unit tests first; the runs at the end are slow."""
 
 import json
+import random
 import time
 
 import pytest
@@ -169,6 +170,26 @@ def test_a_stall_costs_its_own_steps_only_and_the_cool_down_never_lengthens():
     assert _keep(cooling, 2200, range(1210, 1401, 10), lambda step: 3.0, clock=1200 * 0.65)[0] == 2200
     capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], cooldown_steps=100, max_steps=1000)
     assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
+
+
+def test_a_gpu_paced_run_keeps_its_plan_steady_and_its_minutes():
+    """A GPU step takes tens of milliseconds, its length varying with the batch's shape (here
+    15-35 ms, drawn): ten-step paces are noise. An H200 run moved its plan 300 times in 4.5
+    minutes on them. Now the pace is read over looks 2 s apart: the plan moves a few times,
+    and the run still ends inside its minutes."""
+    rng = random.Random(7)
+    deadline, planned = 270.0, 4900  # the probe's 48 ms a step: about half the real pace
+    keeper = BudgetKeeper(deadline=deadline, valid_s=4.3, validations=[], cooldown_steps=planned // 2)
+    moves, clock, step = 0, 0.0, 0
+    while step < planned and clock < deadline:
+        step += 10
+        clock += sum(rng.uniform(0.015, 0.035) for _ in range(10))
+        proposal = keeper.proposal(step, planned, clock)
+        moves += proposal != planned
+        keeper.cooldown_steps, planned = proposal // 2, proposal
+    assert step >= planned and clock <= deadline
+    assert planned > 0.9 * deadline * budget.MARGIN / 0.025  # the pace it found: ~25 ms a step
+    assert moves <= 12
 
 
 # -- runs -----------------------------------------------------------------------------------

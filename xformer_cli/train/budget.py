@@ -170,6 +170,9 @@ def _sync(device: torch.device) -> None:
 
 PACE_STEPS = 50  # the pace is measured over at least this many steps (one slow step is no trend)
 PACE_LOOKS = 9  # ... as the median of the paces between the last looks: a stall is one outlier
+# ... each look at least this long after the one before: a GPU's step (tens of ms, its length
+# varying with the batch's shape) gives ten-step paces too noisy to plan by, and the plan churned
+PACE_LOOK_SECONDS = 2.0
 REVISE_SHARE = 0.01  # the plan moves only for a change of at least 1% of it (no churn)
 
 
@@ -196,7 +199,7 @@ class BudgetKeeper:
         """Seconds a step: the median of the paces between the last PACE_LOOKS + 1 looks (None
         until they span PACE_STEPS steps). A stall (a minute of another job, a swap storm) slows
         one or two of them and moves no median; a machine that stays slower moves them all."""
-        if self.marks and step <= self.marks[-1][0]:
+        if self.marks and (step <= self.marks[-1][0] or now - self.excluded - self.marks[-1][1] < PACE_LOOK_SECONDS):
             return None
         self.marks = (self.marks + [(step, now - self.excluded)])[-(PACE_LOOKS + 1):]
         if self.marks[-1][0] - self.marks[0][0] < PACE_STEPS:
