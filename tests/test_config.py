@@ -9,7 +9,7 @@ from helpers import ROOT
 SHIPPED = {
     "multi30k.yaml": (256, 4, 3, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
                                   "/data/multi30k/test2016 | bentrevett/multi30k"]),
-    "multi30k-gpu.yaml": (512, 4, 6, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
+    "multi30k-gpu.yaml": (256, 4, 3, ["/data/multi30k/train | bentrevett/multi30k", "/data/multi30k/valid | bentrevett/multi30k",
                                       "/data/multi30k/test2016 | bentrevett/multi30k"]),
     "wmt-news.yaml": (256, 4, 3, ["/data/wmt-news/train", "/data/wmt14/newstest2013", "/data/wmt14/newstest2014"]),
     "wmt14-en-de-base.yaml": (512, 8, 6, ["wmt14/de-en[train]", "wmt14/de-en[validation]", "wmt14/de-en[test]"]),
