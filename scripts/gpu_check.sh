@@ -37,7 +37,7 @@ ONLY="${GPU_CHECK_ONLY:-}"  # space-separated step names; empty = every step (a 
 case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on an H100
   1) ONLY="tests train_bf16 train_fp16 train_compile train_compile_buckets train_max_tokens_auto bench_train_base bench_train_base_25k bench_train_big bench_train_base_bucketed bench_train_base_compiled" ;;
   2) ONLY="train_wmt_news bleu_newstest2014 bench_decode" ;;
-  3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~9 minutes: the 8-minute run, averaging, tuning, test2016
+  3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~5 minutes: the 4.5-minute run, averaging, tuning, test2016
   4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
 esac
