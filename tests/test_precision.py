@@ -307,6 +307,29 @@ def test_progress_follows_a_plan_that_moves():
     assert minutes.unit == "min" and minutes.total == 25
 
 
+def test_a_planned_run_counts_steps_toward_its_plan_whatever_the_pace():
+    """The README main job's bar flipped between "x/4240 steps" and "2.9/25.0 min" (and showed
+    00:00 elapsed after each flip) as the pace moved around the plan. With a plan, the bar
+    counts steps toward it: slower or faster than planned, the unit and the clock stay."""
+    now = time.time()
+    bar = RunProgress(max_steps=4240, max_minutes=25, step=0, enabled=True, started=now - 60, planned=True)
+    try:
+        assert bar.unit == "steps" and bar.total == 4240
+        opened = bar.bar.start_t
+        for step in (100, 200, 300):  # 100 to 300 steps a minute: 2500 to 7500 by the deadline
+            bar.update(step)
+            assert bar.unit == "steps" and bar.position == step and bar.bar.n == step
+        assert bar.bar.start_t == opened  # never reset
+    finally:
+        bar.close()
+    unplanned = RunProgress(max_steps=2000, max_minutes=25, step=0, enabled=True, started=now - 60)
+    try:
+        unplanned.update(100)  # 2500 steps by the deadline: the step limit first, a switch from minutes
+        assert unplanned.unit == "steps" and unplanned.bar.start_t == pytest.approx(now - 60)  # its clock kept
+    finally:
+        unplanned.close()
+
+
 def test_a_resumed_runs_progress_paces_this_process_and_counts_the_minutes_trained_before():
     """Resumed at step 1000 after 9 minutes trained; this process has run 1 minute (100 steps).
     The bar shows the run's 10 minutes, and judges the limit by this process's pace alone."""

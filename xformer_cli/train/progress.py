@@ -3,7 +3,10 @@
 A run ends at ``train.max_steps`` or at ``train.max_minutes``, whichever comes first. A bar
 over steps alone shows 0/100000 and thirty hours for a 25-minute run; this one counts
 minutes while the clock will end the run first (judged from the step rate so far), and
-steps once the step limit will come first, so the remaining time it shows is true.
+steps once the step limit will come first, so the remaining time it shows is true. A run with
+planned steps (train/budget.py) counts steps toward its plan throughout: the plan is what the
+minutes allow, the budget keeper moves it, and a bar judging the two limits itself flipped
+between them at every small change of pace.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ _MINUTES_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} min [{e
 
 class RunProgress:
     def __init__(self, max_steps: int, max_minutes: float, step: int, enabled: bool = True,
-                 started: Optional[float] = None, trained_before: float = 0.0):
-        self.max_steps, self.max_minutes = max_steps, max_minutes
+                 started: Optional[float] = None, trained_before: float = 0.0, planned: bool = False):
+        self.max_steps, self.max_minutes, self.planned = max_steps, max_minutes, planned
         self.first_step = step
         self.started = time.time() if started is None else started  # the run's clock (a resume's goes on)
         # The pace is this process's steps over its own time: its loop began trained_before
         # seconds after the run's clock (the seconds a resumed run trained in earlier processes).
         self.process_started = self.started + trained_before
-        self.unit = "min" if max_minutes else "steps"
+        self.unit = "min" if max_minutes and not planned else "steps"
         total, initial = (max_minutes, 0.0) if self.unit == "min" else (max_steps, step)
         self.total, self.position = total, initial  # what the bar shows (also when it is disabled)
         self.bar = tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True,
@@ -34,7 +37,7 @@ class RunProgress:
 
     def limit(self, step: int) -> str:
         """``min`` while the clock will end the run first, ``steps`` once the step limit will."""
-        if not self.max_minutes:
+        if not self.max_minutes or self.planned:
             return "steps"
         now = time.time()
         elapsed, left = now - self.process_started, self.max_minutes * 60 - (now - self.started)
@@ -58,6 +61,8 @@ class RunProgress:
             self.bar.bar_format = _MINUTES_FORMAT if unit == "min" else _STEPS_FORMAT
             self.total = self.max_minutes if unit == "min" else self.max_steps
             self.bar.reset(total=self.total)
+            # reset() restarts tqdm's clock: elapsed and the rate it estimates the rest by go on
+            self.bar.start_t = self.bar.last_print_t = self.process_started
             self.position = 0
         position = min((time.time() - self.started) / 60 if unit == "min" else step, self.total)
         self.bar.update(position - self.position)

@@ -168,7 +168,7 @@ class Trainer:
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
         self.window_start = time.time()
         bar = self.bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started,
-                                     c.train_seconds)
+                                     c.train_seconds, planned=bool(self.state.schedule.planned_steps))
         with StopSignals() as signals:
             reason, last_validated = self._loop(signals, bar)
             bar.close()
