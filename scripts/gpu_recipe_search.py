@@ -38,8 +38,8 @@ QUICK = {"model.d_model": 64, "model.d_ff": 128, "model.encoder_layers": 1, "mod
          "train.tune_length_penalty": "[0.6,1.0]", "train.threads": 1}
 
 
-def train_command(name: str, minutes: float, quick: bool, device: str) -> list[str]:
-    sets = {**COMMON, **VARIANTS[name], "train.max_minutes": minutes, "run_dir": f"runs/gpu_search/{name}",
+def train_command(name: str, runs: Path, minutes: float, quick: bool, device: str) -> list[str]:
+    sets = {**COMMON, **VARIANTS[name], "train.max_minutes": minutes, "run_dir": str(runs / name),
             "train.device": device}
     if quick:
         sets.update(QUICK)
@@ -49,8 +49,8 @@ def train_command(name: str, minutes: float, quick: bool, device: str) -> list[s
     return args
 
 
-def summary(name: str) -> dict:
-    path = ROOT / "runs" / "gpu_search" / name / "metrics.jsonl"
+def summary(runs: Path, name: str) -> dict:
+    path = runs / name / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     valid = [r for r in rows if "valid_bleu" in r and "averaged_steps" not in r]
     averaged = [r for r in rows if "averaged_steps" in r]
@@ -71,6 +71,7 @@ def summary(name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_search", help="the variants' run directories")
     parser.add_argument("--minutes", type=float, default=6.5)
     parser.add_argument("--only", nargs="*", choices=list(VARIANTS), default=None)
     parser.add_argument("--device", default="cuda")
@@ -82,16 +83,16 @@ def main() -> None:
     procs = {}
     for name in names:
         log = (args.out / f"{name}.log").open("w")
-        procs[name] = subprocess.Popen(train_command(name, args.minutes, args.quick, args.device), cwd=ROOT,
+        procs[name] = subprocess.Popen(train_command(name, args.runs, args.minutes, args.quick, args.device), cwd=ROOT,
                                        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     for name, proc in procs.items():
         print(f"{name}: exit {proc.wait()} after {time.time() - started:.0f} s", flush=True)
-    rows = [summary(n) for n in names]
+    rows = [summary(args.runs, n) for n in names]
     lines = [f"{'variant':16} {'steps':>6} {'min':>5} {'tok/s':>7} {'best':>6} {'avg':>6} {'LP':>6} alpha  valid BLEU curve"]
     for r in rows:
         lines.append(f"{r['name']:16} {r['steps']:6} {r['minutes']:5.1f} {r['tok_s']:7.0f} {r['best_single'] or 0:6.2f} "
                      f"{r['averaged'] or 0:6.2f} {r['lp'] or 0:6.2f} {r['alpha'] or 0:<5g}  {r['curve']}")
-        src = ROOT / "runs" / "gpu_search" / r["name"] / "metrics.jsonl"
+        src = args.runs / r["name"] / "metrics.jsonl"
         if src.exists():
             (args.out / f"{r['name']}.metrics.jsonl").write_text(src.read_text())
     done = [r for r in rows if r["lp"] is not None]
@@ -100,7 +101,7 @@ def main() -> None:
         lines.append(f"chosen on valid: {best['name']} (valid {best['lp']:.2f}, alpha {best['alpha']:g})")
         data = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data")) / "multi30k" / "test2016"
         score = subprocess.run([sys.executable, "-m", "xformer_cli", "eval-bleu", "-m",
-                                f"runs/gpu_search/{best['name']}/best.pt", "--beam-size", "4", "--device", args.device, "--src", f"{data}.en",
+                                str(args.runs / best["name"] / "best.pt"), "--beam-size", "4", "--device", args.device, "--src", f"{data}.en",
                                 "--ref", f"{data}.de", "--output", str(args.out / "test2016.hyp.de")],
                                cwd=ROOT, capture_output=True, text=True)
         lines += [line for line in score.stdout.splitlines() if line.startswith(("BLEU", "chrF", "number"))]
