@@ -93,6 +93,11 @@ CONFIGS: dict[str, Run] = {
     "s1333-cd30-tok4500": Run(1333, {**CD30, "train.max_tokens": 4500}),
     # averaging over the cool-down only: checkpoints every 50 steps
     "s2000-cd30-save50": Run(2000, {**CD30, "train.save_every": 50}, "s2000-cd30"),
+    # tokenizer options that may help copying numbers (issue 28), against the shipped config's
+    # cool-down on the same machine: digits as pieces of their own, and unknown characters as bytes
+    "s2000-cd50-ref": Run(2000, CD50),
+    "s2000-cd50-digits": Run(2000, {**CD50, "tokenizer.split_digits": True}),
+    "s2000-cd50-bytes": Run(2000, {**CD50, "tokenizer.byte_fallback": True}),
 }
 
 
