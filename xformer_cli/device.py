@@ -40,7 +40,7 @@ FP16_TENSOR_CORES = 7  # V100, T4, RTX 20xx
 
 def pick_device(name: str = "auto") -> torch.device:
     """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` -> the device; a CUDA one is configured
-    for this project's kernels first (``configure_cuda``) and always has its index."""
+    for this project's kernels first (``configure_cuda``)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
@@ -48,8 +48,6 @@ def pick_device(name: str = "auto") -> torch.device:
         if not torch.cuda.is_available():
             raise XformerError(f"device '{name}' was asked for but CUDA is not available")
         configure_cuda()
-        if device.index is None:  # torch.cuda.set_device (the trainer's) refuses a "cuda" without one
-            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -67,6 +67,8 @@ def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None])
     torch.manual_seed(tc.seed)
     device = dist.device_for(pick_device(tc.device))
     if device.type == "cuda":
+        if device.index is None:  # "cuda": torch.cuda.set_device refuses a device without an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     elif device.type == "cpu" and keep_freed_memory():
         log("memory: freed blocks stay with the process for the next step (glibc malloc: no mmap, no trim)")
