@@ -99,10 +99,10 @@ def main() -> None:
     if done:
         best = max(done, key=lambda r: r["lp"])
         lines.append(f"chosen on valid: {best['name']} (valid {best['lp']:.2f}, alpha {best['alpha']:g})")
-        data = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data")) / "multi30k" / "test2016"
+        # the checkpoint alone: eval-bleu scores the test set its training config names (test2016)
         score = subprocess.run([sys.executable, "-m", "xformer_cli", "eval-bleu", "-m",
-                                str(args.runs / best["name"] / "best.pt"), "--beam-size", "4", "--device", args.device, "--src", f"{data}.en",
-                                "--ref", f"{data}.de", "--output", str(args.out / "test2016.hyp.de")],
+                                str(args.runs / best["name"] / "best.pt"), "--beam-size", "4", "--device", args.device,
+                                "--output", str(args.out / "test2016.hyp.de")],
                                cwd=ROOT, capture_output=True, text=True)
         lines += [line for line in score.stdout.splitlines() if line.startswith(("BLEU", "chrF", "number"))]
         lines.append(score.stderr.strip().splitlines()[-1] if score.returncode and score.stderr.strip() else "")

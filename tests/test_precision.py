@@ -14,6 +14,7 @@ from xformer_cli.device import (CPU_FLAGS_MASK_ENV, EMULATED_ON_CPU, cpu_flags, 
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
 from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli import device as device_module
 from xformer_cli.config import TrainConfig
 from xformer_cli.train import plan
 from xformer_cli.train.distributed import Distributed
@@ -404,14 +405,11 @@ def test_train_device_cuda_without_an_index_starts(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(plan, "resolve_precision", lambda requested, device: ("bf16", "faked"))
-    saved = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads())
-    try:
-        for name, index in (("cuda", 2), ("cuda:1", 1)):
-            device, precision = plan.start_device(TrainConfig(device=name, threads=saved[2]), Distributed(), lambda line: None)
-            assert device == torch.device("cuda", index) and set_to[-1] == device and precision == "bf16"
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(saved[0])
-        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+    monkeypatch.setattr(device_module, "configure_cuda", lambda: None)  # process-wide flags: left alone here
+    for name, index in (("cuda", 2), ("cuda:1", 1)):
+        tc = TrainConfig(device=name, threads=torch.get_num_threads())
+        device, precision = plan.start_device(tc, Distributed(), lambda line: None)
+        assert device == torch.device("cuda", index) and set_to[-1] == device and precision == "bf16"
 
 
 def test_cuda_asked_for_without_cuda_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
