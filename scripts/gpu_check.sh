@@ -26,10 +26,19 @@
 #      test2016 (beam 4), where that config exists
 #   4. a short real training of configs/wmt-news.yaml (newstest2013 valid), then newstest2014 BLEU
 #   5. bench_decode on that checkpoint (fp32 and bf16, CTranslate2 if installed)
+#   6. (part 6) the standing throughput targets and where the step goes: the trainer's own step
+#      profiled at the paper's base and big sizes at 25k tokens, TF32 and bf16 (GPU busy share of
+#      the step, kernel time by kind, kernels per step: scripts/profile_train_step.py); then the
+#      whole trainer at base size, 25k tokens, packed batches (one shape), eager and compiled
+#      (CUDA graphs), median target tokens/s
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
+# The lent machine's image has python3 alone and no installed xformer (run it there with
+# PYTHONPATH=$PWD): the steps' `python` and `xformer` fall back to these.
+command -v python > /dev/null || python() { python3 "$@"; }
+command -v xformer > /dev/null || xformer() { python -m xformer_cli "$@"; }
 OUT="${1:-runs/gpu_check}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 QUICK="${GPU_CHECK_QUICK:-0}"
@@ -40,6 +49,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~5 minutes: the 4.5-minute run, averaging, tuning, test2016
   4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
+  6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled" ;;  # ~5 minutes
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -215,6 +225,35 @@ grep -E "^BLEU|^chrF" "$OUT/bleu_newstest2014.log" >> "$SUMMARY" 2>/dev/null
 step bench_decode python scripts/bench_decode.py --checkpoint "$OUT/wmt-news/best.pt" --device "$DEVICE" \
   --src "$DATA/wmt14/newstest2014.en" --ref "$DATA/wmt14/newstest2014.de" --sentences "$SENTENCES" --no-uncached
 grep -hE "^ *[0-9]+ +\(|^beam|^machine" "$OUT/bench_decode.log" >> "$SUMMARY" 2>/dev/null
+
+# 6. throughput at the paper's sizes and 25k tokens: the step profiled, then the whole trainer
+PROFILE_PAIRS=$([[ "$QUICK" == 1 ]] && echo 2000 || echo 29000)
+PROFILE_STEPS=$([[ "$QUICK" == 1 ]] && echo 2 || echo 8)
+step profile_base_25k python scripts/profile_train_step.py --device "$DEVICE" --precision fp32 bf16 \
+  --steps "$PROFILE_STEPS" --pairs "$PROFILE_PAIRS" --set "${SIZES_BASE_25K[@]}"
+step profile_big_25k python scripts/profile_train_step.py --device "$DEVICE" --precision fp32 bf16 \
+  --steps "$PROFILE_STEPS" --pairs "$PROFILE_PAIRS" --set "${SIZES_BIG[@]}" train.max_tokens="${SIZES_BASE_25K[-1]#*=}"
+for log in profile_base_25k profile_big_25k; do
+  [[ -f "$OUT/$log.log" ]] && { echo "-- $log" >> "$SUMMARY"; grep -hE "^(model|== precision|GPU kernel)" "$OUT/$log.log" >> "$SUMMARY"; }
+done
+TRAINER_MINUTES=$([[ "$QUICK" == 1 ]] && echo 0.3 || echo 1.0)
+TRAINER_SETS=(--set "train.device=$DEVICE" --set train.valid_every=100000 --set train.average_last=0
+              --set train.tune_length_penalty=[] --set data.valid_max_sentences=8 --set train.log_every=10
+              --set train.batching=packed)
+for kv in "${SIZES_BASE_25K[@]}"; do TRAINER_SETS+=(--set "$kv"); done
+for variant in packed packed_compiled; do
+  compile=$([[ "$variant" == *_compiled ]] && echo true || echo false)
+  minutes=$([[ "$variant" == *_compiled ]] && awk "BEGIN { print $TRAINER_MINUTES + 1.5 }" || echo "$TRAINER_MINUTES")
+  step "trainer_base_25k_$variant" xformer train -c configs/multi30k.yaml --quiet --overwrite "${TRAINER_SETS[@]}" \
+    --set "run_dir=$OUT/trainer_$variant" --set "train.compile=$compile" --set "train.max_minutes=$minutes"
+  python - "$OUT/trainer_$variant/metrics.jsonl" "trainer base 25k $variant" >> "$SUMMARY" 2>/dev/null <<'PY'
+import json, statistics, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+steady = rows[len(rows) // 2:] or rows  # the second half: compilation and warm-up are over
+print(f"{sys.argv[2]}: median {statistics.median(r['tokens_per_s'] for r in steady):.0f} target tokens/s over the "
+      f"last {len(steady)} of {len(rows)} log lines, step {rows[-1]['step'] if rows else 0}")
+PY
+done
 
 note "failures: $FAILED"
 echo "summary: $SUMMARY" >&2

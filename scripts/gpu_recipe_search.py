@@ -32,6 +32,11 @@ VARIANTS: dict[str, dict] = {
     "w256-l6": {**FIRST_GUESS, "model.d_model": 256},
     "w256-l3-cpu-lr": {},  # the config as it is now: the CPU recipe's shape and rate, dropout 0.3
     "w512-l6-tok12k": {**FIRST_GUESS, "train.max_tokens": 12000, "train.lr_scale": 0.85},  # twice the batch
+    # The second search: the chosen shape's rate and depth, wider (Noam's d^-0.5 lowers the peak
+    # with the width by itself), and depth with pre-norm (post-norm 6+6 does not train at this rate).
+    "w512-l3": {"model.d_model": 512, "model.d_ff": 2048, "model.n_heads": 8},
+    "w384-l3": {"model.d_model": 384, "model.d_ff": 1536, "model.n_heads": 6},
+    "w256-l6-prenorm": {"model.encoder_layers": 6, "model.decoder_layers": 6, "model.pre_norm": True},
 }
 QUICK = {"model.d_model": 64, "model.d_ff": 128, "model.encoder_layers": 1, "model.decoder_layers": 1,
          "tokenizer.vocab_size": 1000, "data.valid_max_sentences": 40, "train.max_tokens": 1000,

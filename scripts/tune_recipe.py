@@ -98,6 +98,10 @@ CONFIGS: dict[str, Run] = {
     "s2000-cd50-ref": Run(2000, CD50),
     "s2000-cd50-digits": Run(2000, {**CD50, "tokenizer.split_digits": True}),
     "s2000-cd50-bytes": Run(2000, {**CD50, "tokenizer.byte_fallback": True}),
+    # The steps a bf16 CPU run fits in 25 minutes since the step got twice as fast: does dropout
+    # pay at twice the epochs (the GPU search's winner, ~190 epochs, wanted 0.3)?
+    "s4400-cd50-ref": Run(4400, CD50),
+    "s4400-cd50-drop2": Run(4400, {**CD50, **DROP2}),
 }
 
 

@@ -15,13 +15,13 @@ import codecs
 import io
 import pickle
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import atomic_file, writing
+from xformer_cli.fileio import atomic_file, link_atomically, unchanged_or, writing
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
@@ -52,13 +52,18 @@ def allow_bytes_in_safe_loads() -> None:
 allow_bytes_in_safe_loads()  # on import: every reader of checkpoints imports this module
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+def save_checkpoint(state: dict[str, Any], path: str | Path, also: Sequence[str | Path] = ()) -> None:
+    """Write ``state`` to ``path`` (atomically), and make each of ``also`` another name of
+    that file (hard links where the filesystem has them): one write for several names."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "version": VERSION, **state}
     intact = f"the previous {path.name} there is unchanged" if path.is_file() else "nothing was written there"
     with writing(path, _tensor_bytes(payload), intact):
         _atomic_save(payload, path)
+    for other in map(Path, also):
+        with writing(other, _tensor_bytes(payload), unchanged_or(other, "nothing was written there")):
+            link_atomically(path, other)
 
 
 def _tensor_bytes(value: Any) -> int:

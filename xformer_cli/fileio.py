@@ -122,6 +122,33 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     sync_directory(path.parent)
 
 
+def link_atomically(source: "str | Path", target: "str | Path") -> None:
+    """``target`` becomes another name of the (complete) file ``source``: a hard link, made
+    under a temporary name and renamed over ``target``, so ``target`` is either the old file
+    or the new one; a copy where the filesystem has no hard links. One file written once
+    can then be both a run's last.pt and its step checkpoint."""
+    source, target = Path(source), Path(target)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.link.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 24)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    sync_directory(target.parent)
+
+
 @contextlib.contextmanager
 def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replace: bool = True) -> Iterator[Path]:
     """An empty staging directory beside ``target`` that, when the block succeeds, is fsynced

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import yaml
 
-from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
+from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, step_checkpoint
 from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
@@ -219,13 +219,13 @@ def save(run: RunState, best: bool = False, kept: bool = True) -> None:
     rng_per_rank = run.dist.gather(rng_state(run.device), "a checkpoint (every rank's random state)")
     if not run.dist.is_main:
         return
-    current = state(run, rng_per_rank)
-    run_dir = run.run_dir
-    save_checkpoint(current, run_dir / "last.pt")
-    if best:
-        save_checkpoint(current, run_dir / "best.pt")
-    keep = run.config.train.keep_checkpoints
-    if keep and kept:
-        save_checkpoint(current, step_checkpoint(run_dir, run.counters.step))
-        for old in kept_checkpoints(run_dir)[:-keep]:
+    run_dir, keep = run.run_dir, run.config.train.keep_checkpoints
+    # One file written, the other names linked to it: the same state under each name.
+    step_name = [step_checkpoint(run_dir, run.counters.step)] if keep and kept else []
+    names = [run_dir / "last.pt"] + step_name + ([run_dir / "best.pt"] if best else [])
+
+    def prune() -> None:  # after the new step checkpoint is on disk
+        for old in kept_checkpoints(run_dir)[:-keep] if step_name else []:
             old.unlink(missing_ok=True)
+
+    run.writer.write(state(run, rng_per_rank), names[0], names[1:], prune)

@@ -19,6 +19,7 @@ from xformer_cli.config import Config
 from xformer_cli.data.encoded import EncodedCorpus
 from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.factory import engine_for_model
+from xformer_cli.train.checkpoint_writer import CheckpointWriter
 from xformer_cli.tokenizer import Tokenizer
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog
@@ -81,6 +82,7 @@ class RunState:
     counters: Counters = field(default_factory=Counters)
     started: float = field(default_factory=time.time)
     decode_precision: str = "auto"  # validation decodes as `xformer translate --precision auto` does
+    writer: CheckpointWriter = field(default_factory=lambda: CheckpointWriter(background=False))
 
     @property
     def run_dir(self) -> Path:

@@ -28,6 +28,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.train import after_training, checkpointing, forward_loss, init_from, validation
 from xformer_cli.train.batch_plan import BatchPlan, epoch_share, plan_for
 from xformer_cli.train.budget import BudgetKeeper, revised_validation_steps, validation_steps
+from xformer_cli.train.checkpoint_writer import CheckpointWriter, writes_in_background
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog, StepStats
 from xformer_cli.train.plan import RunPlan, plan_run
@@ -70,7 +71,7 @@ class Trainer:
         self.state = RunState(self.config, self.dist, self.device, plan.precision, plan.data.tokenizer, model,
                               self.step_fn.optimizer, make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model),
                               self.step_fn.scaler, MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main),
-                              valid, plan.log)
+                              valid, plan.log, writer=CheckpointWriter(writes_in_background(self.device)))
         self.resumed = plan.resume is not None
         if plan.resume is not None:
             checkpointing.restore(self.state, plan.resume)
@@ -170,7 +171,11 @@ class Trainer:
         bar = self.bar = RunProgress(self.last_step(), tc.max_minutes, c.step, self.progress, self.state.started,
                                      c.train_seconds, planned=bool(self.state.schedule.planned_steps))
         with StopSignals() as signals:
-            reason, last_validated = self._loop(signals, bar)
+            try:
+                reason, last_validated = self._loop(signals, bar)
+            except BaseException:
+                self.state.writer.wait(raise_error=False)  # the files a failure's message names are whole
+                raise
             bar.close()
             self.drain_stats()  # count any skipped updates since the last read into the checkpoint
             if reason == "interrupted":
@@ -326,6 +331,7 @@ class Trainer:
         """After the loop: release the process group, average checkpoints, say how it ended."""
         tc, c, run = self.config.train, self.counters, self.state
         main = self.dist.is_main
+        run.writer.wait()  # every checkpoint on disk before anything reads them back
         self.dist.stop()
         run.dist = Distributed()  # rank 0 goes on alone: the passes below communicate with nobody
         if tc.average_last and main and reason != "interrupted":
