@@ -109,43 +109,48 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     ``path`` is as it was."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
+    with _removed_on_failure(tmp):
         with os.fdopen(fd, mode, encoding=encoding, newline=newline) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    sync_directory(path.parent)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: "str | Path") -> Iterator[None]:
+    """A temporary file that the block fails to rename into place is removed."""
+    try:
+        yield
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    sync_directory(path.parent)
+
+
+_NO_HARD_LINKS = (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
 def link_atomically(source: "str | Path", target: "str | Path") -> None:
     """``target`` becomes another name of the (complete) file ``source``: a hard link, made
     under a temporary name and renamed over ``target``, so ``target`` is either the old file
-    or the new one; a copy where the filesystem has no hard links. One file written once
-    can then be both a run's last.pt and its step checkpoint."""
+    or the new one; a copy (``atomic_file``) where the filesystem has no hard links. One file
+    written once can then be both a run's last.pt and its step checkpoint."""
     source, target = Path(source), Path(target)
     tmp = target.parent / f".{target.name}.{os.getpid()}.link.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     try:
-        try:
-            os.link(source, tmp)
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            with open(source, "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 24)
-                dst.flush()
-                os.fsync(dst.fileno())
+        os.link(source, tmp)
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        with open(source, "rb") as src, atomic_file(target) as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+        return
+    with _removed_on_failure(tmp):
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     sync_directory(target.parent)
 
 
