@@ -37,6 +37,9 @@ VARIANTS: dict[str, dict] = {
     "w512-l3": {"model.d_model": 512, "model.d_ff": 2048, "model.n_heads": 8},
     "w384-l3": {"model.d_model": 384, "model.d_ff": 1536, "model.n_heads": 6},
     "w256-l6-prenorm": {"model.encoder_layers": 6, "model.decoder_layers": 6, "model.pre_norm": True},
+    # packed batches and CUDA graphs: 1.46x the steps at base size (BENCHMARKS.md, the third lease)
+    "w512-l3-compiled": {"model.d_model": 512, "model.d_ff": 2048, "model.n_heads": 8, "train.batching": "packed",
+                         "train.compile": True},
 }
 QUICK = {"model.d_model": 64, "model.d_ff": 128, "model.encoder_layers": 1, "model.decoder_layers": 1,
          "tokenizer.vocab_size": 1000, "data.valid_max_sentences": 40, "train.max_tokens": 1000,
