@@ -102,6 +102,8 @@ CONFIGS: dict[str, Run] = {
     # pay at twice the epochs (the GPU search's winner, ~190 epochs, wanted 0.3)?
     "s4400-cd50-ref": Run(4400, CD50),
     "s4400-cd50-drop2": Run(4400, {**CD50, **DROP2}),
+    "s4400-cd50-ref-seed2": Run(4400, {**CD50, "train.seed": 2}),  # the same pair, another seed
+    "s4400-cd50-drop2-seed2": Run(4400, {**CD50, **DROP2, "train.seed": 2}),
 }
 
 
