@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.config import TrainConfig
+from xformer_cli.config import TrainConfig, load_config, planned_dropout
+from xformer_cli.train.checkpointing import resume_mismatch, resumed_config
 from xformer_cli.train import budget
 from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
 from xformer_cli.train.schedule import cooldown_factor, make_schedule, noam_lr
@@ -198,6 +199,45 @@ def _lr_rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _planned(config, steps: int):
+    import dataclasses
+
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, planned_steps=steps))
+
+
+def test_dropout_follows_the_planned_steps_and_says_so():
+    config = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 0.2, 6000: 0.3}",
+                                                   "model.dropout=0.1"])
+    lines: list[str] = []
+    assert [planned_dropout(_planned(config, n), lines.append).model.dropout for n in (0, 1300, 3499, 3500, 5999, 9000)] \
+        == [0.1, 0.1, 0.1, 0.2, 0.2, 0.3]
+    assert lines[0] == "model.dropout 0.1 -> 0.2: the run plans 3500 steps, at least 3500 (train.dropout_by_planned_steps)"
+    assert len(lines) == 3  # only where it changes something
+    plain = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={}"])
+    assert planned_dropout(_planned(plain, 9000)).model.dropout == plain.model.dropout
+
+
+def test_a_resume_takes_the_dropout_its_plan_gave_and_is_not_refused_for_it():
+    """The checkpoint's config holds the resolved dropout; the config file still says 0.1. The
+    resume re-applies the rule to the checkpoint's plan and so compares equal."""
+    sets = ["train.dropout_by_planned_steps={3500: 0.2}", "model.dropout=0.1", "train.max_minutes=25"]
+    saved = planned_dropout(_planned(load_config("configs/multi30k.yaml", sets), 4334))
+    assert saved.model.dropout == 0.2
+    last = {"config": saved.to_dict()}
+    again = resumed_config(load_config("configs/multi30k.yaml", sets), last)
+    assert again.train.planned_steps == 4334 and again.model.dropout == 0.2
+    assert resume_mismatch(last["config"], again.to_dict()) is None
+    other = resumed_config(load_config("configs/multi30k.yaml", sets[1:]), last)  # the rule removed: refused
+    assert resume_mismatch(last["config"], other.to_dict()) == "model.dropout"
+
+
+def test_a_bad_dropout_rule_is_one_line_naming_its_key():
+    from xformer_cli.errors import XformerError
+
+    with pytest.raises(XformerError, match=r"train.dropout_by_planned_steps.3500.*dropout in \[0, 1\)"):
+        load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 1.5}"])
+
+
 @pytest.mark.slow
 def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_zero(small_corpus, tmp_path, monkeypatch):
     """The plan is measured once (faked: 24 steps fit), written to config.yaml, taken from the
@@ -215,10 +255,11 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
 
     monkeypatch.setattr(budget, "measure_seconds", fake_measure)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.warmup_fraction": 0.1,
-            "train.validations": 3, "train.save_every": 0}
+            "train.validations": 3, "train.save_every": 0, "train.dropout_by_planned_steps": "{20: 0.25, 30: 0.4}"}
     whole = train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=quiet, progress=False)
     assert whole.steps == 24 and whole.stopped_because == "planned steps" and measured == [1]
-    assert yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["train"]["planned_steps"] == 24
+    recorded = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())
+    assert recorded["train"]["planned_steps"] == 24 and recorded["model"]["dropout"] == 0.25  # the plan's dropout
     rows = _lr_rows(tmp_path / "whole")
     rates = {r["step"]: r["lr"] for r in rows if "lr" in r}
     assert rates[24] < 0.1 * max(rates.values())

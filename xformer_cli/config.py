@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import yaml
 
@@ -208,6 +208,11 @@ class TrainConfig:
     # by measuring a few steps once, else max_steps) when cooldown, warmup_fraction or
     # validations need them. The run writes the value into config.yaml and resumes with it.
     planned_steps: int = 0
+    # model.dropout by the planned steps: {3500: 0.2} gives a run that plans 3500 steps or more
+    # dropout 0.2 (with several thresholds, the largest the plan reaches), so one config serves a
+    # fast machine, whose long run overfits, and a slow one. Resolved once with the plan, logged,
+    # written to config.yaml; a resume keeps it. {} = model.dropout as given.
+    dropout_by_planned_steps: dict[int, float] = field(default_factory=dict)
     # > 0: validate this many times, evenly over the planned steps (the last at the end),
     # instead of every valid_every steps.
     validations: int = 0
@@ -417,6 +422,19 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def planned_dropout(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
+    """``config`` with model.dropout as train.dropout_by_planned_steps gives it for the planned
+    steps (the largest threshold they reach); unchanged without a plan or a rule that applies."""
+    rule, steps = config.train.dropout_by_planned_steps, config.train.planned_steps
+    reached = [threshold for threshold in rule if steps and steps >= threshold]
+    if not reached or rule[max(reached)] == config.model.dropout:
+        return config
+    dropout = rule[max(reached)]
+    log(f"model.dropout {config.model.dropout:g} -> {dropout:g}: the run plans {steps} steps, at least "
+        f"{max(reached)} (train.dropout_by_planned_steps)")
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, dropout=dropout))
+
+
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, base: Optional[dict] = None) -> Config:
     """Read a YAML file (or start from ``base``), apply ``key=value`` overrides, validate."""
     tree: dict = dict(base or {})
@@ -531,6 +549,9 @@ def _check_schedule(t: TrainConfig) -> None:
     _require(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1] (a share of the planned steps; 0 = none)")
     _require(t.planned_steps >= 0, "train.planned_steps", "must be >= 0 (0 = work it out)")
     _require(t.validations >= 0, "train.validations", "must be >= 0 (0 = every train.valid_every steps)")
+    for steps, dropout in t.dropout_by_planned_steps.items():
+        _require(steps > 0 and 0.0 <= dropout < 1.0, f"train.dropout_by_planned_steps.{steps}",
+                 "needs a positive step count and a dropout in [0, 1)")
     if t.schedule == "noam":
         _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
         _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
