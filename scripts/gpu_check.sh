@@ -29,8 +29,8 @@
 #   6. (part 6) the standing throughput targets and where the step goes: the trainer's own step
 #      profiled at the paper's base and big sizes at 25k tokens, TF32 and bf16 (GPU busy share of
 #      the step, kernel time by kind, kernels per step: scripts/profile_train_step.py); then the
-#      whole trainer at base size, 25k tokens, packed batches (one shape), eager and compiled
-#      (CUDA graphs), median target tokens/s
+#      whole trainer at 25k tokens, packed batches (one shape): base eager and compiled (CUDA
+#      graphs), big eager; median target tokens/s and the log windows a save or validation held
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -49,7 +49,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   3) ONLY="multi30k_gpu bleu_multi30k_gpu" ;;  # ~5 minutes: the 4.5-minute run, averaging, tuning, test2016
   4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
-  6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled" ;;  # ~5 minutes
+  6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled trainer_big_25k_packed" ;;  # ~7 minutes
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -240,18 +240,27 @@ TRAINER_MINUTES=$([[ "$QUICK" == 1 ]] && echo 0.3 || echo 1.0)
 TRAINER_SETS=(--set "train.device=$DEVICE" --set train.valid_every=100000 --set train.average_last=0
               --set train.tune_length_penalty=[] --set data.valid_max_sentences=8 --set train.log_every=10
               --set train.batching=packed)
-for kv in "${SIZES_BASE_25K[@]}"; do TRAINER_SETS+=(--set "$kv"); done
-for variant in packed packed_compiled; do
-  compile=$([[ "$variant" == *_compiled ]] && echo true || echo false)
-  minutes=$([[ "$variant" == *_compiled ]] && awk "BEGIN { print $TRAINER_MINUTES + 1.5 }" || echo "$TRAINER_MINUTES")
-  step "trainer_base_25k_$variant" xformer train -c configs/multi30k.yaml --quiet --overwrite "${TRAINER_SETS[@]}" \
-    --set "run_dir=$OUT/trainer_$variant" --set "train.compile=$compile" --set "train.max_minutes=$minutes"
-  python - "$OUT/trainer_$variant/metrics.jsonl" "trainer base 25k $variant" >> "$SUMMARY" 2>/dev/null <<'PY'
+BIG_25K=("${SIZES_BIG[@]}" train.max_tokens="${SIZES_BASE_25K[-1]#*=}")
+# name, sizes (an array's name), compile
+for variant in "base_25k_packed SIZES_BASE_25K false" "base_25k_packed_compiled SIZES_BASE_25K true" \
+               "big_25k_packed BIG_25K false"; do
+  read -r name sizes compile <<< "$variant"
+  declare -n size_list="$sizes"
+  sets=("${TRAINER_SETS[@]}"); for kv in "${size_list[@]}"; do sets+=(--set "$kv"); done
+  minutes=$([[ "$compile" == true ]] && awk "BEGIN { print $TRAINER_MINUTES + 1.5 }" || echo "$TRAINER_MINUTES")
+  step "trainer_$name" xformer train -c configs/multi30k.yaml --quiet --overwrite "${sets[@]}" \
+    --set "run_dir=$OUT/trainer_$name" --set "train.compile=$compile" --set "train.max_minutes=$minutes"
+  unset -n size_list
+  # The second half of the log windows (compilation and warm-up over), and how many windows
+  # ran under 60% of the median: what a save or a validation that holds the loop leaves.
+  python - "$OUT/trainer_$name/metrics.jsonl" "trainer $name" >> "$SUMMARY" 2>/dev/null <<'PY'
 import json, statistics, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
-steady = rows[len(rows) // 2:] or rows  # the second half: compilation and warm-up are over
-print(f"{sys.argv[2]}: median {statistics.median(r['tokens_per_s'] for r in steady):.0f} target tokens/s over the "
-      f"last {len(steady)} of {len(rows)} log lines, step {rows[-1]['step'] if rows else 0}")
+steady = rows[len(rows) // 2:] or rows
+median = statistics.median(r["tokens_per_s"] for r in steady)
+slow = sum(r["tokens_per_s"] < 0.6 * median for r in rows[1:])
+print(f"{sys.argv[2]}: median {median:.0f} target tokens/s over the last {len(steady)} of {len(rows)} log lines, "
+      f"step {rows[-1]['step'] if rows else 0}; {slow} windows under 60% of it")
 PY
 done
 
