@@ -227,7 +227,8 @@ def test_a_resume_takes_the_dropout_its_plan_gave_and_is_not_refused_for_it():
     again = resumed_config(load_config("configs/multi30k.yaml", sets), last)
     assert again.train.planned_steps == 4334 and again.model.dropout == 0.2
     assert resume_mismatch(last["config"], again.to_dict()) is None
-    other = resumed_config(load_config("configs/multi30k.yaml", sets[1:]), last)  # the rule removed: refused
+    other = resumed_config(load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={}", *sets[1:]]),
+                           last)  # the rule removed: refused
     assert resume_mismatch(last["config"], other.to_dict()) == "model.dropout"
 
 
