@@ -141,7 +141,7 @@ def report_kernels(kernels: dict[str, tuple[float, int]], steps: int, wall: floa
         print(f"  {us / 1e3 / steps:7.2f}  {n / steps:5.0f}  {name[:110]}")
 
 
-def report_cpu(prof, step: TrainStep, timed, plain: float, profiled: float, peak: float) -> None:
+def report_cpu(prof, step: TrainStep, timed, profiled: float, peak: float) -> None:
     flops = sum(matmul_flops(step, b) for b in timed) / len(timed)
     parts = shares(prof, len(timed))
     for name, ms in sorted(parts.items(), key=lambda kv: -kv[1]):
@@ -184,7 +184,7 @@ def profile_precision(args, tokenizer, batches, device: torch.device, precision:
     if device.type == "cuda":
         report_kernels(kernel_times(prof), len(timed), plain, args.top)
     else:
-        report_cpu(prof, step, timed, plain, profiled, peak)
+        report_cpu(prof, step, timed, profiled, peak)
     print(f"  {'dropout (step with dropout minus without)':<42} {(plain - no_dropout) * 1e3:8.1f} ms  "
           f"{(plain - no_dropout) / plain:6.1%}")
 

@@ -59,10 +59,11 @@ def save_checkpoint(state: dict[str, Any], path: str | Path, also: Sequence[str 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "version": VERSION, **state}
     intact = f"the previous {path.name} there is unchanged" if path.is_file() else "nothing was written there"
-    with writing(path, _tensor_bytes(payload), intact):
+    size = _tensor_bytes(payload)
+    with writing(path, size, intact):
         _atomic_save(payload, path)
     for other in map(Path, also):
-        with writing(other, _tensor_bytes(payload), unchanged_or(other, "nothing was written there")):
+        with writing(other, size, unchanged_or(other, "nothing was written there")):
             link_atomically(path, other)
 
 

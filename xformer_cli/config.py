@@ -426,12 +426,12 @@ def planned_dropout(config: Config, log: Callable[[str], None] = lambda _: None)
     """``config`` with model.dropout as train.dropout_by_planned_steps gives it for the planned
     steps (the largest threshold they reach); unchanged without a plan or a rule that applies."""
     rule, steps = config.train.dropout_by_planned_steps, config.train.planned_steps
-    reached = [threshold for threshold in rule if steps and steps >= threshold]
-    if not reached or rule[max(reached)] == config.model.dropout:
+    threshold = max((t for t in rule if steps and steps >= t), default=None)
+    if threshold is None or rule[threshold] == config.model.dropout:
         return config
-    dropout = rule[max(reached)]
+    dropout = rule[threshold]
     log(f"model.dropout {config.model.dropout:g} -> {dropout:g}: the run plans {steps} steps, at least "
-        f"{max(reached)} (train.dropout_by_planned_steps)")
+        f"{threshold} (train.dropout_by_planned_steps)")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dropout=dropout))
 
 

@@ -45,6 +45,12 @@ def host_copy(value: Any, pin: bool = False) -> Any:
     return value
 
 
+def _save(state: dict, path: Path, also: Sequence[Path], then: Optional[Callable[[], None]]) -> None:
+    save_checkpoint(state, path, also)
+    if then is not None:
+        then()
+
+
 class CheckpointWriter:
     """Writes checkpoints inline, or (``background``) from a host copy on a worker thread."""
 
@@ -58,9 +64,7 @@ class CheckpointWriter:
         (pruning old files). Raises the error of the previous write, if it had one."""
         self.wait()
         if not self.background:
-            save_checkpoint(state, path, also)
-            if then is not None:
-                then()
+            _save(state, path, also, then)
             return
         pin = torch.cuda.is_available()
         snapshot = host_copy(state, pin)
@@ -76,9 +80,7 @@ class CheckpointWriter:
         try:
             if copied is not None:
                 copied.synchronize()
-            save_checkpoint(snapshot, path, also)
-            if then is not None:
-                then()
+            _save(snapshot, path, also, then)
         except BaseException as exc:  # handed to the training thread by wait()
             self._error = exc
 
