@@ -8,7 +8,8 @@
 # RUN: bi-ende, bi-enfr, bi-encs (1000 steps each), multi (en->de,fr,cs, 3000 steps: three times
 # the bilingual budget), b-bi (en->cs on the first 3000 pairs), b-multi (en->de, en->fr in full
 # and en->cs on those 3000 pairs, sampling temperature 5); a suffix -s2 trains with seed 2,
-# -long gives b-bi / b-multi 3000 steps in place of 500. Data: $XFORMER_DATA/multi30k
+# -long gives b-bi / b-multi 3000 steps in place of 500, -mid the default config's model (d_model
+# 256, 3+3 layers; suffixes in the order -long-mid-s2). Data: $XFORMER_DATA/multi30k
 # (default ../shared/data).
 set -euo pipefail
 RUN=$1
@@ -30,6 +31,8 @@ COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null 
 MORE=()
 NAME=$RUN
 case $RUN in *-s2) MORE+=(-s train.seed=2); RUN=${RUN%-s2} ;; esac
+case $RUN in *-mid) MORE+=(-s model.d_model=256 -s model.d_ff=1024 -s model.encoder_layers=3 -s model.decoder_layers=3)
+                    RUN=${RUN%-mid} ;; esac
 case $RUN in *-long) LONG=(-s train.max_steps=3000 -s train.valid_every=750); RUN=${RUN%-long} ;; *) LONG=() ;; esac
 BI=configs/multi30k.yaml
 MULTI=configs/multi30k-multilingual.yaml

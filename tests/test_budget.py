@@ -217,6 +217,15 @@ def test_dropout_follows_the_planned_steps_and_says_so():
     assert planned_dropout(_planned(plain, 9000)).model.dropout == plain.model.dropout
 
 
+def test_a_dropout_given_on_the_command_line_wins_over_the_files_rule():
+    given = load_config("configs/multi30k.yaml", ["model.dropout=0.3"])
+    assert given.train.dropout_by_planned_steps == {}
+    assert planned_dropout(_planned(given, 9000)).model.dropout == 0.3
+    assert load_config("configs/multi30k.yaml").train.dropout_by_planned_steps == {3500: 0.2}  # the file's rule
+    both = load_config("configs/multi30k.yaml", ["model.dropout=0.3", "train.dropout_by_planned_steps={5000: 0.4}"])
+    assert planned_dropout(_planned(both, 9000)).model.dropout == 0.4  # a rule given with it still applies
+
+
 def test_a_resume_takes_the_dropout_its_plan_gave_and_is_not_refused_for_it():
     """The checkpoint's config holds the resolved dropout; the config file still says 0.1. The
     resume re-applies the rule to the checkpoint's plan and so compares equal."""

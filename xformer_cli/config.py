@@ -452,9 +452,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         if not isinstance(loaded, dict):
             raise XformerError(f"config file {path} must hold a mapping of sections")
         tree = _merge(tree, loaded)
+    overridden = set()
     for item in overrides or []:
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
+        overridden.add(key)
+    if "model.dropout" in overridden and "train.dropout_by_planned_steps" not in overridden:
+        # a dropout the user gave on the command line wins over the file's rule for the plan
+        tree.setdefault("train", {})["dropout_by_planned_steps"] = {}
     cfg = _build(Config, tree)
     validate(cfg)
     cfg.set_keys = frozenset(_dotted_keys(tree))
