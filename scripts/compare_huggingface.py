@@ -108,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from transformers import GenerationConfig, MarianMTModel, MarianTokenizer
+    from transformers import AutoModelForSeq2SeqLM, GenerationConfig, MarianTokenizer
     from transformers.utils import logging as hf_logging
 
     warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")  # MarianTokenizer never uses it here
@@ -117,7 +117,7 @@ def main() -> None:
     src, refs = read(Path(args.src)), read(Path(args.ref))
     with tempfile.TemporaryDirectory(prefix="xformer-hf-") as tmp:
         out = export_huggingface(args.checkpoint, args.export_dir or Path(tmp) / "hf", force=True)
-        model = MarianMTModel.from_pretrained(out).eval()
+        model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
         tokenizer = MarianTokenizer.from_pretrained(out)
         generation = GenerationConfig.from_pretrained(out)
     translator = Translator.from_checkpoint(args.checkpoint, device="cpu", precision="fp32")

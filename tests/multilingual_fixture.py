@@ -49,7 +49,8 @@ def multilingual_config(corpus: Path, run_dir: Path, pairs=("en-de", "en-fr"), t
     return config_from_dict(tree)
 
 
-def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), seed: int = 0, joint: bool = True) -> Path:
+def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), seed: int = 0, joint: bool = True,
+                            pre_norm: bool = False) -> Path:
     """A checkpoint of a tiny multilingual model as training writes one: its tokenizer trained
     with the tags, random weights shaken so that the tag changes the output."""
     from xformer_cli.checkpoint import build_model, save_checkpoint
@@ -57,6 +58,7 @@ def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), 
 
     config = multilingual_config(corpus, path.parent / "unused-run", pairs)
     config.tokenizer.joint = joint
+    config.model.pre_norm = pre_norm
     tokenizer = check_inputs(config, log=lambda _: None).tokenizer
     torch.manual_seed(seed)
     model = build_model(config, tokenizer)

@@ -18,7 +18,7 @@ from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import assert_one_line_error, head, tiny_checkpoint, xformer
 
-from transformers import GenerationConfig, MarianMTModel, MarianTokenizer  # noqa: E402
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, MarianMTModel, MarianTokenizer  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 pytestmark = [
@@ -62,16 +62,32 @@ def trained(multi30k, tmp_path_factory):
     return checkpoint, export_huggingface(checkpoint, root / "hf"), sentences
 
 
-@pytest.mark.parametrize("joint,tie", [(True, True), (False, True), (True, False), (False, False)],
-                         ids=["joint-tied", "separate-tied", "joint-untied", "separate-untied"])
-def test_logits_equal_xformer(multi30k, tmp_path, joint, tie):
-    checkpoint = _checkpoint(multi30k, tmp_path / "model.pt", joint=joint, tie=tie)
+@pytest.fixture(scope="module")
+def trained_pre_norm(multi30k, tmp_path_factory):
+    """The same, pre-norm: exported as Pegasus."""
+    root = tmp_path_factory.mktemp("hf-trained-pre-norm")
+    checkpoint = _checkpoint(multi30k, root / "best.pt", steps=60, layers=1, pre_norm=True)
+    sentences = _pairs(multi30k)[0] + head(multi30k / "test2016.en", N_UNSEEN)
+    return checkpoint, export_huggingface(checkpoint, root / "hf"), sentences
+
+
+@pytest.mark.parametrize("joint,tie,pre_norm", [(True, True, False), (False, True, False), (True, False, False),
+                                                (False, False, False), (True, True, True)],
+                         ids=["joint-tied", "separate-tied", "joint-untied", "separate-untied", "pre-norm"])
+def test_logits_equal_xformer(multi30k, tmp_path, joint, tie, pre_norm):
+    checkpoint = _checkpoint(multi30k, tmp_path / "model.pt", joint=joint, tie=tie, pre_norm=pre_norm)
     out = export_huggingface(checkpoint, tmp_path / "hf")
     model, tokenizer, _ = load_model(checkpoint)
-    hf = MarianMTModel.from_pretrained(out).eval()
-    hf_tokenizer = MarianTokenizer.from_pretrained(out)
-    assert hf.config.share_encoder_decoder_embeddings == (joint and tie)
-    assert hf.config.vocab_size == tokenizer.src_vocab_size and hf.config.decoder_vocab_size == tokenizer.tgt_vocab_size
+    hf = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    hf_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert type(hf_tokenizer).__name__ == "MarianTokenizer"
+    if pre_norm:  # Marian's layers with pre-norm and a final LayerNorm per stack: Pegasus
+        assert type(hf).__name__ == "PegasusForConditionalGeneration" and hf.config.vocab_size == tokenizer.src_vocab_size
+        # the final LayerNorms carry xformer's (not their initial ones and zeros)
+        assert not torch.allclose(hf.model.encoder.layer_norm.weight, torch.ones(hf.config.d_model))
+    else:
+        assert type(hf) is MarianMTModel and hf.config.share_encoder_decoder_embeddings == (joint and tie)
+        assert hf.config.vocab_size == tokenizer.src_vocab_size and hf.config.decoder_vocab_size == tokenizer.tgt_vocab_size
 
     src, tgt = _pairs(multi30k)
     src = src[:4] + head(multi30k / "test2016.en", 4)  # unseen lines too (unknown pieces, other lengths)
@@ -109,13 +125,15 @@ def test_files_and_generation_settings(trained):
     assert vocab["<pad>"] == PAD_ID and vocab["</s>"] == EOS_ID and vocab["<s>"] == BOS_ID
 
 
-def test_greedy_generate_equals_xformer(trained):
-    checkpoint, out, sentences = trained
+@pytest.mark.parametrize("which", ["trained", "trained_pre_norm"])
+def test_greedy_generate_equals_xformer(which, request):
+    checkpoint, out, sentences = request.getfixturevalue(which)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     hyps = [h for (h,) in translator.search(sentences, translator.options(beam_size=1))]
     expected = [translator.detokenize(h) for h in hyps]
-    model = MarianMTModel.from_pretrained(out).eval()
-    tokenizer = MarianTokenizer.from_pretrained(out)
+    model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == ("PegasusForConditionalGeneration" if which == "trained_pre_norm" else "MarianMTModel")
     encoded = tokenizer(sentences)["input_ids"]
     by_length = {}
     for i, ids in enumerate(encoded):
@@ -153,10 +171,10 @@ def test_greedy_generate_equals_xformer(trained):
     assert sum(a == b for a, b in zip(beam, xformer_beam)) >= 0.9 * N_TRAIN
 
 
-def test_pre_norm_model_is_refused_with_one_line(multi30k, tmp_path):
-    checkpoint = _checkpoint(multi30k, tmp_path / "pre.pt", pre_norm=True)
+def test_pre_norm_model_with_separate_embeddings_is_refused_with_one_line(multi30k, tmp_path):
+    checkpoint = _checkpoint(multi30k, tmp_path / "pre.pt", pre_norm=True, joint=False)
     proc = xformer("export", "--format", "huggingface", "-m", checkpoint, "-o", tmp_path / "hf")
-    assert_one_line_error(proc, "cannot export to Hugging Face", "pre-norm")
+    assert_one_line_error(proc, "cannot export to Hugging Face", "pre-norm", "separate", "Pegasus")
     assert not (tmp_path / "hf").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["pre.pt"]
     proc = xformer("export", "--format", "onnx", "-m", checkpoint, "-o", tmp_path / "hf")

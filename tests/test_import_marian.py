@@ -199,7 +199,7 @@ def test_export_ctranslate2_round_trip_keeps_greedy_output(imported, tmp_path):
         [h[0].tokens for h in ours.search(LINES, ours.options(**settings))]
 
 
-def native_checkpoint(path: Path) -> Path:
+def native_checkpoint(path: Path, pre_norm: bool = False) -> Path:
     """An xformer checkpoint as training writes one (joint tokenizer, tied, ReLU), random weights."""
     from xformer_cli.checkpoint import build_model, save_checkpoint
     from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig
@@ -209,7 +209,8 @@ def native_checkpoint(path: Path) -> Path:
     torch.manual_seed(0)
     tokenizer = Tokenizer.train(sentences(EN, 200, 3), sentences(DE, 200, 4), joint=True, vocab_size=80)
     config = Config(data=DataConfig(train=[CorpusConfig(prefix="unused")]),
-                    model=ModelConfig(d_model=16, d_ff=32, n_heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0),
+                    model=ModelConfig(d_model=16, d_ff=32, n_heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                                      pre_norm=pre_norm),
                     decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10))
     model = build_model(config, tokenizer)
     with torch.no_grad():
@@ -220,15 +221,16 @@ def native_checkpoint(path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_xformer_checkpoint_through_huggingface_and_back(tmp_path):
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+def test_xformer_checkpoint_through_huggingface_and_back(tmp_path, pre_norm):
     from xformer_cli.decode.translator import Translator
 
-    original = native_checkpoint(tmp_path / "native.pt")
+    original = native_checkpoint(tmp_path / "native.pt", pre_norm)  # pre-norm: exported as Pegasus
     assert xformer("export", "-m", original, "-o", tmp_path / "hf", "--format", "huggingface").returncode == 0
     proc = xformer("import", tmp_path / "hf", "-o", tmp_path / "back.pt")
     assert proc.returncode == 0, proc.stderr.decode()
     first, back = Translator.from_checkpoint(original, device="cpu"), Translator.from_checkpoint(tmp_path / "back.pt", device="cpu")
-    assert back.model.cfg.bos_id == 2 and back.model.cfg.activation == "relu"
+    assert back.model.cfg.bos_id == 2 and back.model.cfg.activation == "relu" and back.model.cfg.pre_norm == pre_norm
     assert back.decode.length_penalty == pytest.approx(0.6)
     for beams in (1, 4):
         settings = dict(beam_size=beams, length_penalty=0.6, max_len_a=1.2, max_len_b=10)

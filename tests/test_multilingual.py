@@ -301,14 +301,18 @@ def test_zero_shot_is_allowed_with_a_warning(corpus, tmp_path):
 
 # -- export ----------------------------------------------------------------------------------------
 
-def test_huggingface_export_reads_the_tags_and_generate_agrees(checkpoint, tmp_path):
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+def test_huggingface_export_reads_the_tags_and_generate_agrees(checkpoint, corpus, tmp_path, pre_norm):
     transformers = pytest.importorskip("transformers")
     from xformer_cli import Translator
     from xformer_cli.export.huggingface import export_huggingface
 
+    if pre_norm:  # the multilingual config's model: exported as Pegasus, with the same tokenizer files
+        checkpoint = multilingual_checkpoint(corpus, tmp_path / "pre.pt", pre_norm=True)
     out = export_huggingface(checkpoint, tmp_path / "hf")
     tok = transformers.MarianTokenizer.from_pretrained(out)
-    model = transformers.MarianMTModel.from_pretrained(out).eval()
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    assert type(model).__name__ == ("PegasusForConditionalGeneration" if pre_norm else "MarianMTModel")
     assert tok.supported_language_codes == [">>deu<<", ">>fra<<"]
     ours = Translator.from_checkpoint(checkpoint, device="cpu")
     lines = parallel_lines(10, 3)["en"]
@@ -330,11 +334,15 @@ def test_huggingface_export_reads_the_tags_and_generate_agrees(checkpoint, tmp_p
     assert json.loads((out / "tokenizer_config.json").read_text())["target_lang"] == "mul"
 
 
-def test_huggingface_export_imports_back_with_every_direction(checkpoint, tmp_path):
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+def test_huggingface_export_imports_back_with_every_direction(checkpoint, corpus, tmp_path, pre_norm):
     pytest.importorskip("transformers")
     from xformer_cli import Translator
     from xformer_cli.export.huggingface import export_huggingface
     from xformer_cli.importers.marian import import_marian
+
+    if pre_norm:
+        checkpoint = multilingual_checkpoint(corpus, tmp_path / "pre.pt", pre_norm=True)
 
     back = Translator.from_checkpoint(import_marian(str(export_huggingface(checkpoint, tmp_path / "hf")),
                                                     tmp_path / "back.pt"), device="cpu")

@@ -344,7 +344,7 @@ def export(
     quantization: Optional[str] = typer.Option(None, "--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, bfloat16 ..."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
 ) -> None:
-    """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it; or, with --format huggingface, for Hugging Face transformers (pip install 'xformer[hf]'): MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained load it."""
+    """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate --engine ctranslate2 uses it; or, with --format huggingface, for Hugging Face transformers (pip install 'xformer[hf]'): MarianMTModel (Pegasus for a pre-norm model: AutoModelForSeq2SeqLM) and MarianTokenizer load it."""
     if format == "ctranslate2":
         from xformer_cli.export.ctranslate2 import export_ctranslate2
 

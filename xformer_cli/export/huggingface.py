@@ -1,10 +1,11 @@
-"""Export a checkpoint as a Hugging Face ``transformers`` MarianMT model directory.
+"""Export a checkpoint as a Hugging Face ``transformers`` MarianMT model directory (a
+pre-norm model as a Pegasus one: the same layers, normalised before each sub-layer).
 
     from xformer_cli.export.huggingface import export_huggingface
     export_huggingface("runs/multi30k/best.pt", "runs/multi30k/hf")
 
-    from transformers import MarianMTModel, MarianTokenizer
-    model = MarianMTModel.from_pretrained("runs/multi30k/hf")
+    from transformers import AutoModelForSeq2SeqLM, MarianTokenizer
+    model = AutoModelForSeq2SeqLM.from_pretrained("runs/multi30k/hf")  # MarianMTModel (pre-norm: Pegasus)
     tokenizer = MarianTokenizer.from_pretrained("runs/multi30k/hf")
     batch = tokenizer(["A man rides a bike."], return_tensors="pt", padding=True)
     tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
@@ -47,8 +48,17 @@ How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
   bos 2 for models xformer trains, pad 0 for imported OPUS-MT models, as Marian itself;
   ``MarianTokenizer`` appends eos to the source as xformer does.
 
-Refused, with one line saying why: pre-norm stacks (Marian's layers are post-norm and it
-has no final LayerNorm), special pieces that differ between the source and target
+Pre-norm models (``model.pre_norm: true``, the multilingual config's). Marian's layers are
+post-norm and it has no final LayerNorm; Pegasus (``PegasusForConditionalGeneration``) is
+Marian's model with pre-norm layers and a LayerNorm after each stack, with the same sinusoidal
+table, embedding scaling, ``final_logits_bias`` and tensor names: the export writes
+``"model_type": "pegasus"`` and the two final LayerNorms (``model.encoder.layer_norm``,
+``model.decoder.layer_norm``), and the same tokenizer files (tokenizer_config.json names
+``MarianTokenizer``, so ``AutoTokenizer`` reads them; load the model with
+``AutoModelForSeq2SeqLM``). Pegasus has one embedding matrix for both stacks: a pre-norm model
+with separate source and target embeddings is refused.
+
+Refused, with one line saying why: pre-norm models with separate embeddings, special pieces that differ between the source and target
 tokenizers (``MarianTokenizer`` has one name per role), and model options this exporter
 does not know.
 
@@ -127,7 +137,7 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
     specials = special_pieces(tokenizer, f"{checkpoint}: cannot export to Hugging Face",
                               "; MarianTokenizer has one {role} token", bos_id=model.cfg.bos_id)
     decode = config.decode_settings()
-    marian_config = _marian_config(transformers, model)
+    marian_config = (_pegasus_config if model.cfg.pre_norm else _marian_config)(transformers, model)
     generation_config = _generation_config(transformers, decode, model.cfg.bos_id)
     weights = marian_state_dict(model)
 
@@ -144,8 +154,9 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
 def _check_expressible(model, checkpoint) -> None:
     cfg = model.cfg
     where = f"{checkpoint}: cannot export to Hugging Face"
-    if cfg.pre_norm:
-        raise XformerError(f"{where}: pre-norm model (model.pre_norm: true); Marian layers are post-norm only, with no final LayerNorm")
+    if cfg.pre_norm and model.src_embed.tokens is not model.tgt_embed.tokens:
+        raise XformerError(f"{where}: pre-norm model (model.pre_norm: true) with separate source and target embeddings; "
+                           "it exports as Pegasus, whose stacks share one embedding matrix (tokenizer.joint and model.tie_embeddings: true)")
     if cfg.d_model % 2:
         raise XformerError(f"{where}: d_model {cfg.d_model} is odd; Marian's sinusoidal table needs an even d_model")
     if cfg.d_model % cfg.n_heads:
@@ -181,6 +192,14 @@ def _marian_config(transformers, model):
         architectures=["MarianMTModel"],
         dtype="float32",
     )
+
+
+def _pegasus_config(transformers, model):
+    """Marian's settings under Pegasus's names: the pre-norm model with final LayerNorms."""
+    marian = _marian_config(transformers, model).to_dict()
+    keep = set(transformers.PegasusConfig().to_dict()) - {"model_type", "transformers_version"}
+    settings = {k: v for k, v in marian.items() if k in keep}
+    return transformers.PegasusConfig(**{**settings, "architectures": ["PegasusForConditionalGeneration"]})
 
 
 def _generation_config(transformers, decode, bos_id: int = BOS_ID):
@@ -291,6 +310,9 @@ def marian_state_dict(model) -> dict:
         weights.attention(f"{p}.encoder_attn", layer.cross_attn)
         weights.layer_norm(f"{p}.encoder_attn_layer_norm", layer.sub_cross.norm)
         weights.ffn(p, layer.ffn, layer.sub_ffn.norm)
+    if model.cfg.pre_norm:  # Pegasus: a LayerNorm after each stack
+        weights.layer_norm("model.encoder.layer_norm", model.encoder_norm)
+        weights.layer_norm("model.decoder.layer_norm", model.decoder_norm)
     weights.embeddings(model)
     bias = model.logits_bias if model.cfg.final_logits_bias else torch.zeros(model.tgt_vocab)
     weights.out["final_logits_bias"] = _float32(bias).reshape(1, -1)  # a bias-free generator: zeros

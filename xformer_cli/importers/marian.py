@@ -27,7 +27,8 @@ trains itself:
   makes the two penalties rank alike at every length: see export/huggingface.py).
 
 Refused in one line naming the key or tensor (``importers/marian_files.py``): another
-model_type (BART, T5, mBART), an activation xformer lacks, ``add_bias_logits``, pre-norm or
+model_type (BART, T5, mBART; a pegasus directory is read as the pre-norm model
+`xformer export` writes, with its final LayerNorms), an activation xformer lacks, ``add_bias_logits``, pre-norm or
 embedding LayerNorms, weights whose shapes contradict config.json, tensors no MarianMT part
 explains, a missing vocab.json.
 """
@@ -93,12 +94,17 @@ def _model_config(hf: dict, bos_id: int, logits_bias: bool, one_embedding: bool)
         d_model=hf["d_model"], d_ff=hf["encoder_ffn_dim"], n_heads=hf["encoder_attention_heads"],
         encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
         dropout=float(hf.get("dropout", 0.1)), attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        activation_dropout=float(hf.get("activation_dropout", 0.0)), pre_norm=False, tie_embeddings=tie,
+        activation_dropout=float(hf.get("activation_dropout", 0.0)), pre_norm=_pre_norm(hf), tie_embeddings=tie,
         max_positions=int(hf.get("max_position_embeddings", 1024)),
         activation=ACTIVATIONS[hf.get("activation_function", "gelu")], final_logits_bias=logits_bias,
         scale_embedding=bool(hf.get("scale_embedding", False)),
         share_embeddings=one_embedding, bos_id=bos_id,
     )
+
+
+def _pre_norm(hf: dict) -> bool:
+    """Pegasus: Marian's layers normalised before each sub-layer, a LayerNorm after each stack."""
+    return hf.get("model_type") == "pegasus"
 
 
 def _data_config(directory: Path, source: str, tags: list[str]) -> DataConfig:
@@ -253,6 +259,8 @@ class _MarianTensors:
                     shapes[f"{p}.{norm}.weight"] = shapes[f"{p}.{norm}.bias"] = (d,)
                 shapes[f"{p}.fc1.weight"], shapes[f"{p}.fc1.bias"] = (ffn, d), (ffn,)
                 shapes[f"{p}.fc2.weight"], shapes[f"{p}.fc2.bias"] = (d, ffn), (d,)
+            if _pre_norm(hf):
+                shapes[f"model.{side}.layer_norm.weight"] = shapes[f"model.{side}.layer_norm.bias"] = (d,)
         return shapes
 
     def _check_shapes(self) -> None:
@@ -320,4 +328,7 @@ def _xformer_weights(marian: _MarianTensors, vocab: _Vocabulary, cfg: ModelConfi
         norm(f"{x}.sub_cross.norm", f"{m}.encoder_attn_layer_norm")
         ffn(f"{x}.ffn", m)
         norm(f"{x}.sub_ffn.norm", f"{m}.final_layer_norm")
+    if cfg.pre_norm:
+        norm("encoder_norm", "model.encoder.layer_norm")
+        norm("decoder_norm", "model.decoder.layer_norm")
     return out

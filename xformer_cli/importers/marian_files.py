@@ -14,6 +14,9 @@ from xformer_cli.errors import XformerError
 
 # Marian's FFN activations xformer's FeedForward computes alike (transformers' ACT2FN names).
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# Pegasus is Marian with pre-norm layers and a LayerNorm after each stack: what `xformer export`
+# writes for a pre-norm model (with MarianTokenizer's files beside it).
+MODEL_TYPES = ("marian", "pegasus")
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "*.spm",
              "*vocab.json", "tokenizer_config.json"]
 
@@ -57,8 +60,9 @@ def read_json(path: Path) -> Any:
 def check_config(config: dict, where: Path) -> None:
     """Refuse, naming the key, what xformer's Transformer cannot compute as MarianMT does."""
     model_type = config.get("model_type")
-    if model_type != "marian":
-        raise XformerError(f"{where}: model_type {model_type!r} is not 'marian'; only MarianMT (OPUS-MT) models can be imported")
+    if model_type not in MODEL_TYPES:
+        raise XformerError(f"{where}: model_type {model_type!r} is not 'marian'; only MarianMT (OPUS-MT) models "
+                           "(and the Pegasus directories `xformer export` writes for pre-norm models) can be imported")
     activation = config.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise XformerError(f"{where}: activation_function {activation!r} is not supported (only {', '.join(ACTIVATIONS)})")
