@@ -1,7 +1,7 @@
 """xformer against its Hugging Face export: the same test set through both engines.
 
 Exports the checkpoint (``xformer export --format huggingface``), then translates the test
-set with Hugging Face ``MarianMTModel.generate`` + ``MarianTokenizer`` and with xformer's
+set with Hugging Face ``generate`` (MarianMTModel, or Pegasus for a pre-norm model) + ``MarianTokenizer`` and with xformer's
 ``Translator`` (fp32), greedy and beam search, and prints for each the lines identical to
 xformer's and sacreBLEU against the reference.
 

@@ -104,6 +104,15 @@ CONFIGS: dict[str, Run] = {
     "s4400-cd50-drop2": Run(4400, {**CD50, **DROP2}),
     "s4400-cd50-ref-seed2": Run(4400, {**CD50, "train.seed": 2}),  # the same pair, another seed
     "s4400-cd50-drop2-seed2": Run(4400, {**CD50, **DROP2, "train.seed": 2}),
+    # Pre-norm (the multilingual config's fix, which also won every bilingual run at 1000 steps)
+    # at the bf16 main job's length with its dropout, and at an fp32 machine's length with its own
+    "s4400-cd50-drop2-pre": Run(4400, {**CD50, **DROP2, "model.pre_norm": True}),
+    "s2000-cd50-ref-pre": Run(2000, {**CD50, "model.pre_norm": True}),
+    # More regularisation at 4400 steps, where 0.2 beat 0.1 and the valid loss still fell at the end:
+    # dropout 0.3, and 0.2 with dropout on the attention weights and after the FFN's ReLU as well
+    "s4400-cd50-drop3": Run(4400, {**CD50, **DROP3}),
+    "s4400-cd50-drop2-sub1": Run(4400, {**CD50, **DROP2, "model.attention_dropout": 0.1,
+                                        "model.activation_dropout": 0.1}),
 }
 
 

@@ -58,9 +58,9 @@ table, embedding scaling, ``final_logits_bias`` and tensor names: the export wri
 ``AutoModelForSeq2SeqLM``). Pegasus has one embedding matrix for both stacks: a pre-norm model
 with separate source and target embeddings is refused.
 
-Refused, with one line saying why: pre-norm models with separate embeddings, special pieces that differ between the source and target
-tokenizers (``MarianTokenizer`` has one name per role), and model options this exporter
-does not know.
+Refused, with one line saying why: pre-norm models with separate embeddings, special pieces
+that differ between the source and target tokenizers (``MarianTokenizer`` has one name per
+role), and model options this exporter does not know.
 
 Decoding. Greedy search (``num_beams=1``) gives xformer's tokens (1000 of 1000 Multi30k
 test lines; BENCHMARKS.md), and ``batch_decode(..., skip_special_tokens=True)`` its text,

@@ -27,10 +27,10 @@ trains itself:
   makes the two penalties rank alike at every length: see export/huggingface.py).
 
 Refused in one line naming the key or tensor (``importers/marian_files.py``): another
-model_type (BART, T5, mBART; a pegasus directory is read as the pre-norm model
-`xformer export` writes, with its final LayerNorms), an activation xformer lacks, ``add_bias_logits``, pre-norm or
-embedding LayerNorms, weights whose shapes contradict config.json, tensors no MarianMT part
-explains, a missing vocab.json.
+model_type (BART, T5, mBART; a pegasus directory is read as the pre-norm model ``xformer
+export`` writes, with its final LayerNorms), an activation xformer lacks,
+``add_bias_logits``, pre-norm or embedding LayerNorms in a Marian config, weights whose shapes
+contradict config.json, tensors no MarianMT part explains, a missing vocab.json.
 """
 
 from __future__ import annotations
