@@ -113,6 +113,14 @@ CONFIGS: dict[str, Run] = {
     "s4400-cd50-drop3": Run(4400, {**CD50, **DROP3}),
     "s4400-cd50-drop2-sub1": Run(4400, {**CD50, **DROP2, "model.attention_dropout": 0.1,
                                         "model.activation_dropout": 0.1}),
+    "s4400-cd50-drop3-seed2": Run(4400, {**CD50, **DROP3, "train.seed": 2}),
+    "s4400-cd50-drop2-sub1-seed2": Run(4400, {**CD50, **DROP2, "model.attention_dropout": 0.1,
+                                              "model.activation_dropout": 0.1, "train.seed": 2}),
+    # label smoothing 0.2 (the paper's 0.1 doubled), and a larger vocabulary, on the shipped bf16 recipe
+    "s4400-cd50-drop2-ls2": Run(4400, {**CD50, **DROP2, "train.label_smoothing": 0.2}),
+    "s4400-cd50-drop2-v8k": Run(4400, {**CD50, **DROP2, "tokenizer.vocab_size": 8000}),
+    "s4400-cd50-drop2-ls2-seed2": Run(4400, {**CD50, **DROP2, "train.label_smoothing": 0.2, "train.seed": 2}),
+    "s2000-cd50-ls2": Run(2000, {**CD50, "train.label_smoothing": 0.2}),  # an fp32 machine's length, dropout 0.1
 }
 
 
