@@ -50,11 +50,11 @@ def checkpoint_ratios(checkpoint: str, data: Path, src: str, tgt: str, threads: 
     torch.set_num_threads(threads)
     source, refs = read(data / f"valid.{src}"), read(data / f"valid.{tgt}")
     translator = Translator.from_checkpoint(checkpoint, device="cpu", precision="auto")
-    started, rows = time.time(), []
+    started, rows, source_tokens = time.time(), [], tokens(source)
     for alpha in ALPHAS:
         hyps = translator.translate(source, beam_size=4, length_penalty=alpha)
         score = sacrebleu.corpus_bleu(hyps, [refs])
-        rows.append((alpha, score.score, score.sys_len / score.ref_len, tokens(hyps) / tokens(source)))
+        rows.append((alpha, score.score, score.sys_len / score.ref_len, tokens(hyps) / source_tokens))
     picked = max(rows, key=lambda row: row[1])[0]
     print(f"{checkpoint} ({translator.precision}, {time.time() - started:.0f} s): valid, beam 4")
     for alpha, bleu, to_ref, to_src in rows:
