@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.config import TrainConfig, load_config, planned_dropout
+from xformer_cli.config import TrainConfig, load_config, planned_settings
 from xformer_cli.train.checkpointing import resume_mismatch, resumed_config
 from xformer_cli.train import budget
 from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
@@ -207,30 +207,30 @@ def _planned(config, steps: int):
 
 def test_dropout_follows_the_planned_steps_and_says_so():
     config = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 0.2, 6000: 0.3}",
-                                                   "model.dropout=0.1"])
+                                                   "model.dropout=0.1", "train.label_smoothing_by_planned_steps={}"])
     lines: list[str] = []
-    assert [planned_dropout(_planned(config, n), lines.append).model.dropout for n in (0, 1300, 3499, 3500, 5999, 9000)] \
+    assert [planned_settings(_planned(config, n), lines.append).model.dropout for n in (0, 1300, 3499, 3500, 5999, 9000)] \
         == [0.1, 0.1, 0.1, 0.2, 0.2, 0.3]
     assert lines[0] == "model.dropout 0.1 -> 0.2: the run plans 3500 steps, at least 3500 (train.dropout_by_planned_steps)"
     assert len(lines) == 3  # only where it changes something
     plain = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={}"])
-    assert planned_dropout(_planned(plain, 9000)).model.dropout == plain.model.dropout
+    assert planned_settings(_planned(plain, 9000)).model.dropout == plain.model.dropout
 
 
 def test_a_dropout_given_on_the_command_line_wins_over_the_files_rule():
     given = load_config("configs/multi30k.yaml", ["model.dropout=0.3"])
     assert given.train.dropout_by_planned_steps == {}
-    assert planned_dropout(_planned(given, 9000)).model.dropout == 0.3
+    assert planned_settings(_planned(given, 9000)).model.dropout == 0.3
     assert load_config("configs/multi30k.yaml").train.dropout_by_planned_steps == {3500: 0.2}  # the file's rule
     both = load_config("configs/multi30k.yaml", ["model.dropout=0.3", "train.dropout_by_planned_steps={5000: 0.4}"])
-    assert planned_dropout(_planned(both, 9000)).model.dropout == 0.4  # a rule given with it still applies
+    assert planned_settings(_planned(both, 9000)).model.dropout == 0.4  # a rule given with it still applies
 
 
 def test_a_resume_takes_the_dropout_its_plan_gave_and_is_not_refused_for_it():
     """The checkpoint's config holds the resolved dropout; the config file still says 0.1. The
     resume re-applies the rule to the checkpoint's plan and so compares equal."""
     sets = ["train.dropout_by_planned_steps={3500: 0.2}", "model.dropout=0.1", "train.max_minutes=25"]
-    saved = planned_dropout(_planned(load_config("configs/multi30k.yaml", sets), 4334))
+    saved = planned_settings(_planned(load_config("configs/multi30k.yaml", sets), 4334))
     assert saved.model.dropout == 0.2
     last = {"config": saved.to_dict()}
     again = resumed_config(load_config("configs/multi30k.yaml", sets), last)
@@ -241,11 +241,37 @@ def test_a_resume_takes_the_dropout_its_plan_gave_and_is_not_refused_for_it():
     assert resume_mismatch(last["config"], other.to_dict()) == "model.dropout"
 
 
+def test_label_smoothing_follows_the_planned_steps_beside_dropout():
+    config = load_config("configs/multi30k.yaml", ["train.label_smoothing_by_planned_steps={3500: 0.2}",
+                                                   "train.dropout_by_planned_steps={3500: 0.2}"])
+    lines: list[str] = []
+    short, long = planned_settings(_planned(config, 2000), lines.append), planned_settings(_planned(config, 4400), lines.append)
+    assert (short.train.label_smoothing, short.model.dropout) == (0.1, 0.1)
+    assert (long.train.label_smoothing, long.model.dropout) == (0.2, 0.2)
+    assert lines == ["model.dropout 0.1 -> 0.2: the run plans 4400 steps, at least 3500 (train.dropout_by_planned_steps)",
+                     "train.label_smoothing 0.1 -> 0.2: the run plans 4400 steps, at least 3500 "
+                     "(train.label_smoothing_by_planned_steps)"]
+    shipped = load_config("configs/multi30k.yaml")
+    assert shipped.train.label_smoothing_by_planned_steps == {3500: 0.2}  # the file's rule
+    # a smoothing given on the command line clears its own rule, not dropout's
+    given = planned_settings(_planned(load_config("configs/multi30k.yaml", ["train.label_smoothing=0.05"]), 4400))
+    assert (given.train.label_smoothing, given.model.dropout) == (0.05, 0.2)
+
+
+def test_a_resume_takes_the_label_smoothing_its_plan_gave():
+    sets = ["train.label_smoothing_by_planned_steps={3500: 0.2}", "train.max_minutes=25"]
+    saved = planned_settings(_planned(load_config("configs/multi30k.yaml", sets), 4334))
+    again = resumed_config(load_config("configs/multi30k.yaml", sets), {"config": saved.to_dict()})
+    assert again.train.planned_steps == 4334 and again.train.label_smoothing == 0.2
+
+
 def test_a_bad_dropout_rule_is_one_line_naming_its_key():
     from xformer_cli.errors import XformerError
 
     with pytest.raises(XformerError, match=r"train.dropout_by_planned_steps.3500.*dropout in \[0, 1\)"):
         load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 1.5}"])
+    with pytest.raises(XformerError, match=r"train.label_smoothing_by_planned_steps.0.*label_smoothing in \[0, 1\)"):
+        load_config("configs/multi30k.yaml", ["train.label_smoothing_by_planned_steps={0: 0.2}"])
 
 
 @pytest.mark.slow
@@ -265,11 +291,13 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
 
     monkeypatch.setattr(budget, "measure_seconds", fake_measure)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.warmup_fraction": 0.1,
-            "train.validations": 3, "train.save_every": 0, "train.dropout_by_planned_steps": "{20: 0.25, 30: 0.4}"}
+            "train.validations": 3, "train.save_every": 0, "train.dropout_by_planned_steps": "{20: 0.25, 30: 0.4}",
+            "train.label_smoothing_by_planned_steps": "{24: 0.2}"}
     whole = train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=quiet, progress=False)
     assert whole.steps == 24 and whole.stopped_because == "planned steps" and measured == [1]
     recorded = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())
     assert recorded["train"]["planned_steps"] == 24 and recorded["model"]["dropout"] == 0.25  # the plan's dropout
+    assert recorded["train"]["label_smoothing"] == 0.2  # and its label smoothing
     rows = _lr_rows(tmp_path / "whole")
     rates = {r["step"]: r["lr"] for r in rows if "lr" in r}
     assert rates[24] < 0.1 * max(rates.values())

@@ -213,6 +213,9 @@ class TrainConfig:
     # fast machine, whose long run overfits, and a slow one. Resolved once with the plan, logged,
     # written to config.yaml; a resume keeps it. {} = model.dropout as given.
     dropout_by_planned_steps: dict[int, float] = field(default_factory=dict)
+    # train.label_smoothing by the planned steps, the same way: {3500: 0.2}. Smoothing more, like
+    # more dropout, pays only in a run long enough to overfit.
+    label_smoothing_by_planned_steps: dict[int, float] = field(default_factory=dict)
     # > 0: validate this many times, evenly over the planned steps (the last at the end),
     # instead of every valid_every steps.
     validations: int = 0
@@ -422,17 +425,26 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def planned_dropout(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
-    """``config`` with model.dropout as train.dropout_by_planned_steps gives it for the planned
-    steps (the largest threshold they reach); unchanged without a plan or a rule that applies."""
-    rule, steps = config.train.dropout_by_planned_steps, config.train.planned_steps
-    threshold = max((t for t in rule if steps and steps >= t), default=None)
-    if threshold is None or rule[threshold] == config.model.dropout:
-        return config
-    dropout = rule[threshold]
-    log(f"model.dropout {config.model.dropout:g} -> {dropout:g}: the run plans {steps} steps, at least "
-        f"{threshold} (train.dropout_by_planned_steps)")
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, dropout=dropout))
+# The settings a rule by planned steps sets: the rule's key under train -> the setting it sets.
+PLANNED_RULES = {"dropout_by_planned_steps": "model.dropout",
+                 "label_smoothing_by_planned_steps": "train.label_smoothing"}
+
+
+def planned_settings(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
+    """``config`` with each setting of PLANNED_RULES as its rule gives it for the planned steps
+    (the largest threshold they reach); unchanged without a plan or a rule that applies."""
+    steps = config.train.planned_steps
+    for rule_key, setting in PLANNED_RULES.items():
+        rule = getattr(config.train, rule_key)
+        threshold = max((t for t in rule if steps and steps >= t), default=None)
+        section_name, name = setting.split(".")
+        section = getattr(config, section_name)
+        if threshold is None or rule[threshold] == getattr(section, name):
+            continue
+        log(f"{setting} {getattr(section, name):g} -> {rule[threshold]:g}: the run plans {steps} steps, "
+            f"at least {threshold} (train.{rule_key})")
+        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: rule[threshold]})})
+    return config
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, base: Optional[dict] = None) -> Config:
@@ -457,9 +469,10 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
         overridden.add(key)
-    if "model.dropout" in overridden and "train.dropout_by_planned_steps" not in overridden:
-        # a dropout the user gave on the command line wins over the file's rule for the plan
-        tree.setdefault("train", {})["dropout_by_planned_steps"] = {}
+    for rule_key, setting in PLANNED_RULES.items():
+        if setting in overridden and f"train.{rule_key}" not in overridden:
+            # a setting the user gave on the command line wins over the file's rule for the plan
+            tree.setdefault("train", {})[rule_key] = {}
     cfg = _build(Config, tree)
     validate(cfg)
     cfg.set_keys = frozenset(_dotted_keys(tree))
@@ -554,9 +567,10 @@ def _check_schedule(t: TrainConfig) -> None:
     _require(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1] (a share of the planned steps; 0 = none)")
     _require(t.planned_steps >= 0, "train.planned_steps", "must be >= 0 (0 = work it out)")
     _require(t.validations >= 0, "train.validations", "must be >= 0 (0 = every train.valid_every steps)")
-    for steps, dropout in t.dropout_by_planned_steps.items():
-        _require(steps > 0 and 0.0 <= dropout < 1.0, f"train.dropout_by_planned_steps.{steps}",
-                 "needs a positive step count and a dropout in [0, 1)")
+    for rule_key, setting in PLANNED_RULES.items():
+        for steps, value in getattr(t, rule_key).items():
+            _require(steps > 0 and 0.0 <= value < 1.0, f"train.{rule_key}.{steps}",
+                     f"needs a positive step count and a {setting.split('.')[1]} in [0, 1)")
     if t.schedule == "noam":
         _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
         _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")

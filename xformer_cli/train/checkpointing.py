@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, step_checkpoint
-from xformer_cli.config import Config, config_from_dict, planned_dropout
+from xformer_cli.config import Config, config_from_dict, planned_settings
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
 from xformer_cli.train.state import Counters, RunState
@@ -152,7 +152,7 @@ def resumed_config(config: Config, state: dict) -> Config:
     train = batch_size.from_checkpoint(config.train, saved)
     if not train.planned_steps:  # a checkpoint from before planning has none: then max_steps plans
         train = dataclasses.replace(train, planned_steps=saved.get("planned_steps", 0))
-    return planned_dropout(dataclasses.replace(config, train=train))  # as the plan set it
+    return planned_settings(dataclasses.replace(config, train=train))  # as the plan set it
 
 
 def rng_state(device: torch.device) -> dict:

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from xformer_cli.config import Config, TrainConfig, planned_dropout
+from xformer_cli.config import Config, TrainConfig, planned_settings
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
 from xformer_cli.device import configure_threads, keep_freed_memory, pick_device, resolve_precision
 from xformer_cli.train import batch_size, budget, checkpointing, init_from
@@ -57,7 +57,7 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     config = _batch_size(config, resume, data, device, precision, dist, log)
     config, valid_seconds = _planned_steps(config, resume, data, device, precision, dist, log)
     if resume is None:  # a resumed run's comes with its plan (checkpointing.resumed_config)
-        config = planned_dropout(config, log)
+        config = planned_settings(config, log)
     if dist.is_main:
         checkpointing.write_config(config, precision)
     return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds)
