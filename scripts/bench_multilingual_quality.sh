@@ -8,8 +8,8 @@
 # RUN: bi-ende, bi-enfr, bi-encs (1000 steps each), multi (en->de,fr,cs, 3000 steps: three times
 # the bilingual budget), b-bi (en->cs on the first 3000 pairs), b-multi (en->de, en->fr in full
 # and en->cs on those 3000 pairs, sampling temperature 5); a suffix -s2 trains with seed 2,
-# -long gives b-bi / b-multi 3000 steps in place of 500, -mid the default config's model (d_model
-# 256, 3+3 layers), -pre pre-norm layers; suffixes in the order -long-mid-pre-s2). Data: $XFORMER_DATA/multi30k
+# -long gives b-bi / b-multi 3000 steps in place of 500, -xlong 6000, -mid the default config's model (d_model
+# 256, 3+3 layers), -pre pre-norm layers; suffixes in the order -long-mid-pre-s2 (or -xlong-...)). Data: $XFORMER_DATA/multi30k
 # (default ../shared/data).
 set -euo pipefail
 RUN=$1
@@ -24,6 +24,7 @@ COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null 
         -s "data.train.prefix=$D/train" -s "data.valid.prefix=$D/valid" -s "data.test.prefix=$D/test2016"
         -s train.max_minutes=0 -s train.threads=1 -s train.save_every=0 -s train.keep_checkpoints=0
         -s train.average_last=0 -s data.valid_max_sentences=300
+        -s "train.dropout_by_planned_steps={}" -s "train.label_smoothing_by_planned_steps={}"
         -s model.d_model=128 -s model.d_ff=512 -s model.n_heads=4 -s model.encoder_layers=2 -s model.decoder_layers=2 -s model.pre_norm=false
         -s train.max_tokens=2000 -s train.warmup_steps=400 -s train.lr_scale=0.7 -s train.valid_every=500
         -s train.validations=0 -s train.cooldown=0.5 -s train.precision=bf16 -s train.log_every=25 -s decode.max_len_a=1.2
@@ -34,7 +35,8 @@ case $RUN in *-s2) MORE+=(-s train.seed=2); RUN=${RUN%-s2} ;; esac
 case $RUN in *-pre) MORE+=(-s model.pre_norm=true); RUN=${RUN%-pre} ;; esac
 case $RUN in *-mid) MORE+=(-s model.d_model=256 -s model.d_ff=1024 -s model.encoder_layers=3 -s model.decoder_layers=3)
                     RUN=${RUN%-mid} ;; esac
-case $RUN in *-long) LONG=(-s train.max_steps=3000 -s train.valid_every=750); RUN=${RUN%-long} ;; *) LONG=() ;; esac
+case $RUN in *-long) LONG=(-s train.max_steps=3000 -s train.valid_every=750); RUN=${RUN%-long} ;;
+             *-xlong) LONG=(-s train.max_steps=6000 -s train.valid_every=1500); RUN=${RUN%-xlong} ;; *) LONG=() ;; esac
 BI=configs/multi30k.yaml
 MULTI=configs/multi30k-multilingual.yaml
 case $RUN in
