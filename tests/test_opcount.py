@@ -79,3 +79,21 @@ def test_the_trainers_cuda_bf16_step_casts_each_weight_once_per_update():
     assert per_micro_batch_casts > 0
     assert cached2["_to_copy"] - cached1["_to_copy"] < per_micro_batch_casts
     assert sum(cached2.values()) < sum(plain2.values())
+
+
+def test_the_cuda_code_path_keeps_attention_in_its_inputs_dtype():
+    """The CPU computes training attention scores in fp32 (its bf16 backward is slow); CUDA
+    does not, so the CUDA-path count must not carry those casts (nor autograd's casts back)."""
+    from xformer_cli.model.linear import plain_products
+    from xformer_cli.model.transformer import attention
+
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def step():
+        attention(q, k, v, causal=True).float().sum().backward()
+
+    cpu = count_ops(step).ops
+    with plain_products():
+        cuda = count_ops(step).ops
+    assert cpu["_to_copy"] == 6  # q, k, v to fp32 and their gradients back (the output is fp32 already)
+    assert cuda["_to_copy"] == 2  # only the test's own .float() of the bf16 output, and its gradient back

@@ -34,13 +34,20 @@ _plain_only = False  # set by plain_products(): every device takes F.linear, as 
 @contextlib.contextmanager
 def plain_products() -> Iterator[None]:
     """Inside the block, a CPU takes the plain ``F.linear`` as CUDA does (no padded bf16
-    product): how the op counter runs the GPU's code path on a CPU."""
+    product), and attention keeps its inputs' dtype as on CUDA (``cuda_code_path``): how the
+    op counter runs the GPU's code path on a CPU."""
     global _plain_only
     before, _plain_only = _plain_only, True
     try:
         yield
     finally:
         _plain_only = before
+
+
+def cuda_code_path() -> bool:
+    """True inside ``plain_products``: the CPU-only branches (padded bf16 products, fp32
+    attention scores under autocast) stand aside for the ones CUDA takes."""
+    return _plain_only
 
 
 def _padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:

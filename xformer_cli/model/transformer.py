@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xformer_cli.model.dropout import Dropout
-from xformer_cli.model.linear import Linear, cpu_bf16_training, padded_bf16_block
+from xformer_cli.model.linear import Linear, cpu_bf16_training, cuda_code_path, padded_bf16_block
 
 
 @dataclass
@@ -134,8 +134,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     """
     q = q.to(k.dtype)  # a bf16 model on a CPU keeps its decoding cache in fp32 (see DecoderLayer.cached)
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
-        if q.device.type == "cpu" and torch.is_grad_enabled() and (q.dtype != torch.float32
-                                                                   or torch.is_autocast_enabled("cpu")):
+        if (q.device.type == "cpu" and torch.is_grad_enabled() and not cuda_code_path()
+                and (q.dtype != torch.float32 or torch.is_autocast_enabled("cpu"))):
             # Training under CPU autocast (bf16 q, k, v, or fp32 ones from the padded path): the
             # CPU flash-attention kernel's bf16 backward is ~7x its fp32 one (measured), so the
             # scores are computed in fp32, outside autocast (which would cast them back), and
