@@ -122,6 +122,10 @@ CONFIGS: dict[str, Run] = {
     "s4400-cd50-drop2-v8k": Run(4400, {**CD50, **DROP2, "tokenizer.vocab_size": 8000}),
     "s4400-cd50-drop2-ls2-seed2": Run(4400, {**CD50, **DROP2, "train.label_smoothing": 0.2, "train.seed": 2}),
     "s2000-cd50-ls2": Run(2000, {**CD50, "train.label_smoothing": 0.2}),  # an fp32 machine's length, dropout 0.1
+    # the shipped bf16 recipe (dropout 0.2, label smoothing 0.2) with the GPU config's 8000-piece vocabulary
+    "s4400-cd50-drop2-ls2-v8k": Run(4400, {**CD50, **DROP2, "train.label_smoothing": 0.2, "tokenizer.vocab_size": 8000}),
+    "s4400-cd50-drop2-ls2-v8k-seed2": Run(4400, {**CD50, **DROP2, "train.label_smoothing": 0.2,
+                                                 "tokenizer.vocab_size": 8000, "train.seed": 2}),
 }
 
 
