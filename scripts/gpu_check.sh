@@ -5,8 +5,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
 #   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
-#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; ... GPU_CHECK_PART=5  # the whole check in
-#                                           # five device calls of under 10 minutes each (a call's limit)
+#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; ... GPU_CHECK_PART=7  # the whole check in
+#                                           # device calls of under 10 minutes each (a call's limit)
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
@@ -31,6 +31,8 @@
 #      the step, kernel time by kind, kernels per step: scripts/profile_train_step.py); then the
 #      whole trainer at 25k tokens, packed batches (one shape): base eager and compiled (CUDA
 #      graphs), big eager; median target tokens/s and the log windows a save or validation held
+#   7. (part 7) bf16 against TF32 (`train.precision=fp32`) in the whole trainer, base and big, eager,
+#      in one call: the standing target bf16 >= 1.2x TF32
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -50,6 +52,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   4) ONLY="batching_dynamic batching_packed batching_packed_compiled" ;;  # ~6 minutes: packed vs dynamic batches
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
   6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled trainer_big_25k_packed" ;;  # ~7 minutes
+  7) ONLY="trainer_base_25k_packed trainer_base_25k_packed_tf32 trainer_big_25k_packed trainer_big_25k_packed_tf32" ;;  # ~6 minutes: bf16 against TF32, the whole trainer
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -242,14 +245,18 @@ TRAINER_SETS=(--set "train.device=$DEVICE" --set train.valid_every=100000 --set 
               --set train.batching=packed)
 BIG_25K=("${SIZES_BIG[@]}" train.max_tokens="${SIZES_BASE_25K[-1]#*=}")
 # name, sizes (an array's name), compile
-for variant in "base_25k_packed SIZES_BASE_25K false" "base_25k_packed_compiled SIZES_BASE_25K true" \
-               "big_25k_packed BIG_25K false"; do
-  read -r name sizes compile <<< "$variant"
+# name, sizes (an array's name), compile, precision (auto = bf16 on the GPU; fp32 = TF32 products)
+for variant in "base_25k_packed SIZES_BASE_25K false auto" "base_25k_packed_compiled SIZES_BASE_25K true auto" \
+               "big_25k_packed BIG_25K false auto" "base_25k_packed_tf32 SIZES_BASE_25K false fp32" \
+               "big_25k_packed_tf32 BIG_25K false fp32"; do
+  read -r name sizes compile precision <<< "$variant"
+  if [[ -n "$ONLY" && " $ONLY " != *" trainer_$name "* ]]; then continue; fi
   declare -n size_list="$sizes"
   sets=("${TRAINER_SETS[@]}"); for kv in "${size_list[@]}"; do sets+=(--set "$kv"); done
   minutes=$([[ "$compile" == true ]] && awk "BEGIN { print $TRAINER_MINUTES + 1.5 }" || echo "$TRAINER_MINUTES")
   step "trainer_$name" xformer train -c configs/multi30k.yaml --quiet --overwrite "${sets[@]}" \
-    --set "run_dir=$OUT/trainer_$name" --set "train.compile=$compile" --set "train.max_minutes=$minutes"
+    --set "run_dir=$OUT/trainer_$name" --set "train.compile=$compile" --set "train.max_minutes=$minutes" \
+    --set "train.precision=$precision"
   unset -n size_list
   # The second half of the log windows (compilation and warm-up over), and how many windows
   # ran under 60% of the median: what a save or a validation that holds the loop leaves.
