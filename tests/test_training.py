@@ -184,6 +184,35 @@ def test_two_process_ddp_equals_one_process_accumulating_two_batches(small_corpu
         assert b[step] == pytest.approx(a[step], rel=1e-4), step
 
 
+RANK_THAT_STOPS = """
+import os, torch
+from xformer_cli.train.distributed import Distributed
+
+dist = Distributed.from_environment()
+dist.start(torch.device("cpu"))
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)  # as the trainer makes it, after start
+dist.stop()
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("rank", dist.rank, "threads after stop:", sorted(threads))
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_has_no_gloo_threads_left_after_stop(tmp_path):
+    """Distributed.stop() ends the process group there and then: no gloo thread is left for the
+    interpreter's shutdown, where tearing one down could abort a rank after a finished run.
+    Making the optimizer after the group exists (torch._dynamo's import) once kept it alive."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_THAT_STOPS)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "threads after stop" in line]
+    assert len(lines) == 2, proc.stdout
+    assert not any("gloo" in line for line in lines), lines
+
+
 @pytest.mark.slow
 def test_two_process_ddp_resumes_exactly_with_dropout(small_corpus, tmp_path):
     """Each rank's random state (its dropout stream) is in the checkpoint: a 2-process run

@@ -69,6 +69,13 @@ class Distributed:
         if backend == "nccl" and device.type != "cuda":
             raise XformerError("config key 'train.dist_backend': nccl needs CUDA devices; use gloo (or auto) on this device")
         if not dist.is_initialized():
+            # torch._dynamo (imported on first use: making a torch.optim optimizer imports it)
+            # takes references to the default process group when it is imported after the group
+            # exists, and never drops them: the group then outlives destroy_process_group, and
+            # gloo's threads are torn down at interpreter exit, where a rank could abort
+            # ("terminate called without an active exception"). Imported first, it holds none.
+            import torch._dynamo  # noqa: F401
+
             dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         return backend
 
