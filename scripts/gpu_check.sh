@@ -244,7 +244,6 @@ TRAINER_SETS=(--set "train.device=$DEVICE" --set train.valid_every=100000 --set 
               --set train.tune_length_penalty=[] --set data.valid_max_sentences=8 --set train.log_every=10
               --set train.batching=packed)
 BIG_25K=("${SIZES_BIG[@]}" train.max_tokens="${SIZES_BASE_25K[-1]#*=}")
-# name, sizes (an array's name), compile
 # name, sizes (an array's name), compile, precision (auto = bf16 on the GPU; fp32 = TF32 products)
 for variant in "base_25k_packed SIZES_BASE_25K false auto" "base_25k_packed_compiled SIZES_BASE_25K true auto" \
                "big_25k_packed BIG_25K false auto" "base_25k_packed_tf32 SIZES_BASE_25K false fp32" \
