@@ -10,15 +10,23 @@
 # and en->cs on those 3000 pairs, sampling temperature 5); a suffix -s2 trains with seed 2,
 # -long gives b-bi / b-multi 3000 steps in place of 500, -xlong 6000, -mid the default config's model (d_model
 # 256, 3+3 layers), -pre pre-norm layers; suffixes in the order -long-mid-pre-s2 (or -xlong-...)). Data: $XFORMER_DATA/multi30k
-# (default ../shared/data).
+# (default ../shared/data). On a GPU: a -gpu suffix (last) trains on CUDA for
+# $TRANSFER_MINUTES minutes (default 3.5) in place of steps, 6000-token batches, planned validations:
+# runs started side by side on one GPU then get the same wall-clock time; -big the paper's base
+# shape (512 wide, 6+6 layers), -drop3 dropout 0.3 (a bilingual 3,000-pair baseline regularised
+# harder). Full order of suffixes: -long-mid-pre-drop3-s2-gpu (-big in place of -mid).
 set -euo pipefail
+# The lent GPU machine has no installed xformer (PYTHONPATH=$PWD there): the module instead.
+if command -v xformer > /dev/null; then XF=(xformer); else XF=(python3 -m xformer_cli); fi
 RUN=$1
 WORK=${2:-runs/quality}
 D=$(cd "${XFORMER_DATA:-../shared/data}/multi30k" && pwd)
 mkdir -p "$WORK"
 CS3K="$WORK/cs3k/train"
-if [ ! -f "$CS3K.cs" ]; then
-  mkdir -p "$WORK/cs3k" && head -3000 "$D/train.en" > "$CS3K.en" && head -3000 "$D/train.cs" > "$CS3K.cs"
+if [ ! -f "$CS3K.cs" ]; then  # written then renamed: runs started side by side never read half a file
+  mkdir -p "$WORK/cs3k"
+  head -3000 "$D/train.en" > "$CS3K.en.$$" && mv "$CS3K.en.$$" "$CS3K.en"
+  head -3000 "$D/train.cs" > "$CS3K.cs.$$" && mv "$CS3K.cs.$$" "$CS3K.cs"
 fi
 COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null -s data.test.fallback_dataset=null
         -s "data.train.prefix=$D/train" -s "data.valid.prefix=$D/valid" -s "data.test.prefix=$D/test2016"
@@ -31,10 +39,19 @@ COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null 
         -s decode.max_len_b=10 "-s" "train.tune_length_penalty=[0.6,1.0,1.4,2.0]")
 MORE=()
 NAME=$RUN
+EVAL_DEVICE=(--precision fp32 --threads 1)
+case $RUN in *-gpu) DEVICE=${TRANSFER_DEVICE:-cuda}
+                    MORE+=(-s "train.device=$DEVICE" -s "train.max_minutes=${TRANSFER_MINUTES:-3.5}" -s train.max_steps=1000000
+                           -s train.validations=4 -s train.max_tokens=6000 -s train.save_every=250 -s train.keep_checkpoints=5
+                           -s train.average_last=5)
+                    EVAL_DEVICE=(--device "$DEVICE" --precision fp32); RUN=${RUN%-gpu} ;; esac
 case $RUN in *-s2) MORE+=(-s train.seed=2); RUN=${RUN%-s2} ;; esac
+case $RUN in *-drop3) MORE+=(-s model.dropout=0.3); RUN=${RUN%-drop3} ;; esac
 case $RUN in *-pre) MORE+=(-s model.pre_norm=true); RUN=${RUN%-pre} ;; esac
 case $RUN in *-mid) MORE+=(-s model.d_model=256 -s model.d_ff=1024 -s model.encoder_layers=3 -s model.decoder_layers=3)
-                    RUN=${RUN%-mid} ;; esac
+                    RUN=${RUN%-mid} ;;
+             *-big) MORE+=(-s model.d_model=512 -s model.d_ff=2048 -s model.n_heads=8 -s model.encoder_layers=6
+                           -s model.decoder_layers=6); RUN=${RUN%-big} ;; esac
 case $RUN in *-long) LONG=(-s train.max_steps=3000 -s train.valid_every=750); RUN=${RUN%-long} ;;
              *-xlong) LONG=(-s train.max_steps=6000 -s train.valid_every=1500); RUN=${RUN%-xlong} ;; *) LONG=() ;; esac
 BI=configs/multi30k.yaml
@@ -50,8 +67,9 @@ case $RUN in
   *) echo "unknown run $RUN" >&2; exit 2 ;;
 esac
 start=$(date +%s)
-nice -n 5 xformer train -c "$CFG" --overwrite -q -s "run_dir=$WORK/$NAME" "${COMMON[@]}" "${ARGS[@]}" "${LONG[@]}" "${MORE[@]}"
+nice -n 5 "${XF[@]}" train -c "$CFG" --overwrite -q -s "run_dir=$WORK/$NAME" "${COMMON[@]}" "${ARGS[@]}" "${LONG[@]}" \
+  "${MORE[@]}"
 echo "$NAME: trained in $(( $(date +%s) - start )) s"
 start=$(date +%s)
-nice -n 5 xformer eval-bleu -m "$WORK/$NAME/best.pt" -b 4 --precision fp32 --threads 1 | tee "$WORK/eval-$NAME.txt"
+nice -n 5 "${XF[@]}" eval-bleu -m "$WORK/$NAME/best.pt" -b 4 "${EVAL_DEVICE[@]}" | tee "$WORK/eval-$NAME.txt"
 echo "$NAME: evaluated in $(( $(date +%s) - start )) s"

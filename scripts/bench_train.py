@@ -250,12 +250,13 @@ def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool =
     m = cfg.model
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", **({"GLIBC_TUNABLES": KEEP_FREED_MEMORY} if keep_freed else {})}
-    spm_model = Path("/tmp/onmt-m30k/spm/joint.model")
+    vocab = str(cfg.tokenizer.vocab_size)  # the same output layer as ours: the config's vocabulary size
+    spm_model = Path(f"/tmp/onmt-m30k/spm/joint-{vocab}.model")
     if not spm_model.exists():  # the peer script trains it (same recipe as xformer's tokenizer)
-        subprocess.run(["bash", "scripts/peers/run_onmt_multi30k.sh", "1"], check=True, cwd=ROOT, env=env,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(["bash", "scripts/peers/run_onmt_multi30k.sh", "1"], check=True, cwd=ROOT,
+                       env={**env, "VOCAB_SIZE": vocab}, stdout=subprocess.DEVNULL)
     common = ["-config", "scripts/peers/onmt_multi30k.yaml", "-src_subword_model", str(spm_model),
-              "-tgt_subword_model", str(spm_model)]
+              "-tgt_subword_model", str(spm_model), "-src_vocab_size", vocab, "-tgt_vocab_size", vocab]
     subprocess.run([f"{venv}/bin/onmt_build_vocab", *common, "-n_sample", "-1"], check=True, cwd=ROOT, env=env,
                    capture_output=True)
     sizes = ["-hidden_size", m.d_model, "-word_vec_size", m.d_model, "-transformer_ff", m.d_ff, "-heads", m.n_heads,

@@ -33,6 +33,11 @@
 #      graphs), big eager; median target tokens/s and the log windows a save or validation held
 #   7. (part 7) bf16 against TF32 (`train.precision=fp32`) in the whole trainer, base and big, eager,
 #      in one call: the standing target bf16 >= 1.2x TF32
+#   8. (part 8) issue 27's transfer to a small pair: en->cs on 3,000 pairs, the bilingual baseline
+#      (dropout 0.3) and two multilingual models side by side on the GPU for the same minutes
+#      (scripts/bench_multilingual_quality.sh, -gpu runs); each run stops with every thread's
+#      stack on stderr (faulthandler, SIGABRT) if it outlives its time (the fifth lease's
+#      multilingual runs never got past their tokenizer)
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -53,6 +58,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
   6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled trainer_big_25k_packed" ;;  # ~7 minutes
   7) ONLY="trainer_base_25k_packed trainer_base_25k_packed_tf32 trainer_big_25k_packed trainer_big_25k_packed_tf32" ;;  # ~6 minutes: bf16 against TF32, the whole trainer
+  8) ONLY="transfer" ;;  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -91,6 +97,9 @@ else
   SIZES_BIG=(model.d_model=1024 model.d_ff=4096 model.n_heads=16 model.encoder_layers=6 model.decoder_layers=6 model.dropout=0.3 tokenizer.vocab_size=8000 train.max_tokens=3125)
 fi
 M30K_GPU_SETS=(); [[ "$QUICK" == 1 ]] && M30K_GPU_SETS=("${WMT_SETS[@]}" --set train.max_steps=4 --set data.valid_max_sentences=20)
+# GPU_CHECK_M30K_MINUTES: train configs/multi30k-gpu.yaml for these minutes in place of its own (the
+# target allows 10 in all; the config trains 5)
+[[ -n "${GPU_CHECK_M30K_MINUTES:-}" ]] && M30K_GPU_SETS+=(--set "train.max_minutes=$GPU_CHECK_M30K_MINUTES")
 
 note "gpu_check $(date -u +%Y-%m-%dT%H:%MZ) device=$DEVICE quick=$QUICK commit=$(git rev-parse --short HEAD 2>/dev/null)"
 python - <<EOF | tee -a "$SUMMARY"
@@ -269,6 +278,27 @@ print(f"{sys.argv[2]}: median {median:.0f} target tokens/s over the last {len(st
       f"step {rows[-1]['step'] if rows else 0}; {slow} windows under 60% of it")
 PY
 done
+
+# 8. transfer to a small pair (issue 27 goal 2): runs side by side get the same wall-clock time
+TRANSFER_RUNS=(b-bi-mid-pre-drop3-gpu b-multi-mid-pre-gpu b-multi-big-pre-gpu)
+transfer() {
+  local minutes="${GPU_CHECK_TRANSFER_MINUTES:-3}" limit run pids=()
+  # after training: tokenizer, averaging, the length-penalty pass, test2016 (a quick rehearsal's
+  # untrained models decode to the length limit on a CPU: longer)
+  limit=$(awk -v m="$minutes" -v after="$([[ "$QUICK" == 1 ]] && echo 900 || echo 180)" 'BEGIN { printf "%d", m * 60 + after }')
+  for run in "${TRANSFER_RUNS[@]}"; do
+    PYTHONFAULTHANDLER=1 TRANSFER_DEVICE="$DEVICE" TRANSFER_MINUTES="$minutes" timeout -s ABRT -k 10 "$limit" \
+      bash scripts/bench_multilingual_quality.sh "$run" "$OUT/transfer" > "$OUT/transfer_$run.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0 pid
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  grep -H -E "^BLEU =|^chrF2 =|^en->cs +[0-9]|trained in|^done" "$OUT"/transfer_*.log  # a multilingual run: a row per direction
+  return "$failed"
+}
+if [[ "$QUICK" == 1 ]]; then GPU_CHECK_TRANSFER_MINUTES="${GPU_CHECK_TRANSFER_MINUTES:-0.1}"; fi
+step transfer transfer
+grep -E "^[^:]*:(BLEU =|chrF2 =|en->cs +[0-9])" "$OUT/transfer.log" >> "$SUMMARY" 2>/dev/null
 
 note "failures: $FAILED"
 echo "summary: $SUMMARY" >&2

@@ -7,9 +7,11 @@
 #
 # Environment (all optional):
 #   VENV          OpenNMT-py virtual environment            (default /tmp/onmt-venv)
-#   SPM_MODEL     joint sentencepiece .model for en and de  (default /tmp/onmt-m30k/spm/joint.model,
-#                 trained here if missing: 6000-piece unigram, pad=0 unk=1 bos=2 eos=3,
-#                 on train.en + train.de, like xformer's tokenizer)
+#   VOCAB_SIZE    pieces of the sentencepiece model and of OpenNMT-py's vocabulary (default 8000:
+#                 configs/multi30k.yaml's tokenizer.vocab_size; passed over the yaml's own)
+#   SPM_MODEL     joint sentencepiece .model for en and de  (default
+#                 /tmp/onmt-m30k/spm/joint-$VOCAB_SIZE.model, trained here if missing: unigram,
+#                 pad=0 unk=1 bos=2 eos=3, on train.en + train.de, like xformer's tokenizer)
 #   REPORT_EVERY  steps between OpenNMT-py's tok/s log lines (default 5 below 250 steps, else 25)
 #
 # Outputs in /tmp/onmt-m30k (the paths in onmt_multi30k.yaml): vocab.shared,
@@ -27,7 +29,8 @@ set -euo pipefail
 STEPS="${1:-50}"
 VENV="${VENV:-/tmp/onmt-venv}"
 WORK=/tmp/onmt-m30k                      # matches the /tmp paths in onmt_multi30k.yaml
-SPM_MODEL="${SPM_MODEL:-$WORK/spm/joint.model}"
+VOCAB_SIZE="${VOCAB_SIZE:-8000}"
+SPM_MODEL="${SPM_MODEL:-$WORK/spm/joint-$VOCAB_SIZE.model}"
 if [[ -z "${REPORT_EVERY:-}" ]]; then
   if (( STEPS < 250 )); then REPORT_EVERY=5; else REPORT_EVERY=25; fi
 fi
@@ -54,21 +57,22 @@ mkdir -p "$WORK"
 if [[ ! -f "$SPM_MODEL" ]]; then
   echo "== training sentencepiece model -> $SPM_MODEL"
   mkdir -p "$(dirname "$SPM_MODEL")"
-  "$PY" - "$DATA/train.en" "$DATA/train.de" "$SPM_MODEL" <<'EOF'
+  "$PY" - "$DATA/train.en" "$DATA/train.de" "$SPM_MODEL" "$VOCAB_SIZE" <<'EOF'
 import sys, sentencepiece as spm
-src, tgt, out = sys.argv[1:]
+src, tgt, out, vocab_size = sys.argv[1:]
 spm.SentencePieceTrainer.train(
     input=f"{src},{tgt}", model_prefix=out[: -len(".model")] if out.endswith(".model") else out,
-    vocab_size=6000, model_type="unigram", character_coverage=1.0,
+    vocab_size=int(vocab_size), model_type="unigram", character_coverage=1.0,
     pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece="<pad>",
     hard_vocab_limit=False, num_threads=2, minloglevel=2)
 EOF
 fi
 SPM_ARGS=(-src_subword_model "$SPM_MODEL" -tgt_subword_model "$SPM_MODEL")
+VOCAB_ARGS=(-src_vocab_size "$VOCAB_SIZE" -tgt_vocab_size "$VOCAB_SIZE")  # build_vocab and train (translate refuses them)
 
 # 2. vocabulary
 echo "== onmt_build_vocab"
-"$VENV/bin/onmt_build_vocab" -config "$CFG" "${SPM_ARGS[@]}" -n_sample -1
+"$VENV/bin/onmt_build_vocab" -config "$CFG" "${SPM_ARGS[@]}" "${VOCAB_ARGS[@]}" -n_sample -1
 
 # 3. training
 LOG="$WORK/train_${STEPS}steps.log"
@@ -76,7 +80,7 @@ rm -f "$LOG" "$WORK/model_step_${STEPS}.pt"
 echo "== onmt_train: $STEPS steps, report every $REPORT_EVERY, log $LOG"
 start=$(date +%s)
 # The log is the console output (tee): see the note on log_file in $CFG.
-"$VENV/bin/onmt_train" -config "$CFG" "${SPM_ARGS[@]}" \
+"$VENV/bin/onmt_train" -config "$CFG" "${SPM_ARGS[@]}" "${VOCAB_ARGS[@]}" \
   -train_steps "$STEPS" -report_every "$REPORT_EVERY" 2>&1 | tee "$LOG"
 echo "== training wall clock (process, incl. start-up): $(( $(date +%s) - start )) s"
 grep "tok/s" "$LOG" || true
