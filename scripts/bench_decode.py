@@ -56,7 +56,9 @@ def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int, ba
     """onmt_translate's output and its own translation time (start-up and model load excluded)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(threads)}
-    spm = str(Path(model).parent / "spm" / "joint.model")  # where run_onmt_multi30k.sh puts it
+    # where run_onmt_multi30k.sh puts it: joint-<VOCAB_SIZE>.model (the newest), joint.model before sizes
+    spm = str(max((Path(model).parent / "spm").glob("joint*.model"), key=lambda p: p.stat().st_mtime,
+                  default=Path(model).parent / "spm" / "joint.model"))
     with tempfile.TemporaryDirectory() as tmp:
         hyp = Path(tmp) / "hyp"
         done = subprocess.run(
