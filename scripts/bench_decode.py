@@ -37,7 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_train import cpu_name  # noqa: E402
+from bench_train import cpu_name, onmt_spm_model  # noqa: E402
 
 from xformer_cli.decode.factory import choose_engine  # noqa: E402
 from xformer_cli.decode.translator import Translator  # noqa: E402
@@ -52,13 +52,14 @@ def timed(fn) -> tuple[list[str], float]:
     return out, time.perf_counter() - start
 
 
-def onmt_translate(venv: str, model: str, src: Path, beam: int, threads: int, batch_size: int) -> tuple[list[str], float]:
-    """onmt_translate's output and its own translation time (start-up and model load excluded)."""
+def onmt_translate(venv: str, model: str, spm: Path, src: Path, beam: int, threads: int,
+                   batch_size: int) -> tuple[list[str], float]:
+    """onmt_translate's output and its own translation time (start-up and model load excluded);
+    ``spm``: the sentencepiece model the peer was trained with."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(threads)}
-    # where run_onmt_multi30k.sh puts it: joint-<VOCAB_SIZE>.model (the newest), joint.model before sizes
-    spm = str(max((Path(model).parent / "spm").glob("joint*.model"), key=lambda p: p.stat().st_mtime,
-                  default=Path(model).parent / "spm" / "joint.model"))
+    if not spm.is_file():
+        raise SystemExit(f"no {spm}: train the peer of that size with scripts/peers/run_onmt_multi30k.sh (VOCAB_SIZE)")
     with tempfile.TemporaryDirectory() as tmp:
         hyp = Path(tmp) / "hyp"
         done = subprocess.run(
@@ -173,7 +174,9 @@ def main() -> None:
             if args.onmt_venv and args.onmt_model:
                 src_file = Path(tmp) / "src.txt"
                 src_file.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
-                systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, src_file, beam, args.threads, args.batch_size)))
+                spm = onmt_spm_model(translator.tokenizer.src_vocab_size)  # the peer of the same size as ours
+                systems.append((beam, "(d) OpenNMT-py 3.5.1", *onmt_translate(args.onmt_venv, args.onmt_model, spm, src_file, beam,
+                                                                            args.threads, args.batch_size)))
 
     print(f"machine: {cpu_name()}, {args.threads} threads, torch {torch.__version__}, device {args.device}")
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_bf16", "avx512_vnni", "amx", "avx_vnni", "avx2")))

@@ -237,6 +237,12 @@ def xformer_trainer_rate(args, steps: int, every: int, precision: str) -> tuple[
     return statistics.median(rates), rates
 
 
+def onmt_spm_model(vocab_size: int) -> Path:
+    """The peer's joint sentencepiece model of ``vocab_size`` pieces, where
+    scripts/peers/run_onmt_multi30k.sh writes it (VOCAB_SIZE; one file per size)."""
+    return Path(f"/tmp/onmt-m30k/spm/joint-{vocab_size}.model")
+
+
 # glibc's malloc set from outside as xformer's trainer sets it from inside (device.keep_freed_memory)
 KEEP_FREED_MEMORY = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 
@@ -251,7 +257,7 @@ def onmt_trainer_rate(venv: str, cfg, steps: int, every: int, keep_freed: bool =
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": "",
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", **({"GLIBC_TUNABLES": KEEP_FREED_MEMORY} if keep_freed else {})}
     vocab = str(cfg.tokenizer.vocab_size)  # the same output layer as ours: the config's vocabulary size
-    spm_model = Path(f"/tmp/onmt-m30k/spm/joint-{vocab}.model")
+    spm_model = onmt_spm_model(cfg.tokenizer.vocab_size)
     if not spm_model.exists():  # the peer script trains it (same recipe as xformer's tokenizer)
         subprocess.run(["bash", "scripts/peers/run_onmt_multi30k.sh", "1"], check=True, cwd=ROOT,
                        env={**env, "VOCAB_SIZE": vocab}, stdout=subprocess.DEVNULL)

@@ -281,24 +281,24 @@ done
 
 # 8. transfer to a small pair (issue 27 goal 2): runs side by side get the same wall-clock time
 TRANSFER_RUNS=(b-bi-mid-pre-drop3-gpu b-multi-mid-pre-gpu b-multi-big-pre-gpu)
+TRANSFER_MINUTES="${GPU_CHECK_TRANSFER_MINUTES:-$([[ "$QUICK" == 1 ]] && echo 0.1 || echo 3)}"
+# a run's limit: its minutes, then the tokenizer, averaging, the length-penalty pass and test2016
+# (a quick rehearsal's untrained models decode to the length limit on a CPU: longer)
+TRANSFER_LIMIT=$(awk -v m="$TRANSFER_MINUTES" -v after="$([[ "$QUICK" == 1 ]] && echo 900 || echo 180)" \
+  'BEGIN { printf "%d", m * 60 + after }')
 transfer() {
-  local minutes="${GPU_CHECK_TRANSFER_MINUTES:-3}" limit run pids=()
-  # after training: tokenizer, averaging, the length-penalty pass, test2016 (a quick rehearsal's
-  # untrained models decode to the length limit on a CPU: longer)
-  limit=$(awk -v m="$minutes" -v after="$([[ "$QUICK" == 1 ]] && echo 900 || echo 180)" 'BEGIN { printf "%d", m * 60 + after }')
+  local run pid failed=0 pids=()
   for run in "${TRANSFER_RUNS[@]}"; do
-    PYTHONFAULTHANDLER=1 TRANSFER_DEVICE="$DEVICE" TRANSFER_MINUTES="$minutes" timeout -s ABRT -k 10 "$limit" \
-      bash scripts/bench_multilingual_quality.sh "$run" "$OUT/transfer" > "$OUT/transfer_$run.log" 2>&1 &
+    PYTHONFAULTHANDLER=1 TRANSFER_DEVICE="$DEVICE" TRANSFER_MINUTES="$TRANSFER_MINUTES" timeout -s ABRT -k 10 \
+      "$TRANSFER_LIMIT" bash scripts/bench_multilingual_quality.sh "$run" "$OUT/transfer" > "$OUT/transfer_$run.log" 2>&1 &
     pids+=($!)
   done
-  local failed=0 pid
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  grep -H -E "^BLEU =|^chrF2 =|^en->cs +[0-9]|trained in|^done" "$OUT"/transfer_*.log  # a multilingual run: a row per direction
+  # each run's test2016 scores (a multilingual run: its en->cs row) into the summary
+  grep -H -E "^BLEU =|^chrF2 =|^en->cs +[0-9]" "$OUT"/transfer_*.log | tee -a "$SUMMARY"
   return "$failed"
 }
-if [[ "$QUICK" == 1 ]]; then GPU_CHECK_TRANSFER_MINUTES="${GPU_CHECK_TRANSFER_MINUTES:-0.1}"; fi
 step transfer transfer
-grep -E "^[^:]*:(BLEU =|chrF2 =|en->cs +[0-9])" "$OUT/transfer.log" >> "$SUMMARY" 2>/dev/null
 
 note "failures: $FAILED"
 echo "summary: $SUMMARY" >&2
