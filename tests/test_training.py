@@ -185,7 +185,8 @@ def test_two_process_ddp_equals_one_process_accumulating_two_batches(small_corpu
 
 
 RANK_THAT_STOPS = """
-import os, torch
+import os, sys, torch
+from pathlib import Path
 from xformer_cli.train.distributed import Distributed
 
 dist = Distributed.from_environment()
@@ -194,7 +195,8 @@ model = torch.nn.Linear(4, 4)
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)  # as the trainer makes it, after start
 dist.stop()
 threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print("rank", dist.rank, "threads after stop:", sorted(threads))
+# a file per rank: two ranks printing at once interleave their words on one stdout line
+Path(sys.argv[1], f"rank{dist.rank}.txt").write_text(f"rank {dist.rank} threads after stop: {sorted(threads)}")
 """
 
 
@@ -206,10 +208,10 @@ def test_a_rank_has_no_gloo_threads_left_after_stop(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_THAT_STOPS)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if "threads after stop" in line]
-    assert len(lines) == 2, proc.stdout
+    lines = [path.read_text() for path in sorted(tmp_path.glob("rank*.txt"))]
+    assert len(lines) == 2 and all("threads after stop" in line for line in lines), lines
     assert not any("gloo" in line for line in lines), lines
 
 
