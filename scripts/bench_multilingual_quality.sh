@@ -7,7 +7,8 @@
 #
 # RUN: bi-ende, bi-enfr, bi-encs (1000 steps each), multi (en->de,fr,cs, 3000 steps: three times
 # the bilingual budget), b-bi (en->cs on the first 3000 pairs), b-multi (en->de, en->fr in full
-# and en->cs on those 3000 pairs, sampling temperature 5); a suffix -s2 trains with seed 2,
+# and en->cs on those 3000 pairs, sampling temperature 5), b-direct (b-multi and de->cs, fr->cs on
+# the same 3000 lines: Multi30k is multi-parallel); a suffix -s2 trains with seed 2,
 # -long gives b-bi / b-multi 3000 steps in place of 500, -xlong 6000, -mid the default config's model (d_model
 # 256, 3+3 layers), -pre pre-norm layers; suffixes in the order -long-mid-pre-s2 (or -xlong-...)). Data: $XFORMER_DATA/multi30k
 # (default ../shared/data). On a GPU: a -gpu suffix (last) trains on CUDA for
@@ -23,11 +24,10 @@ WORK=${2:-runs/quality}
 D=$(cd "${XFORMER_DATA:-../shared/data}/multi30k" && pwd)
 mkdir -p "$WORK"
 CS3K="$WORK/cs3k/train"
-if [ ! -f "$CS3K.cs" ]; then  # written then renamed: runs started side by side never read half a file
-  mkdir -p "$WORK/cs3k"
-  head -3000 "$D/train.en" > "$CS3K.en.$$" && mv "$CS3K.en.$$" "$CS3K.en"
-  head -3000 "$D/train.cs" > "$CS3K.cs.$$" && mv "$CS3K.cs.$$" "$CS3K.cs"
-fi
+mkdir -p "$WORK/cs3k"
+for lang in en cs de fr; do  # written then renamed: runs started side by side never read half a file
+  [ -f "$CS3K.$lang" ] || { head -3000 "$D/train.$lang" > "$CS3K.$lang.$$" && mv "$CS3K.$lang.$$" "$CS3K.$lang"; }
+done
 COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null -s data.test.fallback_dataset=null
         -s "data.train.prefix=$D/train" -s "data.valid.prefix=$D/valid" -s "data.test.prefix=$D/test2016"
         -s train.max_minutes=0 -s train.threads=1 -s train.save_every=0 -s train.keep_checkpoints=0
@@ -64,6 +64,11 @@ case $RUN in
   b-multi) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
                              -s train.length_penalty_by_target=true
                              -s "data.pairs=[en-de, en-fr, {src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]}]") ;;
+  b-direct) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
+                              -s train.length_penalty_by_target=true
+                              -s "data.pairs=[en-de, en-fr, {src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]},
+                                  {src_lang: de, tgt_lang: cs, train: [{prefix: $CS3K}]},
+                                  {src_lang: fr, tgt_lang: cs, train: [{prefix: $CS3K}]}]") ;;
   *) echo "unknown run $RUN" >&2; exit 2 ;;
 esac
 start=$(date +%s)
