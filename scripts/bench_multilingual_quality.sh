@@ -61,14 +61,11 @@ case $RUN in
   multi) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=3000 -s train.valid_every=750
                            -s train.length_penalty_by_target=true) ;;
   b-bi) CFG=$BI; ARGS=(-s data.tgt_lang=cs -s "data.train.prefix=$CS3K" -s tokenizer.vocab_size=3000 -s train.max_steps=500) ;;
-  b-multi) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
-                             -s train.length_penalty_by_target=true
-                             -s "data.pairs=[en-de, en-fr, {src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]}]") ;;
-  b-direct) CFG=$MULTI; ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
-                              -s train.length_penalty_by_target=true
-                              -s "data.pairs=[en-de, en-fr, {src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]},
-                                  {src_lang: de, tgt_lang: cs, train: [{prefix: $CS3K}]},
-                                  {src_lang: fr, tgt_lang: cs, train: [{prefix: $CS3K}]}]") ;;
+  b-multi|b-direct)  # en->cs on the 3000 lines; b-direct also de->cs and fr->cs on the same lines
+    CFG=$MULTI; INTO_CS="{src_lang: en, tgt_lang: cs, train: [{prefix: $CS3K}]}"
+    [ "$RUN" = b-direct ] && for src in de fr; do INTO_CS+=", {src_lang: $src, tgt_lang: cs, train: [{prefix: $CS3K}]}"; done
+    ARGS=(-s tokenizer.vocab_size=5000 -s train.max_steps=500 -s data.sampling_temperature=5
+          -s train.length_penalty_by_target=true -s "data.pairs=[en-de, en-fr, $INTO_CS]") ;;
   *) echo "unknown run $RUN" >&2; exit 2 ;;
 esac
 start=$(date +%s)
