@@ -133,6 +133,17 @@ CONFIGS: dict[str, Run] = {
     "s2250-cd50-ref": Run(2250, CD50),
     "s2250-cd50-wu200": Run(2250, {**CD50, "train.warmup_steps": 200}),
     "s2250-cd50-lr05": Run(2250, {**CD50, "train.lr_scale": 0.5}),  # the peak at 0.71x today's (1.56e-3)
+    # Batch tokens at the same compute as s2250-cd50-ref: on that CPU a bf16 step of max_tokens
+    # 3000 / 2000 / 1500 took 534 / 361 / 300 ms (about the same target tokens a second), so the
+    # same minutes give 2250 / 3330 / 4000 steps of smaller batches: more updates, the same tokens
+    "s3330-cd50-tok2000": Run(3330, {**CD50, "train.max_tokens": 2000}),
+    "s4000-cd50-tok1500": Run(4000, {**CD50, "train.max_tokens": 1500}),
+    "s2250-cd50-ref-seed2": Run(2250, {**CD50, "train.seed": 2}),
+    "s3330-cd50-tok2000-seed2": Run(3330, {**CD50, "train.max_tokens": 2000, "train.seed": 2}),
+    # Depth at the same compute: 4 encoder and 2 decoder layers (a decoder layer costs more: its
+    # cross-attention) took 0.87x the step of 3 + 3 on that CPU, so 2590 steps in the same minutes
+    # (stopped at 1075: 0.2 nats behind 3 + 3 at step 1000)
+    "s2590-cd50-enc4dec2": Run(2590, {**CD50, "model.encoder_layers": 4, "model.decoder_layers": 2}),
 }
 
 
