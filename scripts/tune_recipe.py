@@ -340,12 +340,16 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("list")
     run = sub.add_parser("run")
-    run.add_argument("names", nargs="*", choices=[[], *CONFIGS], help="default: all, in the list's order")
+    run.add_argument("names", nargs="*", help="default: all, in the list's order")
     run.add_argument("--jobs", type=int, default=2)
     show = sub.add_parser("table")
     show.add_argument("names", nargs="*")
     show.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    unknown = [n for n in getattr(args, "names", []) if n not in CONFIGS]
+    if unknown:  # a typo must not drop a row from the table (or a run from the queue) unsaid
+        parser.exit(2, f"tune_recipe.py: unknown run {', '.join(map(repr, unknown))} "
+                       f"(python scripts/tune_recipe.py list names them)\n")
     # the runs, and the configs this process reads (branches, peaks), find the corpus here
     os.environ.setdefault("XFORMER_DATA", str(ROOT.parent / "shared" / "data"))
     if args.what == "list":
