@@ -32,7 +32,7 @@ COMMON=(-s data.train.fallback_dataset=null -s data.valid.fallback_dataset=null 
         -s "data.train.prefix=$D/train" -s "data.valid.prefix=$D/valid" -s "data.test.prefix=$D/test2016"
         -s train.max_minutes=0 -s train.threads=1 -s train.save_every=0 -s train.keep_checkpoints=0
         -s train.average_last=0 -s data.valid_max_sentences=300
-        -s "train.dropout_by_planned_steps={}" -s "train.label_smoothing_by_planned_steps={}"
+        -s "train.dropout_by_planned_epochs={}" -s "train.label_smoothing_by_planned_epochs={}"
         -s model.d_model=128 -s model.d_ff=512 -s model.n_heads=4 -s model.encoder_layers=2 -s model.decoder_layers=2 -s model.pre_norm=false
         -s train.max_tokens=2000 -s train.warmup_steps=400 -s train.lr_scale=0.7 -s train.valid_every=500
         -s train.validations=0 -s train.cooldown=0.5 -s train.precision=bf16 -s train.log_every=25 -s decode.max_len_a=1.2

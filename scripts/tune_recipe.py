@@ -34,9 +34,10 @@ RUNS = ROOT / "runs" / "tune"
 CONFIG = "configs/multi30k.yaml"
 # keep_checkpoints 20: kept step checkpoints to branch other runs from (average_last still averages the last 5)
 # validations 0: a validation every valid_every (1000) steps, the search's grid whatever the plan
-# the rules by planned steps off: each run names its dropout and label smoothing (or takes model.dropout 0.1, 0.1)
+# the rules by the plan off: each run names its dropout, label smoothing and batch (or takes 0.1, 0.1, 3000)
 COMMON = {"train.max_minutes": 0, "train.threads": 1, "data.cache_dir": "runs/tune/cache", "train.keep_checkpoints": 20,
-          "train.validations": 0, "train.dropout_by_planned_steps": "{}", "train.label_smoothing_by_planned_steps": "{}"}
+          "train.validations": 0, "train.dropout_by_planned_epochs": "{}", "train.label_smoothing_by_planned_epochs": "{}",
+          "train.max_tokens_by_planned_epochs": "{}"}
 
 # Peak of the Noam schedule: lr_scale * d_model^-0.5 * warmup^-0.5. Today's recipe (scale 0.7,
 # warm-up 400, d_model 256) peaks at 2.19e-3. A 10% warm-up of 2000 steps (200) with scale 0.5

@@ -205,6 +205,12 @@ def _planned(config, steps: int):
     return dataclasses.replace(config, train=dataclasses.replace(config.train, planned_steps=steps))
 
 
+def _epochs(config, steps: int, epochs: float):
+    import dataclasses
+
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, planned_steps=steps, planned_epochs=epochs))
+
+
 def test_dropout_follows_the_planned_steps_and_says_so():
     config = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 0.2, 6000: 0.3}",
                                                    "model.dropout=0.1", "train.label_smoothing_by_planned_steps={}"])
@@ -221,7 +227,8 @@ def test_a_dropout_given_on_the_command_line_wins_over_the_files_rule():
     given = load_config("configs/multi30k.yaml", ["model.dropout=0.3"])
     assert given.train.dropout_by_planned_steps == {}
     assert planned_settings(_planned(given, 9000)).model.dropout == 0.3
-    assert load_config("configs/multi30k.yaml").train.dropout_by_planned_steps == {3000: 0.2}  # the file's rule
+    assert given.train.dropout_by_planned_epochs == {}
+    assert load_config("configs/multi30k.yaml").train.dropout_by_planned_epochs == {16.8: 0.2}  # the file's rule
     both = load_config("configs/multi30k.yaml", ["model.dropout=0.3", "train.dropout_by_planned_steps={5000: 0.4}"])
     assert planned_settings(_planned(both, 9000)).model.dropout == 0.4  # a rule given with it still applies
 
@@ -252,9 +259,9 @@ def test_label_smoothing_follows_the_planned_steps_beside_dropout():
                      "train.label_smoothing 0.1 -> 0.2: the run plans 4400 steps, at least 3500 "
                      "(train.label_smoothing_by_planned_steps)"]
     shipped = load_config("configs/multi30k.yaml")
-    assert shipped.train.label_smoothing_by_planned_steps == {3000: 0.2}  # the file's rule
+    assert shipped.train.label_smoothing_by_planned_epochs == {16.8: 0.2}  # the file's rule
     # a smoothing given on the command line clears its own rule, not dropout's
-    given = planned_settings(_planned(load_config("configs/multi30k.yaml", ["train.label_smoothing=0.05"]), 4400))
+    given = planned_settings(_epochs(load_config("configs/multi30k.yaml", ["train.label_smoothing=0.05"]), 4400, 19.7))
     assert (given.train.label_smoothing, given.model.dropout) == (0.05, 0.2)
 
 
@@ -265,10 +272,66 @@ def test_a_resume_takes_the_label_smoothing_its_plan_gave():
     assert again.train.planned_steps == 4334 and again.train.label_smoothing == 0.2
 
 
+def test_the_shipped_rules_count_epochs_so_a_smaller_batch_does_not_move_them():
+    """configs/multi30k.yaml: 16.8 epochs (3000 steps of 3000 tokens) and more get dropout and
+    label smoothing 0.2, whatever the batch; 3400 steps of 2000 tokens (12.9 epochs) keep 0.1."""
+    shipped = load_config("configs/multi30k.yaml")
+    lines: list[str] = []
+    small_batches = planned_settings(_epochs(shipped, 3400, 12.9), lines.append)
+    assert (small_batches.model.dropout, small_batches.train.label_smoothing) == (0.1, 0.1) and lines == []
+    long = planned_settings(_epochs(shipped, 3526, 19.7), lines.append)
+    assert (long.model.dropout, long.train.label_smoothing) == (0.2, 0.2)
+    assert lines[0] == "model.dropout 0.1 -> 0.2: the run plans 19.7 epochs, at least 16.8 (train.dropout_by_planned_epochs)"
+    assert shipped.train.max_tokens_by_planned_epochs == {10: 2000, 16.8: 3000}
+
+
+def test_a_rule_given_on_the_command_line_replaces_the_files_rule_in_the_other_unit():
+    steps = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 0.3}"])
+    assert steps.train.dropout_by_planned_epochs == {} and steps.train.label_smoothing_by_planned_epochs == {16.8: 0.2}
+    assert planned_settings(_epochs(steps, 3600, 12.0)).model.dropout == 0.3
+    for sets in (["train.max_tokens=4000"], ["train.tokens_per_update=12000"]):
+        assert load_config("configs/multi30k.yaml", sets).train.max_tokens_by_planned_epochs == {}
+
+
+def test_a_bad_rule_by_epochs_is_one_line_naming_its_key(tmp_path):
+    from xformer_cli.errors import XformerError
+
+    with pytest.raises(XformerError, match=r"train.max_tokens_by_planned_epochs.10.*expected int"):
+        load_config("configs/multi30k.yaml", ["train.max_tokens_by_planned_epochs={10: 0.5}"])
+    with pytest.raises(XformerError, match=r"train.dropout_by_planned_epochs.-1.*positive epoch count"):
+        load_config("configs/multi30k.yaml", ["train.dropout_by_planned_epochs={-1: 0.2}"])
+    with pytest.raises(XformerError, match=r"train.max_tokens_by_planned_epochs.12.*positive whole number of tokens"):
+        load_config("configs/multi30k.yaml", ["train.max_tokens_by_planned_epochs={12: 0}"])
+    both = tmp_path / "both.yaml"
+    both.write_text("train:\n  dropout_by_planned_steps: {3000: 0.2}\n  dropout_by_planned_epochs: {17: 0.2}\n")
+    with pytest.raises(XformerError, match=r"train.dropout_by_planned_epochs.*in steps or in epochs, not both"):
+        load_config(both)
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("train:\n  max_tokens: auto\n  max_tokens_by_planned_epochs: {10: 2000}\n")
+    with pytest.raises(XformerError, match=r"train.max_tokens_by_planned_epochs.: needs a number in train.max_tokens"):
+        load_config(auto)
+
+
+def test_a_resume_keeps_the_batch_its_plan_chose():
+    """The checkpoint says 2000 tokens (the rule's, by the first plan's epochs); the config file
+    says 3000: the resume trains on 2000 and is not refused for it. Without the rule it is."""
+    import dataclasses
+
+    saved = load_config("configs/multi30k.yaml")
+    saved = _epochs(dataclasses.replace(saved, train=dataclasses.replace(saved.train, max_tokens=2000)), 3400, 12.9)
+    last = {"config": saved.to_dict()}
+    again = resumed_config(load_config("configs/multi30k.yaml"), last)
+    assert (again.train.max_tokens, again.train.planned_steps, again.train.planned_epochs) == (2000, 3400, 12.9)
+    assert (again.model.dropout, again.train.label_smoothing) == (0.1, 0.1)
+    assert resume_mismatch(last["config"], again.to_dict()) is None
+    plain = resumed_config(load_config("configs/multi30k.yaml", ["train.max_tokens_by_planned_epochs={}"]), last)
+    assert resume_mismatch(last["config"], plain.to_dict()) == "train.max_tokens"
+
+
 def test_a_bad_dropout_rule_is_one_line_naming_its_key():
     from xformer_cli.errors import XformerError
 
-    with pytest.raises(XformerError, match=r"train.dropout_by_planned_steps.3500.*dropout in \[0, 1\)"):
+    with pytest.raises(XformerError, match=r"train.dropout_by_planned_steps.3500.*step count and a dropout in \[0, 1\)"):
         load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps={3500: 1.5}"])
     with pytest.raises(XformerError, match=r"train.label_smoothing_by_planned_steps.0.*label_smoothing in \[0, 1\)"):
         load_config("configs/multi30k.yaml", ["train.label_smoothing_by_planned_steps={0: 0.2}"])
@@ -311,6 +374,54 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
     a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "parts" / "last.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert {r["step"]: r["lr"] for r in _lr_rows(tmp_path / "parts") if "lr" in r} == rates
+
+
+@pytest.mark.slow
+def test_a_batch_chosen_by_the_planned_epochs_is_planned_again_recorded_and_resumed(small_corpus, tmp_path,
+                                                                                    monkeypatch):
+    """train.max_tokens_by_planned_epochs: the first plan (at 600 tokens, faked: 24 steps fit)
+    reaches the rule's threshold, so the run trains on 300-token batches, planned again at that
+    size (faked: 40 steps fit); the epochs of the second plan set the dropout. config.yaml keeps
+    all of it, and a resume takes it from the checkpoint without measuring: bit-identical."""
+    from xformer_cli.train.trainer import Trainer, train
+
+    measured: list[int] = []
+    fits = {600: 24, 300: 40}
+
+    def fake_measure(config, *args):
+        measured.append(config.train.max_tokens)
+        return (600 * budget.MARGIN - 2 * 1.0) / fits[config.train.max_tokens], 1.0
+
+    monkeypatch.setattr(budget, "measure_seconds", fake_measure)
+    sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.validations": 2,
+            "train.save_every": 0, "train.max_tokens_by_planned_epochs": "{0.05: 300}",
+            "train.dropout_by_planned_epochs": "{0.1: 0.3}"}
+    lines: list[str] = []
+    whole = train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=lines.append, progress=False)
+    assert measured == [600, 300] and whole.steps == 40
+    assert any(line.startswith("train.max_tokens 600 -> 300: the run plans ") and
+               line.endswith("at least 0.05 (train.max_tokens_by_planned_epochs)") for line in lines)
+    recorded = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["train"]
+    epoch_steps = budget.steps_per_epoch(tiny_config(small_corpus, tmp_path / "x", **{"train.max_tokens": 300}),
+                                         _prepared(small_corpus, tmp_path))
+    assert (recorded["max_tokens"], recorded["planned_steps"]) == (300, 40)
+    assert recorded["planned_epochs"] == round(40 / epoch_steps, 2) >= 0.1
+    assert yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["model"]["dropout"] == 0.3
+
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
+    signal_after_step(trainer, 15, monkeypatch)
+    assert trainer.run().stopped_because == "interrupted" and measured == [600, 300] * 2
+    resumed = train(tiny_config(small_corpus, tmp_path / "parts", **sets), log=quiet, progress=False)
+    assert resumed.steps == 40 and measured == [600, 300] * 2  # the resume took batch and plan from its checkpoint
+    a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "parts" / "last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def _prepared(corpus, tmp_path):
+    from xformer_cli.data.prepare import build_data, check_inputs
+
+    config = tiny_config(corpus, tmp_path / "whole")
+    return build_data(check_inputs(config, quiet), quiet, write=False)
 
 
 @pytest.mark.slow

@@ -216,6 +216,18 @@ class TrainConfig:
     # train.label_smoothing by the planned steps, the same way: {3500: 0.2}. Smoothing more, like
     # more dropout, pays only in a run long enough to overfit.
     label_smoothing_by_planned_steps: dict[int, float] = field(default_factory=dict)
+    # The same rules counted in planned epochs (passes over the training data, as the batch plan
+    # makes them), a unit that does not move with the batch size: {17: 0.2}. Give a setting's
+    # rule in steps or in epochs, not both.
+    dropout_by_planned_epochs: dict[float, float] = field(default_factory=dict)
+    label_smoothing_by_planned_epochs: dict[float, float] = field(default_factory=dict)
+    # train.max_tokens by the epochs a run plans at train.max_tokens: {10: 2000, 17: 3000} gives
+    # a run planning 10 to 17 epochs 2000-token batches (more, smaller steps), below 10 and from 17
+    # on the largest threshold's value or train.max_tokens. The run then plans again at the new
+    # size (train/plan.py). Decided once, logged, written to config.yaml; a resume keeps it.
+    max_tokens_by_planned_epochs: dict[float, int] = field(default_factory=dict)
+    # The passes over the training data the planned steps make (worked out with them; recorded).
+    planned_epochs: float = 0.0
     # > 0: validate this many times, evenly over the planned steps (the last at the end),
     # instead of every valid_every steps.
     validations: int = 0
@@ -425,26 +437,53 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-# The settings a rule by planned steps sets: the rule's key under train -> the setting it sets.
-PLANNED_RULES = {"dropout_by_planned_steps": "model.dropout",
-                 "label_smoothing_by_planned_steps": "train.label_smoothing"}
+# The settings a rule by the plan sets: the rule's key under train -> (the setting, the plan's unit).
+PLANNED_RULES = {"dropout_by_planned_steps": ("model.dropout", "steps"),
+                 "label_smoothing_by_planned_steps": ("train.label_smoothing", "steps"),
+                 "dropout_by_planned_epochs": ("model.dropout", "epochs"),
+                 "label_smoothing_by_planned_epochs": ("train.label_smoothing", "epochs")}
+BATCH_RULE = ("max_tokens_by_planned_epochs", "train.max_tokens")  # applied by train/plan.py, before a second plan
+
+
+def rule_choice(rule: dict, planned: float) -> Optional[tuple[float, Any]]:
+    """(threshold, value) of the largest threshold ``planned`` reaches; None below them all or without a plan."""
+    threshold = max((t for t in rule if planned and planned >= t), default=None)
+    return None if threshold is None else (threshold, rule[threshold])
+
+
+def planned_amount(train: "TrainConfig", unit: str) -> float:
+    return train.planned_steps if unit == "steps" else train.planned_epochs
+
+
+def describe_plan(amount: float, unit: str) -> str:
+    return f"{amount} steps" if unit == "steps" else f"{amount:.1f} epochs"
 
 
 def planned_settings(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
     """``config`` with each setting of PLANNED_RULES as its rule gives it for the planned steps
-    (the largest threshold they reach); unchanged without a plan or a rule that applies."""
-    steps = config.train.planned_steps
-    for rule_key, setting in PLANNED_RULES.items():
-        rule = getattr(config.train, rule_key)
-        threshold = max((t for t in rule if steps and steps >= t), default=None)
+    or epochs (the largest threshold they reach); unchanged without a plan or a rule that applies."""
+    for rule_key, (setting, unit) in PLANNED_RULES.items():
+        amount = planned_amount(config.train, unit)
+        choice = rule_choice(getattr(config.train, rule_key), amount)
         section_name, name = setting.split(".")
         section = getattr(config, section_name)
-        if threshold is None or rule[threshold] == getattr(section, name):
+        if choice is None or choice[1] == getattr(section, name):
             continue
-        log(f"{setting} {getattr(section, name):g} -> {rule[threshold]:g}: the run plans {steps} steps, "
-            f"at least {threshold} (train.{rule_key})")
-        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: rule[threshold]})})
+        log(f"{setting} {getattr(section, name):g} -> {choice[1]:g}: the run plans {describe_plan(amount, unit)}, "
+            f"at least {choice[0]:g} (train.{rule_key})")
+        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: choice[1]})})
     return config
+
+
+def _clear_replaced_rules(tree: dict, overridden: set[str]) -> None:
+    """A setting given on the command line wins over the file's rules for it (tokens_per_update
+    sets max_tokens), and a rule given there replaces the file's rule in the other unit."""
+    rules = [(f"train.{k}", v[0]) for k, v in PLANNED_RULES.items()] + [(f"train.{BATCH_RULE[0]}", BATCH_RULE[1])]
+    given = overridden | ({BATCH_RULE[1]} if "train.tokens_per_update" in overridden else set())
+    for rule, setting in rules:
+        replaced = setting in given or any(r in overridden for r, s in rules if s == setting and r != rule)
+        if replaced and rule not in overridden:
+            tree.setdefault("train", {})[rule.split(".", 1)[1]] = {}
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, base: Optional[dict] = None) -> Config:
@@ -469,10 +508,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
         overridden.add(key)
-    for rule_key, setting in PLANNED_RULES.items():
-        if setting in overridden and f"train.{rule_key}" not in overridden:
-            # a setting the user gave on the command line wins over the file's rule for the plan
-            tree.setdefault("train", {})[rule_key] = {}
+    _clear_replaced_rules(tree, overridden)
     cfg = _build(Config, tree)
     validate(cfg)
     cfg.set_keys = frozenset(_dotted_keys(tree))
@@ -560,17 +596,37 @@ def validate(cfg: Config) -> None:
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_plan_rules(t: TrainConfig) -> None:
+    """The rules by planned steps or epochs (PLANNED_RULES, BATCH_RULE)."""
+    for rule_key, (setting, unit) in PLANNED_RULES.items():
+        for amount, value in getattr(t, rule_key).items():
+            _require(_is_number(amount) and amount > 0 and _is_number(value) and 0.0 <= value < 1.0,
+                     f"train.{rule_key}.{amount}", f"needs a positive {unit[:-1]} count and a "
+                     f"{setting.split('.')[1]} in [0, 1)")
+    for setting in ("model.dropout", "train.label_smoothing"):
+        given = [k for k, v in PLANNED_RULES.items() if v[0] == setting and getattr(t, k)]
+        _require(len(given) < 2, f"train.{given[-1] if given else ''}", f"give {setting}'s rule in steps or in epochs, not both")
+    for amount, value in t.max_tokens_by_planned_epochs.items():
+        _require(_is_number(amount) and amount > 0 and isinstance(value, int) and not isinstance(value, bool)
+                 and value > 0, f"train.{BATCH_RULE[0]}.{amount}", "needs a positive epoch count and a positive "
+                 "whole number of tokens")
+    _require(not t.max_tokens_by_planned_epochs or (t.max_tokens != "auto" and not t.tokens_per_update),
+             f"train.{BATCH_RULE[0]}", "needs a number in train.max_tokens and no train.tokens_per_update")
+
+
 def _check_schedule(t: TrainConfig) -> None:
     _require(t.schedule in SCHEDULES, "train.schedule", f"must be one of {', '.join(SCHEDULES)}")
     _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
     _require(0.0 <= t.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1) (0 = train.warmup_steps)")
     _require(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1] (a share of the planned steps; 0 = none)")
     _require(t.planned_steps >= 0, "train.planned_steps", "must be >= 0 (0 = work it out)")
+    _require(t.planned_epochs >= 0, "train.planned_epochs", "must be >= 0 (worked out with the planned steps)")
     _require(t.validations >= 0, "train.validations", "must be >= 0 (0 = every train.valid_every steps)")
-    for rule_key, setting in PLANNED_RULES.items():
-        for steps, value in getattr(t, rule_key).items():
-            _require(steps > 0 and 0.0 <= value < 1.0, f"train.{rule_key}.{steps}",
-                     f"needs a positive step count and a {setting.split('.')[1]} in [0, 1)")
+    _check_plan_rules(t)
     if t.schedule == "noam":
         _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
         _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")

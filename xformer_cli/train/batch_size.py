@@ -97,9 +97,10 @@ def resolved(tc: TrainConfig, probe: Optional[Callable[[], int]], log: Callable[
 
 def from_checkpoint(tc: TrainConfig, saved: dict) -> TrainConfig:
     """``tc`` with the max_tokens and update_freq a resumed run was saved with, where ``tc``
-    derives them (auto, tokens_per_update): a resume never probes again."""
+    derives them (auto, tokens_per_update, max_tokens_by_planned_epochs): a resume never probes
+    or plans again."""
     changes = {}
-    if tc.max_tokens == "auto" or tc.tokens_per_update:
+    if tc.max_tokens == "auto" or tc.tokens_per_update or tc.max_tokens_by_planned_epochs:
         changes["max_tokens"] = saved["max_tokens"]
     if tc.tokens_per_update:
         changes["update_freq"] = saved["update_freq"]

@@ -102,6 +102,24 @@ def planned_train(tc: TrainConfig, measure: Optional[Measure], log: Callable[[st
     return dataclasses.replace(tc, planned_steps=steps)
 
 
+def steps_per_epoch(config: Config, data: PreparedData, world_size: int = 1) -> float:
+    """Optimizer steps in an epoch: the first epoch's batches at train.max_tokens (as the run
+    batches them, weights included) over the batches a step takes on all ranks."""
+    tc = config.train
+    plan = plan_for(data.train, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
+    batches = epoch_share(plan, data.train, config.data, tc.seed, 1)
+    return len(batches) / (tc.update_freq * world_size)
+
+
+def with_epochs(tc: TrainConfig, epoch_steps: float, log: Callable[[str], None]) -> TrainConfig:
+    """``tc`` with planned_epochs: the passes over the data its planned steps make."""
+    if not tc.planned_steps or epoch_steps <= 0:
+        return tc
+    epochs = round(tc.planned_steps / epoch_steps, 2)
+    log(f"planned epochs: {epochs:.1f} ({epoch_steps:.0f} steps an epoch at train.max_tokens {tc.max_tokens})")
+    return dataclasses.replace(tc, planned_epochs=epochs)
+
+
 def measure_seconds(config: Config, data: PreparedData, device: torch.device, precision: str,
                     dist: Distributed) -> tuple[float, float]:
     """(seconds per training step, seconds per validation), timed on a throwaway copy of the

@@ -146,12 +146,15 @@ def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
 
 def resumed_config(config: Config, state: dict) -> Config:
     """``config`` with what the checkpointed run worked out before its first step: the batch
-    size (train.max_tokens: auto, train.tokens_per_update) and the planned steps. A resume
+    size (train.max_tokens: auto, train.tokens_per_update, train.max_tokens_by_planned_epochs)
+    and the planned steps and epochs. A resume
     takes them from the checkpoint and never probes or measures again."""
     saved = state["config"]["train"]
     train = batch_size.from_checkpoint(config.train, saved)
     if not train.planned_steps:  # a checkpoint from before planning has none: then max_steps plans
         train = dataclasses.replace(train, planned_steps=saved.get("planned_steps", 0))
+    if not train.planned_epochs:
+        train = dataclasses.replace(train, planned_epochs=saved.get("planned_epochs", 0.0))
     return planned_settings(dataclasses.replace(config, train=train))  # as the plan set it
 
 

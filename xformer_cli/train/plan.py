@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from xformer_cli.config import Config, TrainConfig, planned_settings
+from xformer_cli.config import BATCH_RULE, Config, TrainConfig, describe_plan, planned_settings, rule_choice
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
 from xformer_cli.device import configure_threads, keep_freed_memory, pick_device, resolve_precision
 from xformer_cli.train import batch_size, budget, checkpointing, init_from
@@ -55,8 +55,10 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     config, pretrained, resume = init_from.resolve(config, overwrite, log)
     data = _prepare_data(config, overwrite, precision, dist, log, pretrained)
     config = _batch_size(config, resume, data, device, precision, dist, log)
+    given_steps = config.train.planned_steps
     config, valid_seconds = _planned_steps(config, resume, data, device, precision, dist, log)
     if resume is None:  # a resumed run's comes with its plan (checkpointing.resumed_config)
+        config, valid_seconds = _batch_by_plan(config, given_steps, valid_seconds, data, device, precision, dist, log)
         config = planned_settings(config, log)
     if dist.is_main:
         checkpointing.write_config(config, precision)
@@ -109,7 +111,24 @@ def _planned_steps(config: Config, resume: Optional[dict], data: PreparedData, d
         return step_s, measured["valid_s"]
 
     train = budget.planned_train(config.train, None if resume is not None else measure, log)
+    if resume is None and train.planned_steps and not train.planned_epochs:  # a resumed run's are in its checkpoint
+        train = budget.with_epochs(train, budget.steps_per_epoch(config, data, dist.world_size), log)
     return dataclasses.replace(config, train=train), measured.get("valid_s", 0.0)
+
+
+def _batch_by_plan(config: Config, given_steps: int, valid_seconds: float, data: PreparedData, device: torch.device, precision: str,
+                   dist: Distributed, log: Callable[[str], None]) -> tuple[Config, float]:
+    """train.max_tokens as train.max_tokens_by_planned_epochs gives it for the epochs planned at
+    the configured size; a new size is planned again (its steps measured at that size). Decided
+    on the first plan only: the second one's epochs do not move the batch again."""
+    rule_key, setting = BATCH_RULE
+    choice = rule_choice(getattr(config.train, rule_key), config.train.planned_epochs)
+    if choice is None or choice[1] == config.train.max_tokens:
+        return config, valid_seconds
+    log(f"{setting} {config.train.max_tokens} -> {choice[1]}: the run plans "
+        f"{describe_plan(config.train.planned_epochs, 'epochs')}, at least {choice[0]:g} (train.{rule_key})")
+    again = dataclasses.replace(config.train, max_tokens=choice[1], planned_steps=given_steps, planned_epochs=0.0)
+    return _planned_steps(dataclasses.replace(config, train=again), None, data, device, precision, dist, log)
 
 
 def _batch_size(config: Config, resume: Optional[dict], data: PreparedData, device: torch.device, precision: str,
