@@ -328,6 +328,18 @@ def test_a_resume_keeps_the_batch_its_plan_chose():
     assert resume_mismatch(last["config"], plain.to_dict()) == "train.max_tokens"
 
 
+def test_a_checkpoint_from_before_the_rules_by_epochs_resumes_with_the_settings_it_saved():
+    """Saved by a run whose rule counted steps (dropout and smoothing 0.2 at 4266 planned steps,
+    no planned_epochs): today's config, whose rules count epochs, resumes it as it was."""
+    old = planned_settings(_planned(load_config("configs/multi30k.yaml", [
+        "train.dropout_by_planned_steps={3000: 0.2}", "train.label_smoothing_by_planned_steps={3000: 0.2}"]), 4266))
+    saved = old.to_dict()
+    del saved["train"]["planned_epochs"]
+    again = resumed_config(load_config("configs/multi30k.yaml"), {"config": saved})
+    assert (again.model.dropout, again.train.label_smoothing, again.train.planned_steps) == (0.2, 0.2, 4266)
+    assert resume_mismatch(saved, again.to_dict()) is None
+
+
 def test_a_bad_dropout_rule_is_one_line_naming_its_key():
     from xformer_cli.errors import XformerError
 

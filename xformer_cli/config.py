@@ -217,12 +217,12 @@ class TrainConfig:
     # more dropout, pays only in a run long enough to overfit.
     label_smoothing_by_planned_steps: dict[int, float] = field(default_factory=dict)
     # The same rules counted in planned epochs (passes over the training data, as the batch plan
-    # makes them), a unit that does not move with the batch size: {17: 0.2}. Give a setting's
+    # makes them), a unit that does not move with the batch size: {16.8: 0.2}. Give a setting's
     # rule in steps or in epochs, not both.
     dropout_by_planned_epochs: dict[float, float] = field(default_factory=dict)
     label_smoothing_by_planned_epochs: dict[float, float] = field(default_factory=dict)
-    # train.max_tokens by the epochs a run plans at train.max_tokens: {10: 2000, 17: 3000} gives
-    # a run planning 10 to 17 epochs 2000-token batches (more, smaller steps), below 10 and from 17
+    # train.max_tokens by the epochs a run plans at train.max_tokens: {10: 2000, 16.8: 3000} gives
+    # a run planning 10 to 16.8 epochs 2000-token batches (more, smaller steps), below 10 and from 16.8
     # on the largest threshold's value or train.max_tokens. The run then plans again at the new
     # size (train/plan.py). Decided once, logged, written to config.yaml; a resume keeps it.
     max_tokens_by_planned_epochs: dict[float, int] = field(default_factory=dict)

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, step_checkpoint
-from xformer_cli.config import Config, config_from_dict, planned_settings
+from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
 from xformer_cli.train.state import Counters, RunState
@@ -155,7 +155,22 @@ def resumed_config(config: Config, state: dict) -> Config:
         train = dataclasses.replace(train, planned_steps=saved.get("planned_steps", 0))
     if not train.planned_epochs:
         train = dataclasses.replace(train, planned_epochs=saved.get("planned_epochs", 0.0))
-    return planned_settings(dataclasses.replace(config, train=train))  # as the plan set it
+    config = dataclasses.replace(config, train=train)
+    if "planned_epochs" not in saved:  # saved before the rules by epochs: the settings its plan gave, as saved
+        config = _ruled_settings_as_saved(config, state["config"])
+    return planned_settings(config)  # as the plan set it
+
+
+def _ruled_settings_as_saved(config: Config, saved: dict) -> Config:
+    """``config`` with each setting a rule by planned epochs would set taken from ``saved``
+    (a checkpoint without planned epochs, whose plan the rule cannot read)."""
+    for rule_key, (setting, unit) in PLANNED_RULES.items():
+        section_name, name = setting.split(".")
+        if unit != "epochs" or not getattr(config.train, rule_key) or name not in saved.get(section_name, {}):
+            continue
+        section = getattr(config, section_name)
+        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: saved[section_name][name]})})
+    return config
 
 
 def rng_state(device: torch.device) -> dict:
