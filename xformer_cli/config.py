@@ -459,6 +459,12 @@ def describe_plan(amount: float, unit: str) -> str:
     return f"{amount} steps" if unit == "steps" else f"{amount:.1f} epochs"
 
 
+def with_setting(config: Config, dotted: str, value: Any) -> Config:
+    """``config`` with the setting ``section.name`` at ``value``."""
+    section_name, name = dotted.split(".")
+    return dataclasses.replace(config, **{section_name: dataclasses.replace(getattr(config, section_name), **{name: value})})
+
+
 def planned_settings(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
     """``config`` with each setting of PLANNED_RULES as its rule gives it for the planned steps
     or epochs (the largest threshold they reach); unchanged without a plan or a rule that applies."""
@@ -466,12 +472,12 @@ def planned_settings(config: Config, log: Callable[[str], None] = lambda _: None
         amount = planned_amount(config.train, unit)
         choice = rule_choice(getattr(config.train, rule_key), amount)
         section_name, name = setting.split(".")
-        section = getattr(config, section_name)
-        if choice is None or choice[1] == getattr(section, name):
+        current = getattr(getattr(config, section_name), name)
+        if choice is None or choice[1] == current:
             continue
-        log(f"{setting} {getattr(section, name):g} -> {choice[1]:g}: the run plans {describe_plan(amount, unit)}, "
+        log(f"{setting} {current:g} -> {choice[1]:g}: the run plans {describe_plan(amount, unit)}, "
             f"at least {choice[0]:g} (train.{rule_key})")
-        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: choice[1]})})
+        config = with_setting(config, setting, choice[1])
     return config
 
 
@@ -596,24 +602,19 @@ def validate(cfg: Config) -> None:
     _require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_plan_rules(t: TrainConfig) -> None:
-    """The rules by planned steps or epochs (PLANNED_RULES, BATCH_RULE)."""
+    """The rules by planned steps or epochs (PLANNED_RULES, BATCH_RULE); _coerce has checked the types."""
     for rule_key, (setting, unit) in PLANNED_RULES.items():
         for amount, value in getattr(t, rule_key).items():
-            _require(_is_number(amount) and amount > 0 and _is_number(value) and 0.0 <= value < 1.0,
-                     f"train.{rule_key}.{amount}", f"needs a positive {unit[:-1]} count and a "
-                     f"{setting.split('.')[1]} in [0, 1)")
-    for setting in ("model.dropout", "train.label_smoothing"):
-        given = [k for k, v in PLANNED_RULES.items() if v[0] == setting and getattr(t, k)]
-        _require(len(given) < 2, f"train.{given[-1] if given else ''}", f"give {setting}'s rule in steps or in epochs, not both")
+            _require(amount > 0 and 0.0 <= value < 1.0, f"train.{rule_key}.{amount}",
+                     f"needs a positive {unit[:-1]} count and a {setting.split('.')[1]} in [0, 1)")
+    for setting in sorted({setting for setting, _ in PLANNED_RULES.values()}):
+        given = [k for k, (ruled, _) in PLANNED_RULES.items() if ruled == setting and getattr(t, k)]
+        if len(given) > 1:
+            _require(False, f"train.{given[-1]}", f"give {setting}'s rule in steps or in epochs, not both")
     for amount, value in t.max_tokens_by_planned_epochs.items():
-        _require(_is_number(amount) and amount > 0 and isinstance(value, int) and not isinstance(value, bool)
-                 and value > 0, f"train.{BATCH_RULE[0]}.{amount}", "needs a positive epoch count and a positive "
-                 "whole number of tokens")
+        _require(amount > 0 and value > 0, f"train.{BATCH_RULE[0]}.{amount}",
+                 "needs a positive epoch count and a positive whole number of tokens")
     _require(not t.max_tokens_by_planned_epochs or (t.max_tokens != "auto" and not t.tokens_per_update),
              f"train.{BATCH_RULE[0]}", "needs a number in train.max_tokens and no train.tokens_per_update")
 

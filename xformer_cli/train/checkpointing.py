@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, step_checkpoint
-from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings
+from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings, with_setting
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
 from xformer_cli.train.state import Counters, RunState
@@ -166,10 +166,8 @@ def _ruled_settings_as_saved(config: Config, saved: dict) -> Config:
     (a checkpoint without planned epochs, whose plan the rule cannot read)."""
     for rule_key, (setting, unit) in PLANNED_RULES.items():
         section_name, name = setting.split(".")
-        if unit != "epochs" or not getattr(config.train, rule_key) or name not in saved.get(section_name, {}):
-            continue
-        section = getattr(config, section_name)
-        config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{name: saved[section_name][name]})})
+        if unit == "epochs" and getattr(config.train, rule_key) and name in saved.get(section_name, {}):
+            config = with_setting(config, setting, saved[section_name][name])
     return config
 
 
