@@ -60,6 +60,35 @@ def test_the_schedule_state_keeps_a_shortened_plan_and_reads_older_checkpoints()
     assert older.planned_steps == 100
 
 
+def test_a_plan_revised_inside_the_cool_down_never_moves_the_rate_at_once():
+    """A cool-down over the last 500 of 1000 planned steps, revised at step 700 (factor 301/501)
+    to 1300 steps (the machine sped up) and at step 1000 to 1100 (it slowed again): the rate
+    goes on from where it was each time, falls straight to the same floor at the new end, never
+    rises, and a resume from the revised state gives the same rates."""
+    tc = TrainConfig(lr_scale=1.0, warmup_steps=10, cooldown=0.5, planned_steps=1000)
+    schedule = make_schedule(_optimizer(), tc, 64)
+    rates = [schedule.step() for _ in range(700)]
+    schedule.replan(700, 1300)
+    assert schedule.factor(700) == pytest.approx(301 / 501)  # the factor at the revision: unchanged
+    rates += [schedule.step() for _ in range(300)]
+    assert schedule.factor(1000) == pytest.approx(301 / 501 + (1 / 501 - 301 / 501) * 300 / 600)
+    schedule.replan(1000, 1100)
+    saved = schedule.state_dict()
+    rates += [schedule.step() for _ in range(100)]
+    after = rates[699:]
+    assert all(b < a for a, b in zip(after, after[1:]))  # down at every step, across both revisions
+    assert schedule.factor(1100) == pytest.approx(1 / 501)  # the floor, at the revised end
+    assert rates[-1] < 0.01 * max(rates)
+    again = make_schedule(_optimizer(), tc, 64)
+    again.load_state_dict(saved)
+    assert [again.step() for _ in range(100)] == rates[-100:]
+    before = make_schedule(_optimizer(), tc, 64)  # before the cool-down: the cool-down moves with the plan
+    for _ in range(100):
+        before.step()
+    before.replan(100, 1400)
+    assert before.anchor is None and before.factor(900) == 1.0 and before.factor(1400) == pytest.approx(1 / 501)
+
+
 def test_the_steps_that_fit_leave_time_for_their_validations():
     tc = TrainConfig(validations=5, max_steps=100_000)
     steps = fit_steps(1500, 0.75, 20.0, tc)
@@ -141,7 +170,7 @@ def test_the_keeper_shortens_the_plan_when_the_machine_stays_slower():
     """200 steps planned at 0.4 s a step in 93 s; from step 50 a step takes 1 s. The time lost
     counts at once; once most of the recent paces are the slow one, the plan shortens to what
     fits at 1 s a step. The validation's time is not pace."""
-    keeper = BudgetKeeper(deadline=93.0, valid_s=5.0, validations=[50, 200], cooldown_steps=60)
+    keeper = BudgetKeeper(deadline=93.0, valid_s=5.0, validations=[50, 200])
     assert keeper.proposal(0, 200, 0.0) == 200  # the first look only marks the pace's start
     planned, clock = _keep(keeper, 200, range(10, 51, 10), lambda step: 4.0)
     assert planned == 50 + int((93 - 20 - 5.0) * budget.MARGIN / 0.4) == 214  # more fit than planned: longer
@@ -152,14 +181,15 @@ def test_the_keeper_shortens_the_plan_when_the_machine_stays_slower():
     assert planned == 100 + int((93 - clock - 5.0) * budget.MARGIN / 1.0) == 112
 
 
-def test_a_stall_costs_its_own_steps_only_and_the_cool_down_never_lengthens():
+def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minutes():
     """2200 steps planned at 0.65 s in 25 minutes, a cool-down over the last 1100. A 55-second
     stall at step 110 (the main job met one) costs the steps of 55 seconds, not the pace of the
     whole run; a machine twice as slow from step 400 on shortens the plan for good; inside the
-    cool-down a faster pace leaves the plan as it is; more steps than train.max_steps never."""
+    cool-down a faster pace lengthens the plan (the schedule goes on from its rate there:
+    test_a_plan_revised_inside_the_cool_down_never_moves_the_rate_at_once); more steps than
+    train.max_steps never."""
     def keeper() -> BudgetKeeper:
-        return BudgetKeeper(deadline=25 * 60, valid_s=7.0, validations=[550, 1100, 1650, 2200],
-                            cooldown_steps=1100, max_steps=100_000)
+        return BudgetKeeper(deadline=25 * 60, valid_s=7.0, validations=[550, 1100, 1650, 2200], max_steps=100_000)
 
     stalled, _ = _keep(keeper(), 2200, range(0, 301, 10), lambda step: 6.5 + (55.0 if step == 110 else 0.0))
     assert 2200 - 55 / 0.65 - 22 <= stalled <= 2200 - 55 / 0.65 * budget.MARGIN + 22
@@ -168,8 +198,9 @@ def test_a_stall_costs_its_own_steps_only_and_the_cool_down_never_lengthens():
     assert slower == pytest.approx(600 + left * budget.MARGIN / 1.3, rel=budget.REVISE_SHARE) and slower < 1700
     cooling = keeper()
     _keep(cooling, 2200, range(1000, 1201, 10), lambda step: 6.5, clock=1000 * 0.65)
-    assert _keep(cooling, 2200, range(1210, 1401, 10), lambda step: 3.0, clock=1200 * 0.65)[0] == 2200
-    capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], cooldown_steps=100, max_steps=1000)
+    longer, clock = _keep(cooling, 2200, range(1210, 1401, 10), lambda step: 3.0, clock=1200 * 0.65)
+    assert longer == pytest.approx(1400 + (25 * 60 - clock - 2 * 7.0) * budget.MARGIN / 0.3, rel=budget.REVISE_SHARE)
+    capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], max_steps=1000)
     assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
 
 
@@ -180,14 +211,14 @@ def test_a_gpu_paced_run_keeps_its_plan_steady_and_its_minutes():
     and the run still ends inside its minutes."""
     rng = random.Random(7)
     deadline, planned = 270.0, 4900  # the probe's 48 ms a step: about half the real pace
-    keeper = BudgetKeeper(deadline=deadline, valid_s=4.3, validations=[], cooldown_steps=planned // 2)
+    keeper = BudgetKeeper(deadline=deadline, valid_s=4.3, validations=[])
     moves, clock, step = 0, 0.0, 0
     while step < planned and clock < deadline:
         step += 10
         clock += sum(rng.uniform(0.015, 0.035) for _ in range(10))
         proposal = keeper.proposal(step, planned, clock)
         moves += proposal != planned
-        keeper.cooldown_steps, planned = proposal // 2, proposal
+        planned = proposal
     assert step >= planned and clock <= deadline
     assert planned > 0.9 * deadline * budget.MARGIN / 0.025  # the pace it found: ~25 ms a step
     assert moves <= 12
@@ -465,7 +496,7 @@ def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp
 @pytest.mark.slow
 def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_corpus, tmp_path, monkeypatch):
     """The plan says 0.05 s a step; from step 10 every step takes 0.3 s more. The keeper sees the
-    new pace and shortens the plan (into the cool-down, where it only shortens), so the cool-down and the last validation still come, and the
+    new pace and shortens the plan, so the cool-down and the last validation still come, and the
     run ends inside its 30 seconds."""
     from xformer_cli.train.step import TrainStep
     from xformer_cli.train.trainer import train

@@ -263,6 +263,23 @@ def test_fast_dropout_keeps_the_right_fraction_scales_and_is_seeded():
     assert dropout(x, 0.3, training=False) is x
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fast_dropout_equals_the_bool_mask_product_bit_for_bit(dtype):
+    """The mask goes in as 0/1 of the activations' dtype (the fast same-dtype product): forward and
+    gradient must be exactly what multiplying by the bool mask gives."""
+    x = torch.randn(37, 19, 64).to(dtype).requires_grad_()
+    upstream = torch.randn(37, 19, 64).to(dtype)
+    torch.manual_seed(11)
+    y = dropout(x, 0.1, training=True)
+    y.backward(upstream)
+    torch.manual_seed(11)
+    keep = keep_mask(x.shape, 0.1, CPU)
+    scale = 1 / (1 - round(0.1 * 65536) / 65536)
+    assert y.dtype == dtype
+    assert torch.equal(y, torch.mul(x.detach(), keep).mul_(scale))
+    assert torch.equal(x.grad, torch.mul(upstream, keep).mul_(scale))
+
+
 def test_blocked_loss_on_bf16_logits_matches_fp32_autograd():
     torch.manual_seed(1)
     logits = torch.randn(700, 50, dtype=torch.bfloat16, requires_grad=True)  # 700 rows: three blocks

@@ -12,13 +12,13 @@ exact.
 
 When the machine's pace changes mid-run (another job, thermal throttling, a stall),
 ``BudgetKeeper`` revises the plan at the ranks' regular agreement (every few steps) to what
-fits in the minutes left at the recent pace. Before the cool-down begins the schedule does not
-depend on the planned steps, so the plan follows the pace both ways: a stall of a minute
-shortens it, and the steps after it give the steps back. Inside the cool-down the plan only
-shortens (lengthening would raise the rate again), so a machine that slows down still ends
-near zero inside its minutes, and one that speeds up ends early. The run stops at its minutes
-whatever happens (the loop's deadline), and a revised plan is kept in the checkpoint (the
-schedule's state) and logged.
+fits in the minutes left at the recent pace, both ways: a stall of a minute shortens it, and
+the steps after it give the steps back. Before the cool-down begins the schedule does not
+depend on the planned steps; inside it the schedule goes on from the rate it has and falls to
+the floor at the revised last step (``LrSchedule.replan``: never up), so a machine that slows
+down there still ends near zero inside its minutes, and one that speeds up spends its minutes
+instead of ending early. The run stops at its minutes whatever happens (the loop's deadline),
+and a revised plan is kept in the checkpoint (the schedule's state) and logged.
 """
 
 from __future__ import annotations
@@ -195,13 +195,11 @@ REVISE_SHARE = 0.01  # the plan moves only for a change of at least 1% of it (no
 
 
 class BudgetKeeper:
-    """Keeps the planned steps inside the minutes: revised to the recent pace, both ways before
-    the cool-down begins, only shorter inside it."""
+    """Keeps the planned steps inside the minutes: revised to the recent pace, both ways."""
 
-    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int], cooldown_steps: int = 0,
-                 max_steps: Optional[int] = None):
+    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int], max_steps: Optional[int] = None):
         self.deadline, self.valid_s, self.validations = deadline, valid_s, list(validations)
-        self.cooldown_steps, self.max_steps = cooldown_steps, max_steps
+        self.max_steps = max_steps
         self.marks: list[tuple[int, float]] = []  # (step, time less validations and saves) of the last looks
         self.excluded = 0.0  # seconds spent validating and saving, all told
 
@@ -227,7 +225,7 @@ class BudgetKeeper:
 
     def proposal(self, step: int, planned: int, now: float) -> int:
         """The planned steps to keep: what fits at the recent pace, at least ``step`` + 1, at
-        most train.max_steps; above ``planned`` only before the cool-down begins."""
+        most train.max_steps (unchanged for a change under 1% of the plan)."""
         step_s = self.step_seconds(step, now)
         if step_s is None or step >= planned:
             return planned
@@ -235,6 +233,4 @@ class BudgetKeeper:
         fits = step + max(1, math.floor(left * MARGIN / step_s))
         if self.max_steps is not None:
             fits = min(fits, self.max_steps)
-        if step >= planned - self.cooldown_steps:
-            fits = min(fits, planned)
         return fits if abs(fits - planned) >= max(1, planned * REVISE_SHARE) else planned

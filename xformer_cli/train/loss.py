@@ -75,8 +75,14 @@ def _smoothed_rows(rows: Tensor, gold: Tensor, epsilon: float, pad_id: int, comp
     probs = lprobs.exp_()
     probs.scatter_add_(-1, gold, torch.full_like(nll, epsilon - 1.0))  # softmax - (1 - eps) on gold ...
     # ... - eps/V everywhere, times the scale, in one pass that stores in out's dtype
-    offset = torch.full((), -epsilon / vocab * scale, dtype=compute, device=rows.device)
-    return loss, nll_sum, torch.add(offset, probs, alpha=scale, out=out).masked_fill_(pad, 0.0)
+    if out is None:  # one pass (a GPU): the padding rows zeroed by a pass of their own
+        offset = torch.full((), -epsilon / vocab * scale, dtype=compute, device=rows.device)
+        return loss, nll_sum, torch.add(offset, probs, alpha=scale).masked_fill_(pad, 0.0)
+    # The blocked walk (a CPU): a scale and offset per row, 0 on padding rows, so the padding's
+    # zeros come with the same pass (a second masked pass cost as much as the rest of it).
+    row_scale = torch.full_like(nll, scale).masked_fill_(pad, 0.0)
+    row_offset = torch.full_like(nll, -epsilon / vocab * scale).masked_fill_(pad, 0.0)
+    return loss, nll_sum, torch.addcmul(row_offset, probs, row_scale, out=out)
 
 
 def _blocked(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: torch.dtype,

@@ -14,13 +14,18 @@ to 1/(length + 1) at the planned last step. A run that stops at its budget then 
 rate near zero, as budgeted training wants (Li, Yumer and Ramanan, ICLR 2020), instead of
 wherever the inverse square root happens to be; the warm-up and the decay before it are the
 schedule's own. With cooldown 0 the schedule is the plain one.
+
+A plan revised inside the cool-down (the machine's pace changed, train/budget.py) never moves
+the rate up or down at once: from the step of the revision the factor goes on from its value
+there and falls in a straight line to the same floor at the new last step. A longer plan then
+cools down more slowly instead of raising the rate again, and a shorter one more steeply.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 from xformer_cli.config import TrainConfig
 
@@ -53,18 +58,44 @@ def cooldown_factor(step: int, planned: int, length: int) -> float:
     return min(1.0, max(left + 1, 1) / (length + 1))
 
 
+def anchored_cooldown_factor(step: int, anchor: tuple[int, float], planned: int, length: int) -> float:
+    """After a revised plan: from ``anchor`` (the revision's step and its factor) straight down
+    to the floor 1/(length + 1) at step ``planned``, and that floor after it."""
+    start, factor = anchor
+    floor = 1.0 / (length + 1)
+    if step >= planned:
+        return floor
+    return factor + (floor - factor) * max(step - start, 0) / (planned - start)
+
+
 class LrSchedule:
     """Sets the optimizer's learning rate for each step from ``formula(step)`` times the
-    cool-down factor; its state is the step and the planned steps (which a slower machine
-    may shorten mid-run, train/budget.py)."""
+    cool-down factor; its state is the step, the planned steps (which the budget keeper may
+    revise mid-run, train/budget.py) and, after a revision inside the cool-down, its anchor."""
 
     def __init__(self, optimizer, formula: Callable[[int], float], planned_steps: int = 0, cooldown_steps: int = 0):
         self.optimizer, self.formula = optimizer, formula
         self.step_num = 0
         self.planned_steps, self.cooldown_steps = planned_steps, cooldown_steps
+        self.anchor: Optional[tuple[int, float]] = None  # (step, factor) a revised cool-down goes on from
+
+    def factor(self, step: int) -> float:
+        """The cool-down's factor at ``step`` (1 before it begins)."""
+        if self.anchor is None:
+            return cooldown_factor(step, self.planned_steps, self.cooldown_steps)
+        return anchored_cooldown_factor(step, self.anchor, self.planned_steps, self.cooldown_steps)
 
     def lr(self, step: int) -> float:
-        return self.formula(step) * cooldown_factor(step, self.planned_steps, self.cooldown_steps)
+        return self.formula(step) * self.factor(step)
+
+    def replan(self, step: int, planned: int) -> None:
+        """The plan moves to ``planned`` steps after ``step``. Before the cool-down the cool-down
+        moves with it; once the revised plan's cool-down would have begun, the factor goes on
+        from this step's value and falls straight to the floor at the new last step."""
+        now = self.factor(step)
+        if self.cooldown_steps > 0 and planned > step and (now < 1.0 or planned - self.cooldown_steps <= step):
+            self.anchor = (step, now)
+        self.planned_steps = planned
 
     def step(self) -> float:
         """Advance to the next step and set its learning rate (call before optimizer.step)."""
@@ -75,11 +106,16 @@ class LrSchedule:
         return value
 
     def state_dict(self) -> dict:
-        return {"step_num": self.step_num, "planned_steps": self.planned_steps}
+        state = {"step_num": self.step_num, "planned_steps": self.planned_steps}
+        if self.anchor is not None:
+            state["cooldown_anchor"] = list(self.anchor)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.step_num = int(state["step_num"])
         self.planned_steps = int(state.get("planned_steps", self.planned_steps))  # older checkpoints: the plan's
+        anchor = state.get("cooldown_anchor")  # older checkpoints: none (their revisions only shortened)
+        self.anchor = None if anchor is None else (int(anchor[0]), float(anchor[1]))
 
 
 class NoamSchedule(LrSchedule):

@@ -162,8 +162,7 @@ class Trainer:
                            "when planned) to train on")
             return TrainResult(c.step, c.epoch, 0.0, c.best_bleu, self.state.run_dir, "already done")
         if tc.max_minutes and self.state.schedule.planned_steps:
-            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(),
-                                       self.state.schedule.cooldown_steps, tc.max_steps)
+            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(), tc.max_steps)
         self.state.model.train()
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
@@ -321,7 +320,7 @@ class Trainer:
         self.state.log(f"step {c.step}: at this pace {schedule.planned_steps} steps {fit} in "
                        f"{self.config.train.max_minutes:g} minutes; planned steps {schedule.planned_steps} -> {steps}")
         self.state.metrics.record(self.state.event(planned_steps=steps, planned_before=schedule.planned_steps))
-        schedule.planned_steps = steps
+        schedule.replan(c.step, steps)
         self.planned_validations = revised_validation_steps(self.validation_steps(), c.step, self.last_step())
         self.keeper.validations = self.planned_validations
         if self.bar is not None:
