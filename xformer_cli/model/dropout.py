@@ -6,8 +6,8 @@ gives the bits of four elements (16 bits each), so the keep probability is exact
 The mask is multiplied in as 0/1 of the activations' own dtype: a product of bf16 (or fp32)
 with bools takes ATen's mixed-dtype path, several times slower than the same-dtype one, and
 a bool -> uint8 -> dtype conversion is one cheap pass. The values are those of the bool
-product (x * 1 and x * 0 are exact), so training is bit-identical either way. The generator is torch's default one,
-so seeding and checkpointed random state work as before. On other devices (CUDA's fused
+product (x * 1 and x * 0 are exact), so training is bit-identical either way. The generator
+is torch's default one, so seeding and checkpointed random state work as before. On other devices (CUDA's fused
 Philox kernel is already fast) it is ``F.dropout``.
 """
 
@@ -43,9 +43,7 @@ class _MaskedScale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (mask,) = ctx.saved_tensors
-        if mask.dtype != grad.dtype:
-            mask = mask.to(grad.dtype)
+        (mask,) = ctx.saved_tensors  # autograd hands the gradient over in the output's dtype: the mask's
         return torch.mul(grad, mask).mul_(ctx.scale), None, None
 
 
