@@ -3,7 +3,8 @@
 Tokenizes the config's training data as `xformer prepare` does (into --workdir), then builds
 one epoch of batches each way at each --max-tokens and prints, per plan: batches, distinct
 shapes, and padding efficiency (real tokens, eos/bos included, over the slots of every
-batch's shape, both sides; a packed epoch's last batch counts its empty rows).
+batch's shape, both sides, and each side for the dynamic plan; a packed epoch's last batch
+counts its empty rows).
 
     python scripts/bench_batching.py -c configs/multi30k.yaml --max-tokens 3000 8000 25000
     python scripts/bench_batching.py -c configs/wmt-news.yaml --max-tokens 3000 8000 25000
@@ -17,7 +18,7 @@ import time
 import numpy as np
 
 from xformer_cli.config import load_config
-from xformer_cli.data.batching import bucket_shape, make_batches, make_bucketed_batches, padding_efficiency
+from xformer_cli.data.batching import batch_bounds, bucket_shape, make_batches, make_bucketed_batches, padding_efficiency
 from xformer_cli.data.packing import make_packed_batches, pack_shape, packing_efficiency
 from xformer_cli.data.prepare import prepare_data
 
@@ -32,6 +33,20 @@ def bucket_efficiency(batches: list, src: np.ndarray, tgt: np.ndarray, max_token
         real += int(src[b].sum() + tgt[b].sum()) + 2 * len(b)
         slots += 2 * rows * width
     return real / max(slots, 1), len(shapes)
+
+
+def side_efficiency(batches: list, lens: np.ndarray) -> float:
+    """One side's real tokens (eos/bos included) over its slots: the target's padding costs the
+    decoder, the output layer and the loss; the source's only the encoder and cross-attention."""
+    return float((lens + 1).sum() / sum(len(b) * (int(lens[b].max()) + 1) for b in batches))
+
+
+def source_first_batches(src: np.ndarray, tgt: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list:
+    """``make_batches`` as it sorted before: by source length first, then target length."""
+    tie = np.random.default_rng([seed, epoch]).permutation(len(src))
+    order = np.lexsort((tie, tgt, src))
+    bounds = batch_bounds(np.maximum(src, tgt)[order] + 1, max_tokens)
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def main() -> None:
@@ -50,7 +65,12 @@ def main() -> None:
         dynamic = make_batches(src, tgt, max_tokens, args.seed, 1)
         shapes = {(len(b), int(src[b].max()) + 1, int(tgt[b].max()) + 1) for b in dynamic}
         print(f"max_tokens {max_tokens}: dynamic  {len(dynamic):5d} batches {len(shapes):4d} shapes, "
-              f"efficiency {padding_efficiency(dynamic, src, tgt):.3f}")
+              f"efficiency {padding_efficiency(dynamic, src, tgt):.3f} (source {side_efficiency(dynamic, src):.3f}, "
+              f"target {side_efficiency(dynamic, tgt):.3f})")
+        before = source_first_batches(src, tgt, max_tokens, args.seed, 1)
+        print(f"max_tokens {max_tokens}: dynamic, sorted by source length first (before)  "
+              f"efficiency {padding_efficiency(before, src, tgt):.3f} (source {side_efficiency(before, src):.3f}, "
+              f"target {side_efficiency(before, tgt):.3f})")
         buckets = make_bucketed_batches(src, tgt, max_tokens, args.bucket_step, args.seed, 1)
         eff, n_shapes = bucket_efficiency(buckets, src, tgt, max_tokens, args.bucket_step)
         print(f"max_tokens {max_tokens}: buckets  {len(buckets):5d} batches {n_shapes:4d} shapes, efficiency {eff:.3f} "
