@@ -40,6 +40,18 @@ def test_number_words_of_the_target_language(lang, text, expected):
     assert [max(int(v) for v in m.values if v == int(v)) for m in found] == expected, found
 
 
+@pytest.mark.parametrize("lang, text, worth, not_worth", [
+    ("de", "Ein Ein Ein Mann.", {1}, {3}),  # a weak model's repeated article is not "three"
+    ("en", "one one two", {1, 2}, {4}),
+    ("de", "zwanzig dreißig", {20, 30}, {50}),
+    ("en", "one hundred twenty five", {125}, set()),
+    ("cs", "sto dvacet", {120}, set()),
+])
+def test_number_words_in_a_row_sum_only_where_they_make_one_number(lang, text, worth, not_worth):
+    (found,) = mentions(text, lang)
+    assert worth <= found.values and not (not_worth & found.values), found
+
+
 def test_digit_mentions_are_worth_every_reading():
     first, second = mentions("Nummer 1.102", "de")
     assert first.values == {Decimal(1102), Decimal("1.102"), Decimal(1)} and second.values == {Decimal(102)}

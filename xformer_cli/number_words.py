@@ -55,9 +55,11 @@ CS_ADJECTIVE = re.compile(r"(ý|á|é|ého|ému|ém|ým|ých|ými|ou)")
 CONNECTORS = {"de": frozenset({"und"}), "en": frozenset({"and"}), "fr": frozenset({"et"}), "cs": frozenset({"a"})}
 
 
-def combine(values: Iterable[int]) -> int:
-    """Number words read in a row: "zwei hundert" 200, "vingt et un" 21, "dvacet jedna" 21."""
-    total, current = 0, 0
+def combine(values: Iterable[int]) -> Optional[int]:
+    """Number words read in a row: "zwei hundert" 200, "vingt et un" 21, "dvacet jedna" 21; None
+    where they do not make one number: a word under a hundred after one no larger ("ein ein",
+    "one two", "zwanzig dreißig") is a second number, not a sum."""
+    total, current, last = 0, 0, None
     for value in values:
         if value == 100:
             current = max(current, 1) * 100
@@ -65,7 +67,10 @@ def combine(values: Iterable[int]) -> int:
             total += max(current, 1) * value
             current = 0
         else:
+            if last is not None and last < 100 and value >= last:
+                return None
             current += value
+        last = value
     return total + current
 
 

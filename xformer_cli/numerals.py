@@ -117,7 +117,8 @@ def mentions(text: str, lang: str) -> list[Mention]:
 
     def close() -> None:
         if run:
-            values = {Decimal(v) for _, _, v, _ in run} | {Decimal(combine(v for _, _, v, _ in run))}
+            combined = combine(v for _, _, v, _ in run)
+            values = {Decimal(v) for _, _, v, _ in run} | (set() if combined is None else {Decimal(combined)})
             found.append(Mention(run[0][0], run[-1][1], frozenset(values), all(a for *_, a in run)))
             run.clear()
 
