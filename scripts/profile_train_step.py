@@ -24,7 +24,6 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -36,16 +35,14 @@ from bench_train import cpu_name, load_batches, peak_matmul_flops, peak_matmul_s
 from xformer_cli.checkpoint import build_model  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
 from xformer_cli.device import cpu_flags, keep_freed_memory, pick_device  # noqa: E402
-from xformer_cli.model import transformer  # noqa: E402
 from xformer_cli.train import forward_loss  # noqa: E402
 from xformer_cli.train.distributed import Distributed  # noqa: E402
 from xformer_cli.train.step import TrainStep  # noqa: E402
 
-ATTENTION = "attention (SDPA, or short_attention)"
 # Self-time categories by aten op name (the first that matches); the loss by its own range.
 CATEGORIES = [
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")),
-    (ATTENTION, ("scaled_dot_product", "flash_attention")),
+    ("attention (SDPA kernels)", ("scaled_dot_product", "flash_attention")),
     ("LayerNorm", ("native_layer_norm",)),
     ("optimizer (fused Adam)", ("_fused_adam", "_fused_adamw")),
     ("dtype copies", ("aten::copy_", "aten::_to_copy")),
@@ -64,7 +61,6 @@ KERNEL_CATEGORIES = [  # attention first: its kernels are CUTLASS ones too (fmha
     ("other element-wise", ("elementwise", "vectorized", "index", "where", "masked")),
 ]
 LOSS_RANGE = "label_smoothed_nll"
-ATTENTION_RANGE = "short_attention"
 
 
 def kernel_category(name: str) -> str:
@@ -91,55 +87,30 @@ def run_steps(step: TrainStep, batches, device: torch.device) -> float:
     return (time.perf_counter() - started) / len(batches)
 
 
-def timed_ranges() -> None:
-    """The trainer's loss and the CPU's short attention wrapped in profiler ranges (their
-    forward; each backward is its Function's node): each counted whole, nothing inside it twice."""
-    def wrap(module, name: str, range_name: str) -> None:
-        real = getattr(module, name)
+def timed_loss():
+    """The trainer's loss wrapped in a profiler range (forward; its backward is the Function's node)."""
+    real = forward_loss.label_smoothed_nll
 
-        def wrapped(*args, **kwargs):
-            with record_function(range_name):
-                return real(*args, **kwargs)
+    def wrapped(*args):
+        with record_function(LOSS_RANGE):
+            return real(*args)
 
-        setattr(module, name, wrapped)
-
-    wrap(forward_loss, "label_smoothed_nll", LOSS_RANGE)
-    wrap(transformer, "short_attention", ATTENTION_RANGE)
-
-
-def _range_category(name: str) -> Optional[str]:
-    """The category an event counts whole in (a wrapped range or its backward node), or None."""
-    if name == LOSS_RANGE or ("evaluate_function" in name and "SmoothedNLL" in name):
-        return "label-smoothed loss (forward + backward)"
-    if name == ATTENTION_RANGE or ("evaluate_function" in name and "ShortAttention" in name):
-        return ATTENTION
-    return None
+    forward_loss.label_smoothed_nll = wrapped
 
 
 def shares(prof, steps: int) -> dict[str, float]:
-    """Milliseconds per step of each category: a range (the loss, short attention) by its total
-    time, every other op by its self time unless it ran inside a range."""
+    """Milliseconds per step of each category (self CPU time), the loss by its ranges (total)."""
     out: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        whole = _range_category(event.name)
-        if whole is not None:
-            if not any(_range_category(parent.name) for parent in _ancestors(event)):
-                out[whole] += event.cpu_time_total / 1e3 / steps
-            continue
-        if any(_range_category(parent.name) for parent in _ancestors(event)):
+    for event in prof.key_averages():
+        name = event.key
+        if name == LOSS_RANGE or ("evaluate_function" in name and "SmoothedNLL" in name):
+            out["label-smoothed loss (forward + backward)"] += event.cpu_time_total / 1e3 / steps
             continue
         for category, fragments in CATEGORIES:
-            if any(f in event.name for f in fragments):
+            if any(f in name for f in fragments):
                 out[category] += event.self_cpu_time_total / 1e3 / steps
                 break
     return out
-
-
-def _ancestors(event):
-    parent = event.cpu_parent
-    while parent is not None:
-        yield parent
-        parent = parent.cpu_parent
 
 
 def kernel_times(prof) -> dict[str, tuple[float, int]]:
@@ -191,8 +162,7 @@ def matmul_flops(step: TrainStep, batch) -> float:
         step.loss_of(batch.src, batch.tgt_in, batch.tgt_out).backward()
     step.zero_grad()
     per_op = counter.get_flop_counts().get("Global", {})
-    # attention's products are its own (the model's linear layers are mm / addmm; bmm is attention's)
-    return float(sum(v for k, v in per_op.items() if "scaled_dot_product" not in str(k) and "bmm" not in str(k)))
+    return float(sum(v for k, v in per_op.items() if "scaled_dot_product" not in str(k)))
 
 
 def profile_precision(args, tokenizer, batches, device: torch.device, precision: str, peak: float) -> None:
@@ -238,7 +208,7 @@ def main() -> None:
     cfg = load_config(args.config, args.set)
     loader_args = argparse.Namespace(pairs=args.pairs, length_bucket=0, steps=args.steps + 4)
     tokenizer, _, batches = load_batches(cfg, loader_args, device)
-    timed_ranges()
+    timed_loss()
     peak = peak_matmul_flops(device, torch.float32)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "

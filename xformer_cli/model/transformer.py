@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from xformer_cli.model.dropout import Dropout
 from xformer_cli.model.linear import Linear, cpu_bf16_training, cuda_code_path, padded_bf16_block
-from xformer_cli.model.short_attention import SHORT_KEYS, short_attention
 
 
 @dataclass
@@ -131,30 +130,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
 
     ``F.scaled_dot_product_attention`` computes it, except for the handful of queries of
     an incremental decoding step (no gradients), where its tiled CPU kernel costs about
-    twice the plain matmul-softmax-matmul written here, and for CPU training on few keys
-    (``short_attention``: the same products, faster there; both measured in BENCHMARKS.md).
+    twice the plain matmul-softmax-matmul written here (measured in BENCHMARKS.md).
     """
     q = q.to(k.dtype)  # a bf16 model on a CPU keeps its decoding cache in fp32 (see DecoderLayer.cached)
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
-        if q.device.type == "cpu" and torch.is_grad_enabled() and not cuda_code_path():
-            return _cpu_training_attention(q, k, v, mask, causal, dropout)
+        if (q.device.type == "cpu" and torch.is_grad_enabled() and not cuda_code_path()
+                and (q.dtype != torch.float32 or torch.is_autocast_enabled("cpu"))):
+            # Training under CPU autocast (bf16 q, k, v, or fp32 ones from the padded path): the
+            # CPU flash-attention kernel's bf16 backward is ~7x its fp32 one (measured), so the
+            # scores are computed in fp32, outside autocast (which would cast them back), and
+            # only the projections around them in bf16.
+            with torch.autocast("cpu", enabled=False):
+                return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                      is_causal=causal, dropout_p=dropout)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
     return attention_weights(q, k, mask) @ v
-
-
-def _cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
-                            dropout: float) -> Tensor:
-    """``attention`` when training on a CPU. Under autocast (bf16 q, k, v, or fp32 ones from the
-    padded path) the scores are computed in fp32, outside autocast (which would cast them back),
-    and only the projections around them in bf16: the CPU flash-attention kernel's bf16
-    backward is ~7x its fp32 one (measured)."""
-    upcast = q.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
-    with torch.autocast("cpu", enabled=False):
-        if upcast:
-            q, k, v = q.float(), k.float(), v.float()
-        if dropout == 0.0 and k.size(-2) <= SHORT_KEYS:
-            return short_attention(q, k, v, mask, causal)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
 
 
 class MultiHeadAttention(nn.Module):
