@@ -55,7 +55,7 @@ def make_batches(
 
     Examples are sorted by length, the target's first (ties broken by a seeded shuffle), so a
     batch holds similar lengths and little padding, least on the target side: a target token
-    costs about twice a source token (the decoder's two attentions, the output layer and the
+    costs nearly twice a source token (the decoder's two attentions, the output layer and the
     loss), so its padding is the dearer. The batch order is then shuffled with the same
     seed, so (seed, epoch) fixes the whole epoch and a batch index is a resumable position.
     A single example longer than ``max_tokens`` forms a batch of its own. Memory is a few
