@@ -204,16 +204,26 @@ class HalfWeightCache:
 class Linear(nn.Linear):
     half_cache: Optional[HalfWeightCache] = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        """x W^T + b, or with ``rows`` (ids of output features) only those features."""
+        weight, bias = self.weight, self.bias
+        if rows is not None:
+            weight, bias = _rows_of(weight, rows), None if bias is None else _rows_of(bias, rows)
         if self.half_cache is not None and self.half_cache.applies(x):
-            return _CachedHalfLinear.apply(x, self.weight, self.bias, *self.half_cache.halves_for(self))
-        if not _cpu_bf16(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
+            half_w, half_b = self.half_cache.halves_for(self)
+            if rows is not None:
+                half_w, half_b = _rows_of(half_w, rows), None if half_b is None else _rows_of(half_b, rows)
+            return _CachedHalfLinear.apply(x, weight, bias, half_w, half_b)
+        if not _cpu_bf16(x, weight):
+            return F.linear(x, weight, bias)
         if not torch.is_grad_enabled():  # decoding (bf16 weights): no graph, just the padded product
-            rows = x.numel() // x.size(-1)
-            if rows % ROW_MULTIPLE == 0 and x.dtype == self.weight.dtype:
-                return F.linear(x, self.weight, self.bias)
-            return _padded_product(x, self.weight, self.bias)[0]
+            if x.numel() % (x.size(-1) * ROW_MULTIPLE) == 0 and x.dtype == weight.dtype:
+                return F.linear(x, weight, bias)
+            return _padded_product(x, weight, bias)[0]
         if x.numel() % (x.size(-1) * ROW_MULTIPLE) == 0:
-            return F.linear(x, self.weight, self.bias)
-        return _PaddedLinear.apply(x, self.weight, self.bias)
+            return F.linear(x, weight, bias)
+        return _PaddedLinear.apply(x, weight, bias)
+
+
+def _rows_of(t: Tensor, rows: Tensor) -> Tensor:
+    return t.index_select(0, rows)  # its backward adds the rows' gradients into t's

@@ -46,6 +46,12 @@ class ModelConfig:
     scale_embedding: bool = True  # token embeddings times sqrt(d_model) (3.4)
     share_embeddings: Optional[bool] = None  # one source/target embedding matrix; None: as tie_embeddings
     bos_id: int = 2  # the decoder's start token (tokenizer.BOS_ID; Marian starts with pad, 0)
+    # The output layer scores the pieces the training data's target side uses, not the whole
+    # (joint) vocabulary: fewer products and loss passes, smoothing spread over real targets.
+    restrict_output: bool = False
+    # How many pieces the output layer scores: the target side's (``output_pieces``, counted in
+    # the training data by the trainer when ``restrict_output`` asks for it); 0 = all of them.
+    output_pieces: int = 0
 
 
 # -- 3.5 Positional encoding ---------------------------------------------------------
@@ -364,11 +370,59 @@ class Transformer(nn.Module):
             self.generator.weight = tgt_tokens.weight
         if cfg.final_logits_bias:  # a buffer: Marian's is not trained either
             self.register_buffer("logits_bias", torch.zeros(self.tgt_vocab))
+        if cfg.output_pieces:
+            # A joint vocabulary holds pieces the target side never uses (English-only ones in
+            # an en->de model); the output layer scores only the others, and decoding gives the
+            # rest -inf. ``restrict_output`` sets them (the state dict carries them).
+            self.register_buffer("output_pieces", torch.arange(cfg.output_pieces))
+            self.register_buffer("_position_of", torch.zeros(self.tgt_vocab, dtype=torch.long), persistent=False)
+            self.register_buffer("_unscored", torch.zeros(self.tgt_vocab), persistent=False)
+            self.register_load_state_dict_post_hook(lambda module, _keys: module._index_output_pieces())
+            self._index_output_pieces()
+
+    def restrict_output(self, pieces: Tensor) -> None:
+        """Score only ``pieces`` (sorted ids, as many as ``cfg.output_pieces``, the special ids
+        0..3 among them: padding keeps position 0)."""
+        if pieces.numel() != self.cfg.output_pieces:
+            raise ValueError(f"{pieces.numel()} output pieces for a model built for {self.cfg.output_pieces}")
+        self.output_pieces.copy_(pieces)
+        self._index_output_pieces()
+
+    def _index_output_pieces(self) -> None:
+        scored = self.output_pieces
+        # An id the layer does not score (a valid reference's piece unseen in training) is
+        # scored as unknown: position 1 (the sorted special ids lead).
+        self._position_of.fill_(1).index_copy_(0, scored, torch.arange(scored.numel(), device=scored.device))
+        self._unscored.fill_(float("-inf")).index_fill_(0, scored, 0.0)
+
+    def output_bias(self) -> Optional[Tensor]:
+        """(V,) what decoding adds to the logits: Marian's logits bias, -inf on the pieces the
+        output layer does not score; None when there is nothing to add."""
+        bias = self.logits_bias if self.cfg.final_logits_bias else None
+        if self.cfg.output_pieces:
+            bias = self._unscored if bias is None else bias + self._unscored.to(bias.dtype)
+        return bias
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """The pre-softmax linear transformation (3.4), plus the logits bias where there is one."""
+        """The pre-softmax linear transformation (3.4) over the whole vocabulary, plus
+        ``output_bias``: what decoding takes."""
         out = self.generator(hidden)
-        return out + self.logits_bias.to(out.dtype) if self.cfg.final_logits_bias else out
+        bias = self.output_bias()
+        return out if bias is None else out + bias.to(out.dtype)
+
+    def scored_logits(self, hidden: Tensor) -> Tensor:
+        """The logits of the pieces the output layer scores, in ``output_pieces``' order (all
+        of the vocabulary unless restricted): what training takes, with ``scored_targets``."""
+        if not self.cfg.output_pieces:
+            return self.logits(hidden)
+        out = self.generator(hidden, rows=self.output_pieces)
+        if self.cfg.final_logits_bias:
+            out = out + self.logits_bias[self.output_pieces].to(out.dtype)
+        return out
+
+    def scored_targets(self, tgt: Tensor) -> Tensor:
+        """Gold ids -> their positions among ``scored_logits``' columns (ids as they are unless restricted)."""
+        return self._position_of[tgt] if self.cfg.output_pieces else tgt
 
     def _reset_parameters(self) -> None:
         for name, p in self.named_parameters():
@@ -405,13 +459,14 @@ class Transformer(nn.Module):
         return self.decoder_norm(y)
 
     def forward(self, src: Tensor, tgt_in: Tensor, packing: Optional[Packing] = None) -> Tensor:
-        """Logits (B, T, V) for teacher forcing; with ``packing``, rows hold several pairs each."""
+        """Logits (B, T, scored pieces) for teacher forcing (``scored_logits``: the gold ids
+        index them through ``scored_targets``); with ``packing``, rows hold several pairs each."""
         if packing is None:
             src_mask = self.padding_mask(src)
-            return self.logits(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
+            return self.scored_logits(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
         encoder_mask, decoder_mask, cross_mask = packing.masks()  # built once, shared by every layer
         memory = self.encode(src, encoder_mask, packing.src_positions)
-        return self.logits(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
+        return self.scored_logits(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
         """One incremental step: (B*K, 1) newest tokens of K beams per sentence (sentence-major)

@@ -156,6 +156,9 @@ def resumed_config(config: Config, state: dict) -> Config:
     if not train.planned_epochs:
         train = dataclasses.replace(train, planned_epochs=saved.get("planned_epochs", 0.0))
     config = dataclasses.replace(config, train=train)
+    if config.model.restrict_output:  # counted in the data before the first step
+        counted = state["config"].get("model", {}).get("output_pieces", 0)
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, output_pieces=counted))
     if "planned_epochs" not in saved:  # saved before the rules by epochs: the settings its plan gave, as saved
         config = _ruled_settings_as_saved(config, state["config"])
     return planned_settings(config)  # as the plan set it

@@ -67,7 +67,7 @@ def forward_loss(model: torch.nn.Module, device: torch.device, precision: str, e
                 grad_scale: Optional[Tensor] = None) -> Tensor:
         with autocast(device, precision):
             logits = model(src, tgt_in) if packing is None else model(src, tgt_in, packing=packing)
-        return label_smoothed_nll(logits, tgt_out, epsilon, PAD_ID, grad_scale)[0]
+        return label_smoothed_nll(logits, model.scored_targets(tgt_out), epsilon, PAD_ID, grad_scale)[0]
 
     return loss_of
 

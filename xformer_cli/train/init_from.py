@@ -122,9 +122,14 @@ def for_prepare(config: Config, log: Callable[[str], None]) -> tuple[Config, Opt
 
 def load_weights(model: nn.Module, pretrained: Pretrained) -> None:
     """Put the pretrained weights into ``model`` (built from the pretrained model section),
-    then let them go."""
+    then let them go. The output pieces a restricted model scored are its data's: this run
+    counts its own (``output_pieces``), so they are not taken."""
+    weights = {k: v for k, v in pretrained.weights.items() if k != "output_pieces"}
     try:
-        model.load_state_dict(pretrained.weights)
+        result = model.load_state_dict(weights, strict=False)
+        wrong = [k for k in result.missing_keys if k != "output_pieces"] + list(result.unexpected_keys)
+        if wrong:
+            raise RuntimeError(f"keys missing or unexpected: {', '.join(wrong[:4])}")
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
         raise XformerError(f"config key 'train.init_from': {pretrained.source}: the weights do not fit its "

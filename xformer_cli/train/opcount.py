@@ -79,7 +79,7 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
         for batch in batches:
             with autocast(device, precision):
                 logits = model(batch.src, batch.tgt_in)
-            loss, _ = label_smoothed_nll(logits, batch.tgt_out, epsilon, pad_id)
+            loss, _ = label_smoothed_nll(logits, model.scored_targets(batch.tgt_out), epsilon, pad_id)
             (loss / tokens).backward()
             total += loss.detach()
         optimizer.found_inf = (~torch.isfinite(total)).float()

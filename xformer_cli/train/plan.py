@@ -21,7 +21,7 @@ import torch
 from xformer_cli.config import BATCH_RULE, Config, TrainConfig, describe_plan, planned_settings, rule_choice
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
 from xformer_cli.device import configure_threads, keep_freed_memory, pick_device, resolve_precision
-from xformer_cli.train import batch_size, budget, checkpointing, init_from
+from xformer_cli.train import batch_size, budget, checkpointing, init_from, output_pieces
 from xformer_cli.train.batch_plan import widest_pair
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.init_from import Pretrained
@@ -39,6 +39,7 @@ class RunPlan:
     pretrained: Optional[Pretrained]  # the weights a fresh run starts from (train.init_from)
     log: Callable[[str], None]  # silent on every rank but 0
     valid_seconds: float = 0.0  # a validation's time as the budget plan measured it (0: not measured)
+    output_pieces: Optional[torch.Tensor] = None  # a fresh run's, with model.restrict_output
 
 
 def _silent(_: str) -> None:
@@ -54,6 +55,9 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     device, precision = start_device(config.train, dist, log)
     config, pretrained, resume = init_from.resolve(config, overwrite, log)
     data = _prepare_data(config, overwrite, precision, dist, log, pretrained)
+    pieces = None
+    if config.model.restrict_output and resume is None:  # a resumed run's are in its checkpoint
+        config, pieces = output_pieces.counted(config, data.train, data.tokenizer.tgt_vocab_size, log)
     config = _batch_size(config, resume, data, device, precision, dist, log)
     given_steps = config.train.planned_steps
     config, valid_seconds = _planned_steps(config, resume, data, device, precision, dist, log)
@@ -62,7 +66,7 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
         config = planned_settings(config, log)
     if dist.is_main:
         checkpointing.write_config(config, precision)
-    return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds)
+    return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds, pieces)
 
 
 def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None]) -> tuple[torch.device, str]:

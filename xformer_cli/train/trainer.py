@@ -87,6 +87,8 @@ class Trainer:
         model = build_model(self.config, plan.data.tokenizer)
         if plan.pretrained is not None and plan.pretrained.weights is not None:  # not when resuming
             init_from.load_weights(model, plan.pretrained)
+        if plan.output_pieces is not None:
+            model.restrict_output(plan.output_pieces)
         return model.to(self.device)
 
     def _build_step(self, plan: RunPlan, model: torch.nn.Module) -> TrainStep:

@@ -46,7 +46,7 @@ def validation_sums(model: Transformer, data: EncodedCorpus, max_tokens: int, de
             batch = data.batch([picked[i] for i in idx]).with_start_token(model.cfg.bos_id).to(device)
             with autocast(device, precision):
                 logits = model(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, eps, PAD_ID)
+            loss, nll = label_smoothed_nll(logits, model.scored_targets(batch.tgt_out), eps, PAD_ID)
             sums += torch.stack([loss.float(), nll.float(), torch.full((), float(batch.n_tokens), device=device)])
     model.train()
     return sums
