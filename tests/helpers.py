@@ -92,26 +92,32 @@ def quiet(_: str) -> None:
 
 
 def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 100, joint: bool = True, tie: bool = True,
-                    pre_norm: bool = False, layers: int = 2, decode: Optional[object] = None) -> Path:
+                    pre_norm: bool = False, layers: int = 2, decode: Optional[object] = None,
+                    restrict: bool = False) -> Path:
     """A tiny model saved as the trainer saves its checkpoints: trained on the first ``pairs``
     real Multi30k pairs for ``steps`` full-batch Adam steps (it memorises them), or, with
-    steps=0, its random weights shaken so that no LayerNorm is the identity."""
+    steps=0, its random weights shaken so that no LayerNorm is the identity. ``restrict``: its
+    output layer scores only the pieces of those pairs' target side (model.restrict_output)."""
     from xformer_cli.checkpoint import build_model, save_checkpoint
     from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
     from xformer_cli.model.transformer import ModelConfig
-    from xformer_cli.tokenizer import Tokenizer
+    from xformer_cli.tokenizer import EOS_ID, Tokenizer
 
     torch.manual_seed(0)
     src, tgt = head(multi30k / "train.en", pairs), [t.strip() for t in head(multi30k / "train.de", pairs)]
     tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
+    pieces = sorted({*range(EOS_ID + 1), *(i for line in tokenizer.encode_tgt(tgt) for i in line)})
     config = Config(
         data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
         tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
         model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=layers, decoder_layers=layers, dropout=0.0,
-                          pre_norm=pre_norm, tie_embeddings=tie),
+                          pre_norm=pre_norm, tie_embeddings=tie, restrict_output=restrict,
+                          output_pieces=len(pieces) if restrict else 0),
         decode=decode or DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
     )
     model = build_model(config, tokenizer).train()
+    if restrict:
+        model.restrict_output(torch.tensor(pieces))
     if steps:
         _memorise(model, tokenizer, src, tgt, steps)
     else:
@@ -138,7 +144,7 @@ def _memorise(model: torch.nn.Module, tokenizer, src: list[str], tgt: list[str],
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     for _ in range(steps):
         logits = model(batch.src, batch.tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        loss = F.cross_entropy(logits.flatten(0, 1), model.scored_targets(batch.tgt_out).flatten(), ignore_index=PAD_ID)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

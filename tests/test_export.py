@@ -21,9 +21,9 @@ N_UNSEEN = 12  # unseen test sentences: the model's guesses, decoded identically
 STEPS = 100
 
 
-def _train_checkpoint(multi30k, path, pre_norm: bool, joint: bool):
+def _train_checkpoint(multi30k, path, pre_norm: bool, joint: bool, restrict: bool = False):
     """A tiny model that memorised N_TRAIN real pairs; its sentences (seen, then unseen)."""
-    tiny_checkpoint(multi30k, path, pairs=N_TRAIN, steps=STEPS, joint=joint, pre_norm=pre_norm)
+    tiny_checkpoint(multi30k, path, pairs=N_TRAIN, steps=STEPS, joint=joint, pre_norm=pre_norm, restrict=restrict)
     return path, head(multi30k / "train.en", N_TRAIN) + head(multi30k / "test2016.en", N_UNSEEN)
 
 
@@ -36,11 +36,15 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module", params=[("post-norm", "joint"), ("pre-norm", "separate")], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[("post-norm", "joint"), ("pre-norm", "separate"), ("post-norm", "restricted")],
+                ids=lambda p: "-".join(p))
 def exported(request, multi30k, tmp_path_factory):
+    """restricted: a joint vocabulary whose output layer scores the target side's pieces (the
+    others go out as -inf in the projection's bias)."""
     norm, vocab = request.param
     root = tmp_path_factory.mktemp(f"{norm}-{vocab}")
-    checkpoint, sentences = _train_checkpoint(multi30k, root / "last.pt", norm == "pre-norm", vocab == "joint")
+    checkpoint, sentences = _train_checkpoint(multi30k, root / "last.pt", norm == "pre-norm", vocab != "separate",
+                                              vocab == "restricted")
     out = export_ctranslate2(checkpoint, root / "ct2")
     return checkpoint, out, sentences
 

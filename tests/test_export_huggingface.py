@@ -47,9 +47,9 @@ def _pairs(multi30k):
     return src, [t.strip() for t in head(multi30k / "train.de", N_TRAIN)]
 
 
-def _checkpoint(multi30k, path, joint=True, tie=True, pre_norm=False, steps=0, layers=2):
+def _checkpoint(multi30k, path, joint=True, tie=True, pre_norm=False, steps=0, layers=2, restrict=False):
     return tiny_checkpoint(multi30k, path, pairs=N_TRAIN, steps=steps, joint=joint, tie=tie, pre_norm=pre_norm,
-                           layers=layers, decode=DECODE)
+                           layers=layers, decode=DECODE, restrict=restrict)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,16 @@ def trained(multi30k, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def trained_restricted(multi30k, tmp_path_factory):
+    """The same, its output layer over the target side's pieces (model.restrict_output): the
+    others go out as -inf in final_logits_bias."""
+    root = tmp_path_factory.mktemp("hf-trained-restricted")
+    checkpoint = _checkpoint(multi30k, root / "best.pt", steps=60, layers=1, restrict=True)
+    sentences = _pairs(multi30k)[0] + head(multi30k / "test2016.en", N_UNSEEN)
+    return checkpoint, export_huggingface(checkpoint, root / "hf"), sentences
+
+
+@pytest.fixture(scope="module")
 def trained_pre_norm(multi30k, tmp_path_factory):
     """The same, pre-norm: exported as Pegasus."""
     root = tmp_path_factory.mktemp("hf-trained-pre-norm")
@@ -71,11 +81,12 @@ def trained_pre_norm(multi30k, tmp_path_factory):
     return checkpoint, export_huggingface(checkpoint, root / "hf"), sentences
 
 
-@pytest.mark.parametrize("joint,tie,pre_norm", [(True, True, False), (False, True, False), (True, False, False),
-                                                (False, False, False), (True, True, True)],
-                         ids=["joint-tied", "separate-tied", "joint-untied", "separate-untied", "pre-norm"])
-def test_logits_equal_xformer(multi30k, tmp_path, joint, tie, pre_norm):
-    checkpoint = _checkpoint(multi30k, tmp_path / "model.pt", joint=joint, tie=tie, pre_norm=pre_norm)
+@pytest.mark.parametrize("joint,tie,pre_norm,restrict", [(True, True, False, False), (False, True, False, False),
+                                                         (True, False, False, False), (False, False, False, False),
+                                                         (True, True, True, False), (True, True, False, True)],
+                         ids=["joint-tied", "separate-tied", "joint-untied", "separate-untied", "pre-norm", "restricted"])
+def test_logits_equal_xformer(multi30k, tmp_path, joint, tie, pre_norm, restrict):
+    checkpoint = _checkpoint(multi30k, tmp_path / "model.pt", joint=joint, tie=tie, pre_norm=pre_norm, restrict=restrict)
     out = export_huggingface(checkpoint, tmp_path / "hf")
     model, tokenizer, _ = load_model(checkpoint)
     hf = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
@@ -103,6 +114,11 @@ def test_logits_equal_xformer(multi30k, tmp_path, joint, tie, pre_norm):
                     decoder_attention_mask=(tgt_in != PAD_ID).long()).logits
     real = tgt_in != PAD_ID
     assert ours.abs().max() > 1.0  # not trivially equal
+    if restrict:  # ours: the scored pieces' columns; the export gives every other piece -inf
+        scored = torch.zeros(theirs.size(-1), dtype=torch.bool).index_fill_(0, model.output_pieces, True)
+        assert ours.size(-1) == model.cfg.output_pieces < theirs.size(-1)
+        assert torch.isneginf(theirs[..., ~scored]).all()
+        theirs = theirs[..., scored]
     torch.testing.assert_close(theirs[real], ours[real], atol=1e-4, rtol=1e-4)
     # Detokenization: the target's pieces come back as xformer's text.
     assert hf_tokenizer.batch_decode(batch["labels"], skip_special_tokens=True) == tokenizer.decode_tgt(tokenizer.encode_tgt(tgt))
@@ -125,7 +141,7 @@ def test_files_and_generation_settings(trained):
     assert vocab["<pad>"] == PAD_ID and vocab["</s>"] == EOS_ID and vocab["<s>"] == BOS_ID
 
 
-@pytest.mark.parametrize("which", ["trained", "trained_pre_norm"])
+@pytest.mark.parametrize("which", ["trained", "trained_pre_norm", "trained_restricted"])
 def test_greedy_generate_equals_xformer(which, request):
     checkpoint, out, sentences = request.getfixturevalue(which)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")

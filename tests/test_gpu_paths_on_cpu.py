@@ -37,12 +37,15 @@ def compiled_vs_eager_tolerance(dtype: torch.dtype, step: int, terms: int = 1000
     return eps * (terms**0.5 + 8 * step**2)
 
 
-def test_compiled_training_matches_eager(small_corpus, tmp_path):
+@pytest.mark.parametrize("restrict", [False, True], ids=["whole-output", "restricted-output"])
+def test_compiled_training_matches_eager(small_corpus, tmp_path, restrict):
     """inductor compiles model and loss together for the CPU (with the machine's C++ compiler):
     over 20 steps the losses equal eager mode's within the rounding the updates carry forward
-    (``compiled_vs_eager_tolerance``), and the run logs its compilations."""
+    (``compiled_vs_eager_tolerance``), and the run logs its compilations. Also with the output
+    layer over the target side's pieces (its gathered rows compiled too)."""
     same = {"train.max_steps": 20, "model.dropout": 0.0, "train.precision": "fp32", "train.valid_every": 100,
-            "train.lr_scale": 0.1}  # a gentle rate: at the tiny config's 0.7 the same rounding grew to 3e-3 by step 18
+            "train.lr_scale": 0.1,  # a gentle rate: at the tiny config's 0.7 the same rounding grew to 3e-3 by step 18
+            "model.restrict_output": str(restrict).lower()}
     train(tiny_config(small_corpus, tmp_path / "eager", **same), log=quiet, progress=False)
     lines: list[str] = []
     train(tiny_config(small_corpus, tmp_path / "compiled", **same, **{"train.compile": "true"}), log=lines.append,
@@ -104,9 +107,12 @@ def test_fp16_with_a_gradient_scaler_skips_an_overflowing_step(small_corpus, tmp
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
-def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_autocast(small_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("restrict", [False, True], ids=["whole-output", "restricted-output"])
+def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_autocast(small_corpus, tmp_path, monkeypatch,
+                                                                                       restrict):
     """CUDA's bf16 path on a CPU (plain products, the switch that attaches the cache): the
-    cache is attached and refreshed once per step, and the losses and weights are autocast's."""
+    cache is attached and refreshed once per step, and the losses and weights are autocast's
+    (also when the output layer takes the target side's rows of the cached weights)."""
     from xformer_cli.model import linear
     from xformer_cli.train.forward_loss import forced_half_weights
 
@@ -118,7 +124,8 @@ def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_aut
         return real_halves(self, m)
 
     monkeypatch.setattr(linear.HalfWeightCache, "halves_for", counted)
-    sets = {"train.max_steps": 6, "train.precision": "bf16", "train.update_freq": 2}
+    sets = {"train.max_steps": 6, "train.precision": "bf16", "train.update_freq": 2,
+            "model.restrict_output": str(restrict).lower()}
     with linear.plain_products():
         with forced_half_weights(True):
             cached = Trainer(tiny_config(small_corpus, tmp_path / "cached", **sets), log=quiet, progress=False)

@@ -159,8 +159,9 @@ def _set_encoder(spec, model, positions) -> None:
 def _set_decoder(spec, model, positions) -> None:
     _set_inputs(spec, spec.embeddings, model.tgt_embed, positions)
     spec.projection.weight = _np(model.generator.weight)
-    if model.cfg.final_logits_bias:  # else no bias, like xformer's generator
-        spec.projection.bias = _np(model.logits_bias)
+    bias = model.output_bias()  # Marian's logits bias, -inf on pieces a restricted layer does not score
+    if bias is not None:  # else no bias, like xformer's generator
+        spec.projection.bias = _np(bias)
     for layer_spec, layer in zip(spec.layer, model.decoder_layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.sub_self.norm)
         _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.sub_cross.norm)

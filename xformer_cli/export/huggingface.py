@@ -32,7 +32,8 @@ How xformer's Transformer maps onto Marian's (``transformers/models/marian``):
 - Embeddings are scaled by sqrt(d_model) unless ``model.scale_embedding`` is false
   (``scale_embedding``); LayerNorm eps is 1e-5 on both sides (torch's default); the
   activation is ``model.activation`` (relu, swish, gelu); ``final_logits_bias`` is the
-  model's logits bias (``model.final_logits_bias``, an imported MarianMT model's), else zeros.
+  model's logits bias (``model.final_logits_bias``, an imported MarianMT model's) with -inf
+  on the pieces a restricted output layer does not score (``model.restrict_output``), else zeros.
 - Vocabularies: one source/target embedding matrix is Marian's shared embedding
   (``share_encoder_decoder_embeddings``; with untied output also written as the encoder's and
   decoder's, which transformers then reads); separate ones give separate encoder and decoder
@@ -314,7 +315,8 @@ def marian_state_dict(model) -> dict:
         weights.layer_norm("model.encoder.layer_norm", model.encoder_norm)
         weights.layer_norm("model.decoder.layer_norm", model.decoder_norm)
     weights.embeddings(model)
-    bias = model.logits_bias if model.cfg.final_logits_bias else torch.zeros(model.tgt_vocab)
+    bias = model.output_bias()  # Marian's logits bias, -inf on pieces a restricted layer does not score
+    bias = torch.zeros(model.tgt_vocab) if bias is None else bias
     weights.out["final_logits_bias"] = _float32(bias).reshape(1, -1)  # a bias-free generator: zeros
     return weights.out
 
