@@ -1,8 +1,6 @@
 """model.restrict_output: the output layer scores the pieces the target side uses, training
 reads the same numbers the whole layer would give them, and decoding never emits the others."""
 
-import types
-
 import numpy as np
 import pytest
 import torch
@@ -32,8 +30,7 @@ def _model(tie: bool = True, restrict: bool = True) -> Transformer:
 
 
 def test_target_pieces_are_the_target_sides_ids_and_the_special_ones():
-    cache = types.SimpleNamespace(tgt_ids=np.array([9, 7, 7, 30, 9, 3], dtype=np.uint16))
-    assert target_pieces(cache, 32).tolist() == [0, 1, 2, 3, 7, 9, 30]
+    assert target_pieces(np.array([9, 7, 7, 30, 9, 3], dtype=np.uint16), 32).tolist() == [0, 1, 2, 3, 7, 9, 30]
 
 
 def test_the_scored_logits_are_the_whole_layers_and_decoding_gives_the_others_minus_infinity():
@@ -85,7 +82,7 @@ def test_a_restricted_run_counts_its_pieces_translates_and_resumes_bit_identical
     whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=lines.append,
                     progress=False)
     cache = whole.train_data
-    expected = target_pieces(cache, whole.state.tokenizer.tgt_vocab_size)
+    expected = target_pieces(cache.tgt_ids, whole.state.tokenizer.tgt_vocab_size)
     assert 100 < expected.numel() < whole.state.tokenizer.tgt_vocab_size
     assert whole.config.model.output_pieces == expected.numel()
     assert any(line.startswith(f"output layer: {expected.numel()} of ") for line in lines)

@@ -21,9 +21,9 @@ from xformer_cli.data.cache import TokenCache
 from xformer_cli.tokenizer import EOS_ID
 
 
-def target_pieces(cache: TokenCache, vocab_size: int) -> torch.Tensor:
-    """Sorted ids of the pieces the cache's target side holds, with the special ids 0..EOS."""
-    seen = np.bincount(np.asarray(cache.tgt_ids), minlength=vocab_size)[:vocab_size] > 0
+def target_pieces(tgt_ids: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """Sorted ids of the pieces in ``tgt_ids`` (a cache's target side), with the special ids 0..EOS."""
+    seen = np.bincount(np.asarray(tgt_ids), minlength=vocab_size)[:vocab_size] > 0
     seen[: EOS_ID + 1] = True  # padding, unknown, start, end: the loss and the search need them
     return torch.from_numpy(np.flatnonzero(seen)).long()
 
@@ -31,6 +31,6 @@ def target_pieces(cache: TokenCache, vocab_size: int) -> torch.Tensor:
 def counted(config: Config, cache: TokenCache, vocab_size: int,
             log: Callable[[str], None]) -> tuple[Config, torch.Tensor]:
     """(``config`` with ``model.output_pieces`` set, the pieces) for a fresh run."""
-    pieces = target_pieces(cache, vocab_size)
+    pieces = target_pieces(cache.tgt_ids, vocab_size)
     log(f"output layer: {pieces.numel()} of {vocab_size} pieces, those the target side uses (model.restrict_output)")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, output_pieces=pieces.numel())), pieces
