@@ -559,6 +559,9 @@ def validate(cfg: Config) -> None:
         _require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
     _require(m.activation in ACTIVATIONS, "model.activation", f"must be one of {', '.join(ACTIVATIONS)}")
     _require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
+    _require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
+             "is counted by the trainer with model.restrict_output: true; leave it out")
+    _require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
     _require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
     _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
