@@ -41,10 +41,11 @@ def side_efficiency(batches: list, lens: np.ndarray) -> float:
     return float((lens + 1).sum() / sum(len(b) * (int(lens[b].max()) + 1) for b in batches))
 
 
-def source_first_batches(src: np.ndarray, tgt: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list:
-    """``make_batches`` as it sorted before: by source length first, then target length."""
+def target_first_batches(src: np.ndarray, tgt: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list:
+    """``make_batches`` sorted by target length first (tried and reverted: less target padding,
+    lower BLEU under beam search)."""
     tie = np.random.default_rng([seed, epoch]).permutation(len(src))
-    order = np.lexsort((tie, tgt, src))
+    order = np.lexsort((tie, src, tgt))
     bounds = batch_bounds(np.maximum(src, tgt)[order] + 1, max_tokens)
     return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -67,10 +68,10 @@ def main() -> None:
         print(f"max_tokens {max_tokens}: dynamic  {len(dynamic):5d} batches {len(shapes):4d} shapes, "
               f"efficiency {padding_efficiency(dynamic, src, tgt):.3f} (source {side_efficiency(dynamic, src):.3f}, "
               f"target {side_efficiency(dynamic, tgt):.3f})")
-        before = source_first_batches(src, tgt, max_tokens, args.seed, 1)
-        print(f"max_tokens {max_tokens}: dynamic, sorted by source length first (before)  "
-              f"efficiency {padding_efficiency(before, src, tgt):.3f} (source {side_efficiency(before, src):.3f}, "
-              f"target {side_efficiency(before, tgt):.3f})")
+        other = target_first_batches(src, tgt, max_tokens, args.seed, 1)
+        print(f"max_tokens {max_tokens}: dynamic, sorted by target length first (not used)  "
+              f"efficiency {padding_efficiency(other, src, tgt):.3f} (source {side_efficiency(other, src):.3f}, "
+              f"target {side_efficiency(other, tgt):.3f})")
         buckets = make_bucketed_batches(src, tgt, max_tokens, args.bucket_step, args.seed, 1)
         eff, n_shapes = bucket_efficiency(buckets, src, tgt, max_tokens, args.bucket_step)
         print(f"max_tokens {max_tokens}: buckets  {len(buckets):5d} batches {n_shapes:4d} shapes, efficiency {eff:.3f} "

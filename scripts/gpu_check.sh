@@ -100,6 +100,8 @@ M30K_GPU_SETS=(); [[ "$QUICK" == 1 ]] && M30K_GPU_SETS=("${WMT_SETS[@]}" --set t
 # GPU_CHECK_M30K_MINUTES: train configs/multi30k-gpu.yaml for these minutes in place of its own (the
 # target allows 10 in all; the config trains 5)
 [[ -n "${GPU_CHECK_M30K_MINUTES:-}" ]] && M30K_GPU_SETS+=(--set "train.max_minutes=$GPU_CHECK_M30K_MINUTES")
+# GPU_CHECK_M30K_SETS: more KEY=VALUE overrides for that run, space-separated (model.restrict_output=true)
+for kv in ${GPU_CHECK_M30K_SETS:-}; do M30K_GPU_SETS+=(--set "$kv"); done
 
 note "gpu_check $(date -u +%Y-%m-%dT%H:%MZ) device=$DEVICE quick=$QUICK commit=$(git rev-parse --short HEAD 2>/dev/null)"
 python - <<EOF | tee -a "$SUMMARY"

@@ -77,14 +77,19 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
         ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),
         ("train.dist_timeout_minutes=0", "config key 'train.dist_timeout_minutes': must be positive"),
-        ("model.output_pieces=500", "config key 'model.output_pieces': is counted by the trainer with "
-                                    "model.restrict_output: true; leave it out"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(XformerError) as info:
         load_config("configs/multi30k.yaml", [override])
     assert str(info.value) == message
+
+
+def test_output_pieces_without_restrict_output_is_refused():
+    with pytest.raises(XformerError) as info:
+        load_config("configs/multi30k.yaml", ["model.restrict_output=false", "model.output_pieces=500"])
+    assert str(info.value) == ("config key 'model.output_pieces': is counted by the trainer with "
+                               "model.restrict_output: true; leave it out")
 
 
 def test_missing_and_malformed_files(tmp_path):
