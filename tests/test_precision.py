@@ -228,7 +228,8 @@ def test_fp16_translation_translates_as_fp32_does(trained_run, small_corpus):
     """fp16 weights (what precision auto gives a CUDA 7.x card): the search still gets fp32
     log-probabilities, and the outputs are fp32's. fp16 keeps 11 significant bits (bf16 8),
     so on this barely trained model a few near-ties may break the other way: 94-95 of 100 lines
-    agree on the current batch order, every difference one "Ein" more or less in a run of them.
+    agreed with the batches sorted by target length, every difference one "Ein" more or less in
+    a run of them.
     A search that lost fp32 log-probabilities would disagree on far more."""
     src = head(small_corpus / "test2016.en", 100)
     fp32 = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", precision="fp32")
