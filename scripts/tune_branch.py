@@ -99,7 +99,9 @@ def make_branch(parent_dir: Path, child_dir: Path, child: Config, step: int) -> 
 
 def _as_child(state: dict, child: Config) -> dict:
     state = {k: v for k, v in state.items() if k not in ("format", "version")}
+    counted = state["config"].get("model", {}).get("output_pieces", 0)  # the parent counted its data's pieces
     state["config"] = child.to_dict()
+    state["config"]["model"]["output_pieces"] = counted
     state["schedule"] = {**state["schedule"], "planned_steps": child.train.planned_steps}
     return state
 
