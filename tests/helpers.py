@@ -101,23 +101,24 @@ def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 10
     from xformer_cli.checkpoint import build_model, save_checkpoint
     from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
     from xformer_cli.model.transformer import ModelConfig
-    from xformer_cli.tokenizer import EOS_ID, Tokenizer
+    from xformer_cli.tokenizer import Tokenizer
+    from xformer_cli.train.output_pieces import target_pieces
 
     torch.manual_seed(0)
     src, tgt = head(multi30k / "train.en", pairs), [t.strip() for t in head(multi30k / "train.de", pairs)]
     tokenizer = Tokenizer.train(src, tgt, joint=joint, vocab_size=300)
-    pieces = sorted({*range(EOS_ID + 1), *(i for line in tokenizer.encode_tgt(tgt) for i in line)})
+    pieces = target_pieces([i for line in tokenizer.encode_tgt(tgt) for i in line], tokenizer.tgt_vocab_size)
     config = Config(
         data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
         tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
         model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=layers, decoder_layers=layers, dropout=0.0,
                           pre_norm=pre_norm, tie_embeddings=tie, restrict_output=restrict,
-                          output_pieces=len(pieces) if restrict else 0),
+                          output_pieces=pieces.numel() if restrict else 0),
         decode=decode or DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
     )
     model = build_model(config, tokenizer).train()
     if restrict:
-        model.restrict_output(torch.tensor(pieces))
+        model.restrict_output(pieces)
     if steps:
         _memorise(model, tokenizer, src, tgt, steps)
     else:
