@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -42,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +56,7 @@ from xformer_cli.train.batch_plan import plan_for
 from xformer_cli.train.forward_loss import (attach_half_weights, compilations, compile_mode, compiled, forward_loss,
                                             wants_half_weights)
 from xformer_cli.train.opcount import cuda_path_step_ops, training_step
+from xformer_cli.train.output_pieces import target_pieces
 from xformer_cli.data.encoded import encode_corpus
 
 # Spec dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a name fragment of the device.
@@ -314,13 +317,27 @@ def load_batches(cfg, args, device: torch.device):
     return tokenizer, plan, [plan.load(idx).to(device) for idx in plan.batches(0, plan.data.src_lens, plan.data.tgt_lens)[: args.steps]]
 
 
+def trainer_model(cfg, tokenizer, plan):
+    """The model ``xformer train`` builds for ``plan``'s corpus: with ``model.restrict_output``
+    (the default config's), an output layer over the pieces its target side uses, counted as a
+    fresh run counts them (train/output_pieces.py); else over the whole vocabulary."""
+    if not cfg.model.restrict_output:
+        return build_model(cfg, tokenizer)
+    ids = np.concatenate([np.asarray(line, dtype=np.int64) for line in plan.data.tgt])
+    pieces = target_pieces(ids, tokenizer.tgt_vocab_size)
+    counted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output_pieces=pieces.numel()))
+    model = build_model(counted, tokenizer)
+    model.restrict_output(pieces)
+    return model
+
+
 def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):
     """[(name, label, timed loss_of, eager loss_of (FLOP count), model, optimizer)] and xformer's model.
     Ours is the trainer's step: its half-weight cache (CUDA, bf16, eager) and its forward-and-loss
     function, compiled as train.compile compiles it (CUDA graphs with --length-bucket on CUDA).
     One model trains in both precisions: the weights stay fp32 either way, only the autocast differs."""
     torch.manual_seed(0)
-    ours = build_model(cfg, tokenizer).train().to(device)
+    ours = trainer_model(cfg, tokenizer, plan).train().to(device)
     m = cfg.model
     theirs = TorchBaseline(tokenizer.src_vocab_size, m.d_model, m.d_ff, m.n_heads, m.encoder_layers,
                            m.decoder_layers, m.dropout).train().to(device)

@@ -291,7 +291,7 @@ TRANSFER_LIMIT=$(awk -v m="$TRANSFER_MINUTES" -v after="$([[ "$QUICK" == 1 ]] &&
 transfer() {
   local run pid failed=0 pids=()
   for run in "${TRANSFER_RUNS[@]}"; do
-    PYTHONFAULTHANDLER=1 TRANSFER_DEVICE="$DEVICE" TRANSFER_MINUTES="$TRANSFER_MINUTES" timeout -s ABRT -k 10 \
+    PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TRANSFER_DEVICE="$DEVICE" TRANSFER_MINUTES="$TRANSFER_MINUTES" timeout -s ABRT -k 10 \
       "$TRANSFER_LIMIT" bash scripts/bench_multilingual_quality.sh "$run" "$OUT/transfer" > "$OUT/transfer_$run.log" 2>&1 &
     pids+=($!)
   done

@@ -31,8 +31,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_train import cpu_name, load_batches, peak_matmul_flops, peak_matmul_size, synchronize  # noqa: E402
-from xformer_cli.checkpoint import build_model  # noqa: E402
+from bench_train import cpu_name, load_batches, peak_matmul_flops, peak_matmul_size, synchronize, trainer_model  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
 from xformer_cli.device import cpu_flags, keep_freed_memory, pick_device  # noqa: E402
 from xformer_cli.train import forward_loss  # noqa: E402
@@ -69,11 +68,11 @@ def kernel_category(name: str) -> str:
     return next((category for category, fragments in KERNEL_CATEGORIES if any(f in lower for f in fragments)), "other")
 
 
-def build_step(cfg, tokenizer, device: torch.device, precision: str, dropout: bool) -> TrainStep:
+def build_step(cfg, tokenizer, plan, device: torch.device, precision: str, dropout: bool) -> TrainStep:
     torch.manual_seed(1)
     if not dropout:
         cfg.model.dropout = 0.0
-    model = build_model(cfg, tokenizer).train().to(device)
+    model = trainer_model(cfg, tokenizer, plan).train().to(device)
     return TrainStep(model, cfg.train, device, precision, Distributed(), compile=False)
 
 
@@ -165,15 +164,15 @@ def matmul_flops(step: TrainStep, batch) -> float:
     return float(sum(v for k, v in per_op.items() if "scaled_dot_product" not in str(k)))
 
 
-def profile_precision(args, tokenizer, batches, device: torch.device, precision: str, peak: float) -> None:
+def profile_precision(args, tokenizer, plan, batches, device: torch.device, precision: str, peak: float) -> None:
     """One precision: the step with dropout 0 (the ablation), then with dropout, timed and profiled."""
     warm, timed = batches[:4], batches[4:]
     tokens = sum(b.n_tokens for b in timed) / len(timed)
-    ablated = build_step(load_config(args.config, args.set), tokenizer, device, precision, dropout=False)
+    ablated = build_step(load_config(args.config, args.set), tokenizer, plan, device, precision, dropout=False)
     run_steps(ablated, warm, device)
     no_dropout = run_steps(ablated, timed, device)
     del ablated
-    step = build_step(load_config(args.config, args.set), tokenizer, device, precision, dropout=True)
+    step = build_step(load_config(args.config, args.set), tokenizer, plan, device, precision, dropout=True)
     run_steps(step, warm, device)
     plain = run_steps(step, timed, device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -207,18 +206,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)
     loader_args = argparse.Namespace(pairs=args.pairs, length_bucket=0, steps=args.steps + 4)
-    tokenizer, _, batches = load_batches(cfg, loader_args, device)
+    tokenizer, plan, batches = load_batches(cfg, loader_args, device)
     timed_loss()
     peak = peak_matmul_flops(device, torch.float32)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"avx512f {'avx512f' in cpu_flags()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}, "
           f"amx_bf16 {'amx_bf16' in cpu_flags()}")
+    scored = trainer_model(cfg, tokenizer, plan).cfg.output_pieces or tokenizer.tgt_vocab_size
     print(f"model {cfg.model.d_model} wide, {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers, "
-          f"vocabulary {tokenizer.src_vocab_size}, max_tokens {cfg.train.max_tokens}; fp32 "
+          f"vocabulary {tokenizer.src_vocab_size} (output layer {scored}), max_tokens {cfg.train.max_tokens}; fp32 "
           f"{peak_matmul_size(device)}^3 product in this process: {peak / 1e9:.1f} GFLOP/s")
     for precision in args.precision:
-        profile_precision(args, tokenizer, batches, device, precision, peak)
+        profile_precision(args, tokenizer, plan, batches, device, precision, peak)
 
 
 if __name__ == "__main__":

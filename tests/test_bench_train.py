@@ -69,3 +69,26 @@ def test_measured_peaks_skip_timing_what_the_flags_call_emulated(monkeypatch):
     monkeypatch.setattr(bench_train, "computes_natively", lambda precision, device, flags=None: None)
     peaks, emulated = bench_train.measured_peaks(CPU)  # unknown: timed, and 50 is not below fp32's 50
     assert set(peaks) == {"fp32", "bf16"} and emulated == {}
+
+
+@pytest.mark.parametrize("restrict", [True, False])
+def test_benchmarks_build_the_model_the_trainer_trains(restrict):
+    """bench_train and profile_train_step time the trainer's model: with model.restrict_output
+    its output layer scores the pieces the batches' target side uses (and the special ids)."""
+    from types import SimpleNamespace
+
+    from xformer_cli.config import load_config
+    from xformer_cli.tokenizer import Tokenizer
+
+    src = [f"the {w} dog runs far away" for w in ("red", "big", "old", "small")] * 20
+    tgt = [f"der {w} Hund" for w in ("rote", "grosse", "alte", "kleine")] * 20
+    tokenizer = Tokenizer.train(src, tgt, joint=True, vocab_size=60)
+    cfg = load_config(str(ROOT / "configs" / "multi30k.yaml"),
+                      ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", f"model.restrict_output={restrict}"])
+    plan = SimpleNamespace(data=SimpleNamespace(tgt=tokenizer.encode_tgt(tgt)))
+    model = bench_train.trainer_model(cfg, tokenizer, plan)
+    used = sorted({i for line in plan.data.tgt for i in line} | {0, 1, 2, 3})
+    if restrict:
+        assert model.output_pieces.tolist() == used and len(used) < tokenizer.tgt_vocab_size
+    else:
+        assert model.cfg.output_pieces == 0
