@@ -174,6 +174,10 @@ CONFIGS: dict[str, Run] = {
     # source-first batches. s3330-cur's beam search gained half of theirs over greedy
     "s3330-ref3": Run(3330, {**CD50, "train.max_tokens": 2000, "model.restrict_output": False}),
     "s3330-ref3-seed2": Run(3330, {**CD50, "train.max_tokens": 2000, "model.restrict_output": False, "train.seed": 2}),
+    # (both replayed the 00:25 UTC runs bit for bit to step 525: stopped there.) A third seed of each
+    # output layer, source-first batches: is the restricted layer's smaller beam gain its own?
+    "s3330-ref3-seed3": Run(3330, {**CD50, "train.max_tokens": 2000, "model.restrict_output": False, "train.seed": 3}),
+    "s3330-cur-seed3": Run(3330, {**CD50, "train.max_tokens": 2000, "model.restrict_output": True, "train.seed": 3}),
 }
 
 
