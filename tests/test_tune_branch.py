@@ -27,9 +27,10 @@ def _rows(run_dir, key):
 
 
 @pytest.mark.slow
-def test_a_cooldown_branched_from_the_plain_run_equals_it_trained_from_scratch(small_corpus, tmp_path):
-    parent = _config(small_corpus, tmp_path / "parent")
-    child = _config(small_corpus, tmp_path / "child", **{"train.cooldown": 0.3})
+@pytest.mark.parametrize("restrict", ["false", "true"])  # true: the child carries the parent's counted pieces
+def test_a_cooldown_branched_from_the_plain_run_equals_it_trained_from_scratch(small_corpus, tmp_path, restrict):
+    parent = _config(small_corpus, tmp_path / "parent", **{"model.restrict_output": restrict})
+    child = _config(small_corpus, tmp_path / "child", **{"train.cooldown": 0.3, "model.restrict_output": restrict})
     # The cool-down covers steps 15-20 (6 of 20): the rates agree up to step 14, and the
     # parent's newest checkpoint on its grid (every 4 steps, validations every 6) is 12.
     step = tune_branch.branch_step(parent, child)
@@ -39,7 +40,8 @@ def test_a_cooldown_branched_from_the_plain_run_equals_it_trained_from_scratch(s
     lines: list[str] = []
     train(child, log=lines.append, progress=False)
     assert any(line.startswith("resuming ") and "step 12" in line for line in lines)
-    train(_config(small_corpus, tmp_path / "scratch", **{"train.cooldown": 0.3}), log=quiet, progress=False)
+    train(_config(small_corpus, tmp_path / "scratch", **{"train.cooldown": 0.3, "model.restrict_output": restrict}),
+          log=quiet, progress=False)
 
     branched, scratch = losses(tmp_path / "child"), losses(tmp_path / "scratch")
     assert sorted(branched) == sorted(scratch) == list(range(1, 21))
