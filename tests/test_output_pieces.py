@@ -110,7 +110,7 @@ def test_fine_tuning_a_restricted_model_counts_the_new_datas_pieces(small_corpus
         write_lines(few / f"train.{lang}", head(small_corpus / f"train.{lang}", 40))
     tuned = Trainer(tiny_config(small_corpus, tmp_path / "tuned", **{
         "train.init_from": str(tmp_path / "pre" / "last.pt"), "data.train.prefix": str(few / "train"),
-        "train.max_steps": 2}), log=quiet, progress=False)
+        "train.max_steps": 2, "model.restrict_output": "true"}), log=quiet, progress=False)  # as the pretrained model
     assert tuned.config.model.restrict_output and 4 < tuned.config.model.output_pieces < pre.numel()
     assert tuned.run().steps == 2
     assert load_checkpoint(tmp_path / "tuned" / "last.pt")["model"]["output_pieces"].numel() < pre.numel()
