@@ -318,8 +318,8 @@ def load_batches(cfg, args, device: torch.device):
 
 
 def trainer_model(cfg, tokenizer, plan):
-    """The model ``xformer train`` builds for ``plan``'s corpus: with ``model.restrict_output``
-    (the default config's), an output layer over the pieces its target side uses, counted as a
+    """The model ``xformer train`` builds for ``plan``'s corpus: with ``model.restrict_output``,
+    an output layer over the pieces its target side uses, counted as a
     fresh run counts them (train/output_pieces.py); else over the whole vocabulary."""
     if not cfg.model.restrict_output:
         return build_model(cfg, tokenizer)

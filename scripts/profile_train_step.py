@@ -178,7 +178,8 @@ def profile_precision(args, tokenizer, plan, batches, device: torch.device, prec
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         profiled = run_steps(step, timed, device)
-    print(f"== precision {precision}: step {plain * 1e3:.1f} ms ({profiled * 1e3:.1f} ms under the profiler); "
+    scored = step.model.cfg.output_pieces or tokenizer.tgt_vocab_size
+    print(f"== precision {precision}, output layer {scored} pieces: step {plain * 1e3:.1f} ms ({profiled * 1e3:.1f} ms under the profiler); "
           f"{tokens / plain:.0f} target tokens/s; {len(timed)} steps of {tokens:.0f} target tokens")
     if device.type == "cuda":
         report_kernels(kernel_times(prof), len(timed), plain, args.top)
@@ -213,9 +214,8 @@ def main() -> None:
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"avx512f {'avx512f' in cpu_flags()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}, "
           f"amx_bf16 {'amx_bf16' in cpu_flags()}")
-    scored = trainer_model(cfg, tokenizer, plan).cfg.output_pieces or tokenizer.tgt_vocab_size
     print(f"model {cfg.model.d_model} wide, {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers, "
-          f"vocabulary {tokenizer.src_vocab_size} (output layer {scored}), max_tokens {cfg.train.max_tokens}; fp32 "
+          f"vocabulary {tokenizer.src_vocab_size}, max_tokens {cfg.train.max_tokens}; fp32 "
           f"{peak_matmul_size(device)}^3 product in this process: {peak / 1e9:.1f} GFLOP/s")
     for precision in args.precision:
         profile_precision(args, tokenizer, plan, batches, device, precision, peak)
