@@ -47,5 +47,5 @@ def test_the_profile_runs_the_trainers_step_in_both_precisions_on_a_cpu(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "model 32 wide, 1+1 layers" in proc.stdout
     for precision in ("fp32", "bf16"):
-        assert f"== precision {precision}: step" in proc.stdout
+        assert f"== precision {precision}, output layer 500 pieces: step" in proc.stdout
     assert proc.stdout.count("matrix products") >= 2 and "dropout (step with dropout minus without)" in proc.stdout
