@@ -110,7 +110,27 @@ def test_fine_tuning_a_restricted_model_counts_the_new_datas_pieces(small_corpus
         write_lines(few / f"train.{lang}", head(small_corpus / f"train.{lang}", 40))
     tuned = Trainer(tiny_config(small_corpus, tmp_path / "tuned", **{
         "train.init_from": str(tmp_path / "pre" / "last.pt"), "data.train.prefix": str(few / "train"),
-        "train.max_steps": 2, "model.restrict_output": "true"}), log=quiet, progress=False)  # as the pretrained model
+        "train.max_steps": 2, "model.restrict_output": "true"}), log=quiet, progress=False)
     assert tuned.config.model.restrict_output and 4 < tuned.config.model.output_pieces < pre.numel()
     assert tuned.run().steps == 2
     assert load_checkpoint(tmp_path / "tuned" / "last.pt")["model"]["output_pieces"].numel() < pre.numel()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pretrained_restricted", [True, False])
+def test_a_fine_tune_may_switch_between_the_whole_and_the_restricted_layer(small_corpus, tmp_path, pretrained_restricted):
+    """restrict_output is a training choice (init_from.TRAINING_MODEL_KEYS): the weights are
+    the whole vocabulary's either way, so a fine-tune takes the pretrained ones and scores what
+    its own config asks for."""
+    flag = str(pretrained_restricted).lower()
+    train(tiny_config(small_corpus, tmp_path / "pre", **{"model.restrict_output": flag, "train.max_steps": 4}),
+          log=quiet, progress=False)
+    tuned = Trainer(tiny_config(small_corpus, tmp_path / "tuned", **{
+        "train.init_from": str(tmp_path / "pre" / "last.pt"), "train.max_steps": 2,
+        "model.restrict_output": str(not pretrained_restricted).lower()}), log=quiet, progress=False)
+    model = tuned.config.model
+    assert model.restrict_output is not pretrained_restricted
+    assert (model.output_pieces > 4) is not pretrained_restricted
+    assert tuned.run().steps == 2
+    weights = load_checkpoint(tmp_path / "tuned" / "last.pt")["model"]
+    assert ("output_pieces" in weights) is not pretrained_restricted

@@ -8,9 +8,11 @@ checkpoint's best BLEU would keep best.pt from ever being written).
 The tokenizer and the architecture are the pretrained model's: the run's ``model`` and
 ``tokenizer`` sections are replaced by the pretrained ones, and a key of those sections that
 the config file or ``--set`` gives (``Config.set_keys``; keys left out are not compared)
-must agree with the pretrained value, or the run is refused naming the key. Dropout is a
-training setting, not architecture: the user's ``model.dropout``, ``attention_dropout`` and
-``activation_dropout`` win where given.
+must agree with the pretrained value, or the run is refused naming the key. Dropout and
+``restrict_output`` are training settings, not architecture: the user's ``model.dropout``,
+``attention_dropout``, ``activation_dropout`` and ``restrict_output`` win where given (the
+weights are the same either way: a restricted layer scores rows of the whole one, and this
+run counts its own data's pieces).
 
 A run that resumes from its last.pt takes all of this from last.pt and does not read the
 pretrained model again (an import can take minutes, or need the network).
@@ -31,7 +33,8 @@ from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 from xformer_cli.train import checkpointing
 
-TRAINING_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")  # may differ from the pretrained model's
+# May differ from the pretrained model's.
+TRAINING_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout", "restrict_output")
 _SECTIONS = ("model", "tokenizer")
 
 
@@ -80,6 +83,8 @@ def take_architecture(config: Config, pretrained: Config, source: str) -> Config
                     f"config key '{section}.{key}': {getattr(mine, key)!r} contradicts train.init_from {source} "
                     f"({getattr(theirs, key)!r}); leave it out, the {section} comes from the pretrained model")
     tuned = {key: getattr(config.model, key) for key in TRAINING_MODEL_KEYS if f"model.{key}" in config.set_keys}
+    if not tuned.get("restrict_output", True):
+        tuned["output_pieces"] = 0  # the whole layer; a restricted run counts its own (plan_run)
     resolved = dataclasses.replace(config, model=dataclasses.replace(pretrained.model, **tuned),
                                    tokenizer=dataclasses.replace(pretrained.tokenizer))
     resolved.set_keys = config.set_keys
