@@ -13,7 +13,6 @@ medians and their ratio, and how many pieces the target side uses.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -40,12 +39,8 @@ def steps_for(cfg, tokenizer, pieces: torch.Tensor, precision: str) -> dict[str,
     out = {}
     for name, restrict in (("whole vocabulary", False), ("target side's pieces", True)):
         torch.manual_seed(1)
-        model_cfg = dataclasses.replace(cfg.model, restrict_output=restrict, output_pieces=pieces.numel() if restrict else 0)
-        config = dataclasses.replace(cfg, model=model_cfg)
-        model = build_model(config, tokenizer).train()
-        if restrict:
-            model.restrict_output(pieces)
-        out[name] = TrainStep(model, config.train, torch.device("cpu"), precision, Distributed(), compile=False)
+        model = build_model(cfg, tokenizer, pieces if restrict else None).train()
+        out[name] = TrainStep(model, cfg.train, torch.device("cpu"), precision, Distributed(), compile=False)
     return out
 
 

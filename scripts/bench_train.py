@@ -30,7 +30,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -324,11 +323,7 @@ def trainer_model(cfg, tokenizer, plan):
     if not cfg.model.restrict_output:
         return build_model(cfg, tokenizer)
     ids = np.concatenate([np.asarray(line, dtype=np.int64) for line in plan.data.tgt])
-    pieces = target_pieces(ids, tokenizer.tgt_vocab_size)
-    counted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output_pieces=pieces.numel()))
-    model = build_model(counted, tokenizer)
-    model.restrict_output(pieces)
-    return model
+    return build_model(cfg, tokenizer, target_pieces(ids, tokenizer.tgt_vocab_size))
 
 
 def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):

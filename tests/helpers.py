@@ -112,13 +112,11 @@ def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 10
         data=DataConfig(train=[CorpusConfig(prefix=str(multi30k / "train"))]),
         tokenizer=TokenizerConfig(joint=joint, vocab_size=300),
         model=ModelConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=layers, decoder_layers=layers, dropout=0.0,
-                          pre_norm=pre_norm, tie_embeddings=tie, restrict_output=restrict,
-                          output_pieces=pieces.numel() if restrict else 0),
+                          pre_norm=pre_norm, tie_embeddings=tie),
         decode=decode or DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.2, max_len_b=10),
     )
-    model = build_model(config, tokenizer).train()
-    if restrict:
-        model.restrict_output(pieces)
+    model = build_model(config, tokenizer, pieces if restrict else None).train()
+    config.model = model.cfg  # restrict_output and output_pieces, as the checkpoint records them
     if steps:
         _memorise(model, tokenizer, src, tgt, steps)
     else:

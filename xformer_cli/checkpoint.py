@@ -12,6 +12,7 @@ file in the same directory is fsynced and then renamed over the old one.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import io
 import pickle
 from pathlib import Path
@@ -146,10 +147,17 @@ def kept_checkpoints(run_dir: str | Path) -> list[Path]:
 
 # -- the model a checkpoint describes ---------------------------------------------------------
 
-def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
-    """The Transformer of ``config.model``, its vocabularies sized by ``tokenizer``."""
+def build_model(config: Config, tokenizer: Tokenizer, output_pieces: Optional[torch.Tensor] = None) -> Transformer:
+    """The Transformer of ``config.model``, its vocabularies sized by ``tokenizer``; with
+    ``output_pieces`` (sorted ids: train/output_pieces.target_pieces), an output layer that
+    scores only those (``model.restrict_output``)."""
     tgt_vocab = 0 if tokenizer.joint else tokenizer.tgt_vocab_size
-    return Transformer(config.model, tokenizer.src_vocab_size, tgt_vocab, PAD_ID)
+    if output_pieces is None:
+        return Transformer(config.model, tokenizer.src_vocab_size, tgt_vocab, PAD_ID)
+    restricted = dataclasses.replace(config.model, restrict_output=True, output_pieces=output_pieces.numel())
+    model = Transformer(restricted, tokenizer.src_vocab_size, tgt_vocab, PAD_ID)
+    model.restrict_output(output_pieces)
+    return model
 
 
 def load_model(path: str | Path, state: Optional[dict] = None) -> tuple[Transformer, Tokenizer, Config]:

@@ -84,11 +84,9 @@ class Trainer:
 
     def _build_model(self, plan: RunPlan) -> torch.nn.Module:
         """The model, with the pretrained weights on a fresh init_from run, on this rank's device."""
-        model = build_model(self.config, plan.data.tokenizer)
+        model = build_model(self.config, plan.data.tokenizer, plan.output_pieces)
         if plan.pretrained is not None and plan.pretrained.weights is not None:  # not when resuming
-            init_from.load_weights(model, plan.pretrained)
-        if plan.output_pieces is not None:
-            model.restrict_output(plan.output_pieces)
+            init_from.load_weights(model, plan.pretrained)  # all but the pieces this run counted
         return model.to(self.device)
 
     def _build_step(self, plan: RunPlan, model: torch.nn.Module) -> TrainStep:
