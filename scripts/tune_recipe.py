@@ -8,6 +8,7 @@ depend on how busy the machine is; each run uses one thread under ``nice``.
     python scripts/tune_recipe.py list
     python scripts/tune_recipe.py run [NAMES...] [--jobs 2]     # default: every run, in CONFIGS' order
     python scripts/tune_recipe.py table [NAMES...] [--markdown]
+    python scripts/tune_recipe.py prune [NAMES...] [--keep 3]  # a finished run's older step checkpoints
 
 Columns: valid BLEU (greedy) at the last step, of the averaged checkpoint (train.average_last),
 and the best beam-4 valid BLEU of the length-penalty pass (what best.pt gives), the alpha it
@@ -225,6 +226,22 @@ def drop_interrupt_checkpoints(name: str, sets: dict) -> None:
             path.unlink()
 
 
+def prune(names: list[str], keep: int) -> int:
+    """Deletes the step checkpoints of the finished ``names`` but their last ``keep`` (20 kept
+    checkpoints of ~90 MB a run fill a disk in a few dozen runs); best.pt and last.pt stay. A
+    run that a defined run still has to branch from keeps them all. Returns the bytes freed."""
+    waiting = {run.parent for child, run in CONFIGS.items() if run.parent and not (RUNS / child / "last.pt").exists()}
+    freed = 0
+    for name in names:
+        if not finished(name) or name in waiting:
+            continue
+        kept = sorted((RUNS / name).glob("checkpoint_*.pt"), key=lambda path: int(path.stem.split("_")[1]))
+        for path in kept[:-keep] if keep else kept:
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
 def run_all(names: list[str], jobs: int) -> None:
     """Runs the unfinished ``names``, ``jobs`` at a time, in the order given: the first ``jobs``
     that can start run (a branch waits for its parent's checkpoint, and stops a later run in
@@ -379,6 +396,9 @@ def main() -> None:
     show = sub.add_parser("table")
     show.add_argument("names", nargs="*")
     show.add_argument("--markdown", action="store_true")
+    trim = sub.add_parser("prune")
+    trim.add_argument("names", nargs="*", help="default: every run here")
+    trim.add_argument("--keep", type=int, default=3, help="step checkpoints kept per finished run")
     args = parser.parse_args()
     unknown = [n for n in getattr(args, "names", []) if n not in CONFIGS]
     if unknown:  # a typo must not drop a row from the table (or a run from the queue) unsaid
@@ -391,6 +411,9 @@ def main() -> None:
             print(f"{name:24} {CONFIGS[name].steps:5} {overrides_text(name)}{'  (finished)' if finished(name) else ''}")
     elif args.what == "run":
         run_all(args.names or list(CONFIGS), args.jobs)
+    elif args.what == "prune":
+        freed = prune(args.names or [n for n in CONFIGS if (RUNS / n).exists()], args.keep)
+        print(f"freed {freed / 1e9:.1f} GB")
     else:
         table(args.names or [n for n in CONFIGS if (RUNS / n).exists()], args.markdown)
 
