@@ -32,11 +32,7 @@ from pathlib import Path
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-ALPHAS = (0.6, 1.0, 1.3, 1.6, 2.0)  # configs/multi30k.yaml's train.tune_length_penalty
-
-
-def read(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
+from bench_length_ratio import ALPHAS, read  # the pass's grid, as the length-ratio bench decodes it
 
 
 def decoded(checkpoint: str, source: list[str], cache: Path, threads: int) -> dict[float, list[str]]:
