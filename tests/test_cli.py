@@ -50,12 +50,16 @@ def test_translate_streams_hostile_input_in_chunks_without_losing_a_line(trained
     lines = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe utf8", long_line, b"\r", b"Two men."] * 3
     stdin = b"\n".join(lines) + b"\n"
     base = ("translate", "-m", trained_run / "best.pt", "-b", "1", "--max-len-a", "0", "--max-len-b", "8")
-    whole = xformer(*base, stdin=stdin)
+    kept = write_lines(tmp_path / "earlier.de", ["earlier result"])
+    assert_one_line_error(xformer(*base, "-o", kept, stdin=stdin), "stdin:4: invalid UTF-8", "--invalid-utf8 replace")
+    assert kept.read_text() == "earlier result\n"  # refused: the earlier output stays
+    replacing = (*base, "--invalid-utf8", "replace")  # asked for: the bytes read as U+FFFD, every line kept
+    whole = xformer(*replacing, stdin=stdin)
     assert whole.returncode == 0, whole.stderr.decode()
     out = whole.stdout.decode().split("\n")
     assert len(out) == len(lines) + 1 and out[-1] == ""
     assert [o == "" for o in out[:-1]] == [line.strip() == b"" for line in lines]
-    chunked = xformer(*base, "--chunk-lines", "2", stdin=stdin)  # 2 lines in memory at a time
+    chunked = xformer(*replacing, "--chunk-lines", "2", stdin=stdin)  # 2 lines in memory at a time
     assert chunked.stdout == whole.stdout
 
     nbest = xformer(*base[:-4], "-b", "3", "--nbest", "3", stdin=b"A dog runs.\n\nTwo men.\n")

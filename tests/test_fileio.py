@@ -120,3 +120,15 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_is_safe(tmp_path):
     with pytest.raises(OSError, match="Permission"):  # anything else passes through as it was
         with fileio.writing(path):
             raise OSError(errno.EACCES, "Permission denied")
+
+
+def test_input_that_is_not_utf8_is_refused_naming_file_and_line_unless_replacing(tmp_path):
+    from xformer_cli.textio import iter_lines
+
+    source = tmp_path / "in.en"
+    source.write_bytes(b"A man.\r\nA caf\xe9 here.\nTwo dogs.")
+    lines = iter_lines(source)
+    assert next(lines) == "A man."  # lines before the bad one are read as they come
+    with pytest.raises(XformerError, match=r"in\.en:2: invalid UTF-8 .* at byte 5\); fix the input"):
+        next(lines)
+    assert list(iter_lines(source, replace_invalid=True)) == ["A man.", "A caf\ufffd here.", "Two dogs."]

@@ -212,6 +212,7 @@ def translate(
     glossary: Optional[Path] = typer.Option(None, "--glossary", help="TSV file: source term<TAB>target term; the target term appears wherever the source term does (a target equal to its source: do-not-translate). Also keeps URLs and e-mail addresses unchanged and numbers as --keep-numbers does."),
     target_lang: Optional[str] = _target_lang,
     source_lang: Optional[str] = _source_lang,
+    invalid_utf8: str = typer.Option("error", "--invalid-utf8", help="A line that is not UTF-8: error (stop, naming the file and line; a file given with --output is not written) or replace (read its undecodable bytes as U+FFFD and translate the rest of the line)."),
     keep_numbers: bool = typer.Option(False, "--keep-numbers", help="Keep every source number's value: where the translation lacks it (in digits, or as a number word of the target language), the source's digits replace the wrong number the model wrote in its place, or go where the number aligns. A number the model spelled out stays as it is: never both. Without this option (or --glossary) the output is the model's."),
 ) -> None:
     """Translate text: exactly one output line per input line (N with --nbest), blank lines stay blank.
@@ -222,7 +223,10 @@ def translate(
     _before_torch()
     if chunk_lines < 1:
         raise XformerError("--chunk-lines must be at least 1")
-    lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang)
+    if invalid_utf8 not in ("error", "replace"):
+        raise XformerError(f"--invalid-utf8 must be error or replace, not {invalid_utf8!r}")
+    lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang,
+                                        invalid_utf8 == "replace")
     text_options = _text_options(direction, split_sentences, format, glossary, nbest, keep_numbers)
     aligning = attention is not None or format == "html" or glossary is not None or keep_numbers  # tags and terms follow attention
     needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
@@ -242,12 +246,14 @@ def translate(
         _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
 
 
-def _input_direction(input: Optional[Path], chunk_lines: int, model: Path, target_lang, source_lang):
+def _input_direction(input: Optional[Path], chunk_lines: int, model: Path, target_lang, source_lang,
+                     replace_invalid: bool = False):
     """(the input lines, the direction to translate them in); the first chunk of the input is
     read ahead only where the source language must be detected."""
     from xformer_cli.textio import iter_lines
 
-    lines = _Peek(iter_lines(input), chunk_lines)
+    remedy = "fix the input or pass --invalid-utf8 replace (its bytes read as U+FFFD)"
+    lines = _Peek(iter_lines(input, replace_invalid, remedy), chunk_lines)
     return lines, _direction(model, target_lang, source_lang, lines.text)
 
 

@@ -1,9 +1,10 @@
 """Line-exact text input and output for translation: the line count never drifts.
 
 Input is split on '\\n' only (never on the other characters ``str.splitlines`` treats as
-breaks), undecodable bytes become U+FFFD, and it is read lazily so any size streams in
-bounded memory. Output to a file is written whole or not at all (``fileio.atomic_file``):
-a failed run never truncates an earlier result.
+breaks), a line that is not UTF-8 is an error naming file and line (or, when asked, its
+undecodable bytes become U+FFFD), and it is read lazily so any size streams in bounded
+memory. Output to a file is written whole or not at all (``fileio.atomic_file``): a failed
+run never truncates an earlier result.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ def _is_std(path: Optional[Path]) -> bool:
     return path is None or str(path) == "-"
 
 
-def iter_lines(path: Optional[Path]) -> Iterator[str]:
-    """Lines of a file (or stdin for None / "-"), without their line ends."""
+def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str = "fix the input") -> Iterator[str]:
+    """Lines of a file (or stdin for None / "-"), without their line ends. Bytes that are not
+    UTF-8 stop the reading with the file and line named, or with ``replace_invalid`` are read
+    as U+FFFD (the line count stays; what the line said there is lost). ``remedy`` ends the error."""
     if _is_std(path):
         handle = sys.stdin.buffer
     else:
@@ -30,8 +33,15 @@ def iter_lines(path: Optional[Path]) -> Iterator[str]:
             raise XformerError(f"input file not found: {path}")
         handle = path.open("rb")
     with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
-        for raw in handle:  # binary iteration splits on b"\n" only
-            yield raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8", errors="replace")
+        for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
+            raw = raw.rstrip(b"\n").rstrip(b"\r")
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not replace_invalid:
+                    name = "stdin" if _is_std(path) else str(path)
+                    raise XformerError(f"{name}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); {remedy}") from None
+                yield raw.decode("utf-8", errors="replace")
 
 
 def count_lines(path: Path) -> int:

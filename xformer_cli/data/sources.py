@@ -67,21 +67,21 @@ def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool) -> Optional[str]:
+def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool,
+            remedy: str = "fix the file or set data.skip_invalid_utf8: true") -> Optional[str]:
     try:
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         if skip_invalid:
             return None
-        raise XformerError(f"{path}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); "
-                           "fix the file or set data.skip_invalid_utf8: true") from None
+        raise XformerError(f"{path}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); {remedy}") from None
 
 
 def read_lines(path: Path) -> Iterator[str]:
     """Lines without their newline; invalid UTF-8 is an error naming file and line."""
     with _open_binary(path) as handle:
         for number, raw in enumerate(handle, start=1):
-            yield _decode(raw, path, number, skip_invalid=False)  # type: ignore[misc]
+            yield _decode(raw, path, number, skip_invalid=False, remedy="fix the file")  # type: ignore[misc]
 
 
 def _text_pairs(src_path: Path, tgt_path: Path, skip_invalid: bool, dropped: Counter) -> Iterator[tuple[str, str]]:
