@@ -120,6 +120,20 @@ def test_the_tokenizer_sample_is_balanced_across_languages(corpus, tmp_path):
     assert {lang: len(lines) for lang, lines in everything.items()} == {"en": 300, "de": 300, "fr": 300}
 
 
+def test_a_smaller_language_is_repeated_to_the_share_the_sampling_temperature_gives_it():
+    """As training samples a small pair by temperature, so does the tokenizer: n_max * (n / n_max)^(1/T)."""
+    from xformer_cli.data.directions import balance
+
+    drawn = {"en": [f"en {i}" for i in range(3200)], "de": [f"de {i}" for i in range(2900)],
+             "cs": [f"cs {i}" for i in range(300)]}
+    assert balance(drawn, 1.0, seed=1) == drawn  # T = 1: as drawn
+    hot = balance(drawn, 5.0, seed=1)
+    assert {lang: len(lines) for lang, lines in hot.items()} == {"en": 3200, "de": 3138, "cs": 1993}
+    assert hot["cs"][:900] == drawn["cs"] * 3 and set(hot["cs"]) == set(drawn["cs"])  # whole copies, then a subset
+    assert len(set(hot["cs"][1800:])) == 193 and hot == balance(drawn, 5.0, seed=1)  # distinct, and seeded
+    assert {len(lines) for lines in balance(drawn, 1e9, seed=1).values()} == {3200}  # T -> inf: all equal
+
+
 # -- the data a run reads ---------------------------------------------------------------------------
 
 def test_prepared_data_holds_every_pair_tagged_and_valid_sets_per_direction(corpus, tmp_path):

@@ -75,8 +75,9 @@ def tagged_union(sets: dict[Direction, ParallelCorpus], d: DataConfig, role: str
 
 def language_sample(sources: Sequence[PairSource], d: DataConfig, size: int, seed: int) -> dict[str, list[str]]:
     """Sentences per language for the tokenizer: ``size`` in all, shared equally by the
-    languages (one with fewer gives all it has), each drawn uniformly from its text. A file
-    read by several pairs (the English side of en-de and en-fr) counts once."""
+    languages, each drawn uniformly from its text; a language with fewer sentences than the
+    largest is repeated up to the share ``data.sampling_temperature`` gives it (``balance``).
+    A file read by several pairs (the English side of en-de and en-fr) counts once."""
     directions = d.directions()
     streams: dict[str, dict[str, tuple[PairSource, int]]] = {}  # language -> {side key: (source, side)}
     for source in sources:
@@ -84,8 +85,24 @@ def language_sample(sources: Sequence[PairSource], d: DataConfig, size: int, see
         for side, lang in ((0, pair.src_lang), (1, pair.tgt_lang)):
             streams.setdefault(lang, {}).setdefault(source.side_key(side), (source, side))
     quota = max(size // max(len(streams), 1), 1)
-    return {lang: reservoir((line for source, side in by_key.values() for line in source.side(side)), quota, seed)
-            for lang, by_key in streams.items()}
+    drawn = {lang: reservoir((line for source, side in by_key.values() for line in source.side(side)), quota, seed)
+             for lang, by_key in streams.items()}
+    return balance(drawn, d.sampling_temperature, seed)
+
+
+def balance(drawn: dict[str, list[str]], temperature: float, seed: int) -> dict[str, list[str]]:
+    """Each language's sentences repeated up to n_max * (n / n_max)^(1/T) (n: its sentences, n_max:
+    the largest language's): the share training sampling by temperature T gives a small pair, so
+    its words get pieces of their own instead of being spelled in fragments. T = 1 keeps the
+    sample as drawn; a large T makes every language as large as the largest. The repeats are
+    whole copies and a seeded subset of one more."""
+    largest = max((len(lines) for lines in drawn.values()), default=0)
+    balanced = {}
+    for lang, lines in drawn.items():
+        wanted = round(largest * (len(lines) / largest) ** (1 / temperature)) if lines else 0
+        copies, extra = divmod(max(wanted, len(lines)), max(len(lines), 1))
+        balanced[lang] = lines * copies + random.Random(seed).sample(lines, extra)
+    return balanced
 
 
 def reservoir(items: Iterable[T], size: int, seed: int) -> list[T]:

@@ -128,6 +128,8 @@ class TokenizerPlan:
         sources, targets = ({p.src_lang for p in d.directions()}, {p.tgt_lang for p in d.directions()})
         by_language = language_sample(self.sources, d, tc.input_sentence_size, self.config.train.seed)
         counts = ", ".join(f"{lang} {len(lines)}" for lang, lines in by_language.items())
+        if d.sampling_temperature != 1:
+            counts += f"; smaller ones repeated to their share at data.sampling_temperature {d.sampling_temperature:g}"
         if tc.joint:  # one model over every language: all of them on one side
             return [line for lines in by_language.values() for line in lines], [], f"sentences per language ({counts})"
         src = [line for lang, lines in by_language.items() if lang in sources for line in lines]
