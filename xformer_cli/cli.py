@@ -221,12 +221,7 @@ def translate(
     given with --output appears only once it is complete.
     """
     _before_torch()
-    if chunk_lines < 1:
-        raise XformerError("--chunk-lines must be at least 1")
-    if invalid_utf8 not in ("error", "replace"):
-        raise XformerError(f"--invalid-utf8 must be error or replace, not {invalid_utf8!r}")
-    lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang,
-                                        invalid_utf8 == "replace")
+    lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang, invalid_utf8)
     text_options = _text_options(direction, split_sentences, format, glossary, nbest, keep_numbers)
     aligning = attention is not None or format == "html" or glossary is not None or keep_numbers  # tags and terms follow attention
     needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
@@ -247,13 +242,17 @@ def translate(
 
 
 def _input_direction(input: Optional[Path], chunk_lines: int, model: Path, target_lang, source_lang,
-                     replace_invalid: bool = False):
+                     invalid_utf8: str = "error"):
     """(the input lines, the direction to translate them in); the first chunk of the input is
     read ahead only where the source language must be detected."""
     from xformer_cli.textio import iter_lines
 
+    if chunk_lines < 1:
+        raise XformerError("--chunk-lines must be at least 1")
+    if invalid_utf8 not in ("error", "replace"):
+        raise XformerError(f"--invalid-utf8 must be error or replace, not {invalid_utf8!r}")
     remedy = "fix the input or pass --invalid-utf8 replace (its bytes read as U+FFFD)"
-    lines = _Peek(iter_lines(input, replace_invalid, remedy), chunk_lines)
+    lines = _Peek(iter_lines(input, invalid_utf8 == "replace", remedy), chunk_lines)
     return lines, _direction(model, target_lang, source_lang, lines.text)
 
 
