@@ -1,1 +1,1 @@
-"""Importers of models trained elsewhere (MarianMT / OPUS-MT: ``marian.py``)."""
+"""Importers of models trained elsewhere (MarianMT / OPUS-MT: ``marian.py``, reading its files with ``marian_files.py``)."""

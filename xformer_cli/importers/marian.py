@@ -35,6 +35,7 @@ contradict config.json, tensors no MarianMT part explains, a missing vocab.json.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
@@ -143,7 +144,8 @@ def _pairs_config(pairs, tags: dict[str, str], train: list[CorpusConfig]) -> Dat
 
 
 def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
-    """xformer's decode defaults from generation_config.json (else config.json's keys)."""
+    """xformer's decode defaults from generation_config.json (else config.json's keys); an
+    xformer export's own decode section (xformer_export.json) for what generate cannot say."""
     path = directory / "generation_config.json"
     gen = {**hf, **(read_json(path) if path.is_file() else {})}
     defaults = DecodeConfig()
@@ -151,7 +153,7 @@ def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
     limit = int(gen["max_new_tokens"]) - 1 if gen.get("max_new_tokens") else (
         int(gen["max_length"]) - 2 if gen.get("max_length") else 0)
     positions = int(hf.get("max_position_embeddings", 1024))
-    return DecodeConfig(
+    imported = DecodeConfig(
         beam_size=int(gen.get("num_beams") or 1),
         length_penalty=round(float(gen.get("length_penalty", 1.0)) / HF_LENGTH_PENALTY_SCALE, 4),
         max_len_a=0.0 if limit > 0 else defaults.max_len_a,
@@ -159,6 +161,27 @@ def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
         min_len=int(gen.get("min_new_tokens") or defaults.min_len),
         max_input_len=positions - 1,  # + eos: Marian's position table cannot grow
     )
+    return _as_exported(imported, read_export_info(directory).get("decode"), limit)
+
+
+def _as_exported(imported: DecodeConfig, recorded: Any, limit: int) -> DecodeConfig:
+    """An xformer export imported back: generate's one length limit is the longest source's, so
+    where generation_config still says what the export wrote, the exported a * source + b,
+    source cut and alphas per target come back instead (the round trip translates as before)."""
+    from xformer_cli.export.huggingface import xformer_max_new_tokens
+
+    if not isinstance(recorded, dict):
+        return imported
+    try:
+        exported = DecodeConfig(**recorded)
+        written = xformer_max_new_tokens(exported.max_input_len + 1, exported.max_len_a, exported.max_len_b) - 1
+    except (TypeError, ValueError):  # an older or hand-edited file: generation_config alone
+        return imported
+    if limit != written or not 0 < exported.max_input_len <= imported.max_input_len:
+        return imported
+    return dataclasses.replace(imported, max_len_a=exported.max_len_a, max_len_b=exported.max_len_b,
+                               max_input_len=exported.max_input_len,
+                               length_penalty_by_target=dict(exported.length_penalty_by_target))
 
 
 # -- vocabulary ------------------------------------------------------------------------------
