@@ -201,3 +201,48 @@ def test_withdrawing_a_queued_job_drops_it_before_the_engine():
     assert kept.result(5).texts == ["Y"] and gone.cancelled()
     batcher.stop(5)
     assert engine.calls == [(["y"], {})] and (batcher.dropped, batcher.abandoned) == (1, 0)
+
+
+def test_a_long_job_runs_in_parts_that_take_turns_with_other_clients():
+    """One request of many texts must not hold the engine: its parts go to the back of the queue."""
+    gate = threading.Event()
+    engine = Recorder(gate=gate)
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=3, max_tokens=100).start()
+    long_texts = [f"t{i}" for i in range(10)]
+    long = batcher.submit(long_texts)
+    assert engine.entered.wait(5)  # its first part is in the engine
+    short = batcher.submit(["short one"])
+    assert batcher.queued == 7 + 1  # the long job's later parts still count against the queue's bound
+    gate.set()
+    assert long.result(5).texts == [t.upper() for t in long_texts] and short.result(5).texts == ["SHORT ONE"]
+    assert [texts for texts, _ in engine.calls] == [long_texts[:3], ["short one"], long_texts[3:6], long_texts[6:9],
+                                                    long_texts[9:]]
+    result = long.result()
+    assert result.batch_texts == 3 and result.decode_s >= 0 and batcher.queued == 0
+    assert (batcher.jobs_done, batcher.texts_done, batcher.batches) == (2, 11, 5)
+    tokens = Batcher(engine, max_wait=0.0, max_sentences=64, max_tokens=6)
+    assert [texts for texts, _ in tokens._parts(["a b", "c d", "e f g h i j k", "l"])] == [
+        ["a b", "c d"], ["e f g h i j k"], ["l"]]  # 3 + 3 tokens; one text over the cap alone
+    assert batcher.stop(5)
+
+
+def test_a_long_job_withdrawn_between_its_parts_runs_no_more_of_them():
+    in_x, release_x = threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+
+    def engine(texts, options, wanted):
+        calls.append(list(texts))
+        if texts == ["x"]:  # the long job's second part waits in the queue meanwhile
+            in_x.set()
+            assert release_x.wait(10)
+        return list(texts)
+
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=2, max_tokens=100)
+    long, other = batcher.submit(["a", "b", "c", "d", "e"]), batcher.submit(["x"])
+    batcher.start()
+    assert in_x.wait(5)
+    batcher.withdraw(long)  # its client went away between its parts
+    release_x.set()
+    assert other.result(5).texts == ["x"]
+    assert batcher.stop(5) and batcher.queued == 0 and batcher.abandoned == 1
+    assert calls == [["a", "b"], ["x"]]  # nothing after the part that ran

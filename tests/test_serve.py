@@ -110,6 +110,10 @@ def test_languages_health_and_page():
     (json.dumps({"q": "x" * 51, "source": "en", "target": "de"}).encode(), 400, "at most 50 per text"),
     (json.dumps({"q": ["x"] * 5, "source": "en", "target": "de"}).encode(), 400, "at most 4"),
     (json.dumps({"q": "x" * 5000, "source": "en", "target": "de"}).encode(), 413, "4096"),
+    (b'{"q": "a\\ud800b", "source": "en", "target": "de"}', 400, "lone surrogate"),  # JSON can say it, text cannot
+    (b'{"q": "a", "source": "\\udfff", "target": "de"}', 400, "not valid Unicode"),
+    (b'{"q": "x", "source": "en", "target": "de", "beam_size": "--3"}', 400, "beam_size"),
+    (b'{"q": "x", "source": "en", "target": "de", "alternatives": "\xc2\xb2"}', 400, "alternatives"),  # a superscript 2
 ])
 def test_bad_requests_get_a_4xx_json_error(body, status, fragment):
     engine = FakeEngine()
@@ -120,6 +124,45 @@ def test_bad_requests_get_a_4xx_json_error(body, status, fragment):
         assert fragment in res.json()["error"] and "Traceback" not in res.text
         assert post(client, q="still alive", source="en", target="de").status_code == 200
     assert [texts for texts, _ in engine.calls] == [["still alive"]]  # nothing bad reached the engine
+
+
+def test_forms_multipart_and_url_encoded_as_libretranslate_reads_them():
+    with client_for() as client:
+        res = client.post("/translate", data={"q": ["ab", "cd"], "source": "en", "target": "de"})
+        assert res.status_code == 200 and res.json() == {"translatedText": ["[4] ba", "[4] dc"]}
+        # a browser's FormData: multipart/form-data, q repeated for several texts
+        multipart = client.post("/translate", files=[("q", (None, "ab")), ("q", (None, "cd")), ("source", (None, "en")),
+                                                     ("target", (None, "de")), ("beam_size", (None, "2"))])
+        assert multipart.status_code == 200 and multipart.json() == {"translatedText": ["[2] ba", "[2] dc"]}
+        upload = client.post("/translate", files={"q": ("a.txt", b"ab")}, data={"source": "en", "target": "de"})
+        assert upload.status_code == 400 and "form could not be read" in upload.json()["error"]  # a file is no text
+        bad = client.post("/translate", content=b"q=%FF%FE&source=en&target=de",
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert bad.status_code == 400 and "not UTF-8" in bad.json()["error"]
+
+
+class BrokenLanguages(FakeEngine):
+    broken = False
+
+    @property
+    def languages(self):
+        if self.broken:
+            raise RuntimeError("a bug")
+        return None
+
+
+def test_head_where_get_answers_and_a_bug_is_a_json_500_that_carries_cors():
+    engine = BrokenLanguages()
+    with client_for(engine, cors=["http://a.example"]) as client:
+        for path in ("/", "/health", "/languages"):
+            res = client.head(path)
+            assert res.status_code == 200 and res.content == b"", path
+        engine.broken = True
+        res = client.get("/languages", headers={"Origin": "http://a.example"})
+        assert res.status_code == 500 and res.json() == {"error": "internal error (RuntimeError)"}
+        assert res.headers["access-control-allow-origin"] == "http://a.example"  # a browser can read it
+        engine.broken = False
+        assert post(client, q="still here", source="en", target="de").status_code == 200  # and it lives on
 
 
 def test_unknown_paths_and_methods_answer_json():

@@ -71,9 +71,10 @@ def create_app(
     app.state.batcher = queue
     app.state.engine = engine
     app.state.files = store
+    app.add_middleware(Unexpected, log=log)  # added first: inside the CORS middleware
     if cors:  # checked now: starlette builds its middleware at the first request
         app.add_middleware(CorsMiddleware, origins=[check_origin(origin) for origin in cors])
-    add_error_handlers(app, log)
+    add_error_handlers(app)
     translate_fields = translation_call(engine, queue, log)
     add_translate_route(app, engine, limits, api_key, translate_fields)
     add_info_routes(app, engine, queue, served_info(engine, limits, api_key))
@@ -90,9 +91,36 @@ def error(status: int, message: str, headers: Optional[dict[str, str]] = None):
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def add_error_handlers(app, log: Callable[[str], None]) -> None:
-    """Our own errors, FastAPI's (404, 405, ...), invalid requests, clients gone and anything
-    unexpected, all as ``{"error": ...}``."""
+class Unexpected:
+    """Anything no handler turned into an answer (a bug): one log line and a JSON 500. A pure
+    ASGI middleware inside the CORS one, so a browser can read this answer too (starlette's
+    own last-resort handler sits outside every middleware)."""
+
+    def __init__(self, app, log: Callable[[str], None]):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:  # noqa: BLE001 - the server answers and lives on
+            self.log(f"error: {scope.get('method')} {scope.get('path')} failed: {type(exc).__name__}: {str(exc)[:200]}")
+            if started:  # half an answer is out: nothing JSON can follow it
+                raise
+            await error(500, f"internal error ({type(exc).__name__})")(scope, receive, send)
+
+
+def add_error_handlers(app) -> None:
+    """Our own errors, FastAPI's (404, 405, ...), invalid requests and clients gone, all as
+    ``{"error": ...}`` (anything else: ``Unexpected``)."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
@@ -113,11 +141,6 @@ def add_error_handlers(app, log: Callable[[str], None]) -> None:
     @app.exception_handler(ClientDisconnect)
     async def _gone(request, exc: Exception):  # nobody reads it: the status is for the access log
         return error(499, "the client closed the connection")
-
-    @app.exception_handler(Exception)  # a bug: say so in JSON, not in starlette's plain text
-    async def _unexpected(request, exc: Exception):
-        log(f"error: {request.method} {request.url.path} failed: {type(exc).__name__}: {str(exc)[:200]}")
-        return error(500, f"internal error ({type(exc).__name__})")
 
 
 def served_languages(engine: Any) -> Languages:
@@ -182,11 +205,11 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
 
     from xformer_cli.serve.page import render_page
 
-    @app.get("/languages")
+    @app.api_route("/languages", methods=["GET", "HEAD"])  # HEAD: what monitors and health checks send
     async def get_languages():
         return JSONResponse(languages(served_languages(engine)))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         status = "stopping" if queue.stopping else "ok"
         body = {"status": status, **info, "queued": queue.queued, "batches": queue.batches,
@@ -197,6 +220,6 @@ def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> N
 
     page = render_page(info)
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])
     async def index():
         return HTMLResponse(page)

@@ -20,6 +20,11 @@ went out are given ``max_wait`` to send their next requests and share one call, 
 of splitting into two half-size batches that take turns (each of which would then find
 its own demand met).
 
+A job larger than one call (more than ``max_sentences`` texts or ``max_tokens`` tokens) runs
+in parts of at most that size, one part in the queue at a time: when a part is done the next
+goes to the back of the queue, so one client's long request takes turns with the others'
+instead of holding the engine until it is through.
+
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
 and nothing is held. A client that goes away calls ``withdraw``: a job still waiting
 leaves the queue at once and never reaches the engine (so does one whose future is
@@ -37,7 +42,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 # (texts, options, wanted) -> one output per text; wanted(i): is text i still wanted?
@@ -71,12 +76,21 @@ def estimate_tokens(text: str) -> int:
 
 @dataclass(eq=False)  # jobs are compared by identity (deque.remove)
 class _Job:
-    texts: list[str]
+    texts: list[str]  # the part that runs next
     key: tuple  # the decoding options; only equal keys share an engine call
-    tokens: int
+    tokens: int  # of that part
     future: Future
     enqueued: float
+    parts: deque = field(default_factory=deque)  # the parts after it: (texts, tokens)
     withdrawn: bool = False  # its client went away while its engine call ran
+    outputs: list = field(default_factory=list)  # the parts done so far
+    started: Optional[float] = None  # when its first part's engine call started
+    decode_s: float = 0.0
+    batch_texts: int = 0
+
+    def waiting_texts(self) -> int:
+        """The texts of this job the queue still holds (its next part and the ones after)."""
+        return len(self.texts) + sum(len(texts) for texts, _ in self.parts)
 
 
 class Batcher:
@@ -124,8 +138,9 @@ class Batcher:
     def submit(self, texts: Sequence[str], **options: Any) -> "Future[Translation]":
         """Queue ``texts`` for one engine call with ``options``; raises ``QueueFull`` or ``Stopped``."""
         texts = list(texts)
-        job = _Job(texts, tuple(sorted(options.items())), sum(map(self._count_tokens, texts)), Future(),
-                   time.monotonic())
+        parts = deque(self._parts(texts))
+        first, tokens = parts.popleft()
+        job = _Job(first, tuple(sorted(options.items())), tokens, Future(), time.monotonic(), parts)
         with self._cond:
             if self._stopping:
                 raise Stopped("the server is shutting down")
@@ -138,6 +153,20 @@ class Batcher:
         job.future.add_done_callback(lambda future: self._drop_if_cancelled(job))
         return job.future
 
+    def _parts(self, texts: list[str]) -> list[tuple[list[str], int]]:
+        """``texts`` cut, in order, into parts of at most one call's texts and tokens (a text
+        over the token cap alone is a part of its own); no texts: one empty part."""
+        parts: list[tuple[list[str], int]] = [([], 0)]
+        for text in texts:
+            part, tokens = parts[-1]
+            cost = self._count_tokens(text)
+            if part and (len(part) >= self.max_sentences or tokens + cost > self.max_tokens):
+                parts.append(([], 0))
+                part, tokens = parts[-1]
+            part.append(text)
+            parts[-1] = (part, tokens + cost)
+        return parts
+
     def _drop_if_cancelled(self, job: _Job) -> None:
         """A cancelled job that still waits leaves the queue now: it frees its room, and no
         batch waits for it or carries it."""
@@ -146,7 +175,7 @@ class Batcher:
         with self._cond:
             if job in self._jobs:
                 self._jobs.remove(job)
-                self._queued -= len(job.texts)
+                self._queued -= job.waiting_texts()
                 self.dropped += 1
                 self._cond.notify_all()
 
@@ -160,6 +189,13 @@ class Batcher:
                 if job.future is future and not job.withdrawn:
                     job.withdrawn = True
                     self.abandoned += 1
+            for job in list(self._jobs):  # a part of a long job waiting its next turn
+                if job.future is future:
+                    self._jobs.remove(job)
+                    self._queued -= job.waiting_texts()
+                    self.abandoned += 1
+                    job.future.set_exception(Stopped("withdrawn"))  # nobody reads it: the caller left
+                    self._cond.notify_all()
 
     @property
     def queued(self) -> int:
@@ -193,20 +229,29 @@ class Batcher:
                     self._running = []
 
     def _run_batch(self, batch: list[_Job]) -> None:
-        live = [job for job in batch if job.future.set_running_or_notify_cancel()]  # skip cancelled ones
+        # skip cancelled ones (a later part's job is running already)
+        live = [job for job in batch if job.started is not None or job.future.set_running_or_notify_cancel()]
         if not live:
             return
         try:
             self._finish(live)
         except BaseException as exc:  # noqa: BLE001 - a worker that dies would hang every caller
             if len(live) == 1:
-                live[0].future.set_exception(exc)
+                self._fail(live[0], exc)
                 return
             for job in live:  # find the culprit: each job alone
                 try:
                     self._finish([job])
                 except BaseException as alone:  # noqa: BLE001
-                    job.future.set_exception(alone)
+                    self._fail(job, alone)
+
+    def _fail(self, job: _Job, exc: BaseException) -> None:
+        """A job whose part failed fails whole: its later parts leave the queue's count."""
+        with self._cond:
+            self._queued -= sum(len(texts) for texts, _ in job.parts)
+            job.parts.clear()
+            self._cond.notify_all()
+        job.future.set_exception(exc)
 
     def _finish(self, jobs: list[_Job]) -> None:
         texts = [text for job in jobs for text in job.texts]
@@ -220,12 +265,28 @@ class Batcher:
         self._demand.append(len(jobs) + len(self._jobs))
         self.batches += 1
         self.texts_done += len(texts)
-        self.jobs_done += len(jobs)
         at = 0
         for job in jobs:
             n = len(job.texts)
-            job.future.set_result(Translation(out[at:at + n], start - job.enqueued, took, len(texts)))
+            job.outputs += out[at:at + n]
+            job.started = start if job.started is None else job.started
+            job.decode_s, job.batch_texts = job.decode_s + took, max(job.batch_texts, len(texts))
             at += n
+            self._next_part_or_done(job)
+
+    def _next_part_or_done(self, job: _Job) -> None:
+        """A job with parts left goes to the back of the queue with the next one; else its
+        future gets every part's translations."""
+        with self._cond:
+            if job.parts and not job.withdrawn:
+                job.texts, job.tokens = job.parts.popleft()
+                self._jobs.append(job)
+                self._cond.notify_all()
+                return
+            self._queued -= sum(len(texts) for texts, _ in job.parts)  # withdrawn: the rest is dropped
+            job.parts.clear()
+        self.jobs_done += 1
+        job.future.set_result(Translation(job.outputs, job.started - job.enqueued, job.decode_s, job.batch_texts))
 
     def _next_batch(self) -> Optional[list[_Job]]:
         """The next jobs to run together, out of the queue; None once stopping and drained."""

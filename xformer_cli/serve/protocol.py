@@ -16,6 +16,7 @@ the ones it has.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import parse_qs
@@ -98,7 +99,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
     is_form = content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
     if is_form and not body.lstrip()[:1] in (b"{", b"["):
         try:
-            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+            # errors="strict": a percent-encoded byte that is not UTF-8 (q=%FF) is refused too
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, errors="strict")
         except UnicodeDecodeError:
             raise ApiError(400, "Invalid request: the form is not UTF-8") from None
         return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
@@ -112,6 +114,12 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
         raise ApiError(400, "Invalid request: the JSON is nested too deeply") from None
     if not isinstance(fields, dict):
         raise ApiError(400, "Invalid request: the body must be a JSON object")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no text can hold
+        json.dumps(fields, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "Invalid request: the JSON holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
+    except RecursionError:
+        raise ApiError(400, "Invalid request: the JSON is nested too deeply") from None
     return fields
 
 
@@ -119,8 +127,8 @@ def _int_field(fields: dict[str, Any], name: str, low: int, high: int) -> Option
     value = fields.get(name)
     if value is None or value == "":
         return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)  # form fields are strings
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
+        value = int(value)  # form fields are strings (ASCII digits only: "²" and "٣" are not numbers here)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ApiError(400, f"Invalid request: {name} must be an integer from {low} to {high}")
     return value

@@ -41,12 +41,52 @@ def query_fields(request) -> dict[str, Any]:
 
 
 async def read_fields(request, limit: int) -> dict[str, Any]:
-    """The request's fields: the body's (JSON or a form), over the query string's."""
+    """The request's fields: the body's (JSON, a form, or a multipart form as a browser's
+    FormData sends it), over the query string's."""
     body = await read_body(request, limit)
     query = query_fields(request)
     if query and not body.strip():
         return query
-    return {**query, **parse_body(body, request.headers.get("content-type", ""))}
+    content_type = request.headers.get("content-type", "")
+    if _media_type(content_type) != "multipart/form-data":
+        return {**query, **parse_body(body, content_type)}
+    fields: dict[str, Any] = {}
+    for key, value in await _multipart(request, body, max_files=0):
+        if key == "q" and key in fields:  # q given more than once is a list, as in a URL-encoded form
+            fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
+        else:
+            fields[key] = value
+    return {**query, **fields}
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
+async def _multipart(request, body: bytes, max_files: int) -> list[tuple[str, Any]]:
+    """The fields of a multipart (or URL-encoded) ``body``: (name, a string or an ``Upload``)."""
+    from starlette.requests import Request
+
+    sent = False
+
+    async def replay():  # the body once more, for starlette's form parser
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=max_files, max_fields=20)
+    except AssertionError:  # python-multipart is missing
+        raise ApiError(500, "forms and uploads need python-multipart: pip install 'xformer[serve]'") from None
+    except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the client's error
+        raise ApiError(400, f"Invalid request: the form could not be read ({str(getattr(exc, 'detail', exc))[:80]})") from None
+    try:
+        return [(key, value if isinstance(value, str) else Upload(value.filename or "", await value.read()))
+                for key, value in form.multi_items()]
+    finally:
+        await form.close()
 
 
 @dataclass
@@ -60,33 +100,11 @@ class Upload:
 async def read_form(request, limit: int) -> dict[str, Any]:
     """A multipart (or URL-encoded) form of at most ``limit`` bytes, over the query string's
     fields: field name -> a string or an ``Upload``; 400 when the body is not such a form."""
-    from starlette.requests import Request
-
     body = await read_body(request, limit)
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    if _media_type(request.headers.get("content-type", "")) not in ("multipart/form-data", "application/x-www-form-urlencoded"):
         raise ApiError(400, "Invalid request: send the file as multipart/form-data (fields file, source, target)")
-    sent = False
-
-    async def replay():  # the body once more, for starlette's form parser
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    try:
-        form = await Request(request.scope, replay).form(max_files=1, max_fields=20)
-    except AssertionError:  # python-multipart is missing
-        raise ApiError(500, "file uploads need python-multipart: pip install 'xformer[serve]'") from None
-    except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the client's error
-        raise ApiError(400, f"Invalid request: the form could not be read ({str(getattr(exc, 'detail', exc))[:80]})") from None
     fields: dict[str, Any] = query_fields(request)
-    try:
-        for key, value in form.multi_items():
-            fields[key] = value if isinstance(value, str) else Upload(value.filename or "", await value.read())
-    finally:
-        await form.close()
+    fields.update(await _multipart(request, body, max_files=1))
     return fields
 
 
