@@ -69,6 +69,16 @@ def test_broken_html_never_crashes_and_keeps_every_tag():
         assert [t.raw for t in tokenize(out) if t.kind != "text"] == [t.raw for t in tokenize(source) if t.kind != "text"]
 
 
+def test_markup_the_input_ends_inside_is_kept_and_not_translated():
+    """A browser shows nothing of an unclosed comment, CDATA, tag or processing instruction."""
+    for tail in ("<!-- secret note", '<a href="/x', "<![CDATA[ y", "<?php echo 1", "<!DOCTYPE"):
+        source = f"<p>Hi there.</p> More text {tail}"
+        out = translate_texts(FakeEngine(), [source], TextOptions(format="html"))[0].text
+        assert out == f"<p>HI THERE.</p> MORE TEXT {tail}", out
+    out = translate_texts(FakeEngine(), ["3 < 4 and b"], TextOptions(format="html"))[0].text
+    assert out == "3 &lt; 4 AND B"  # a lone < is text (escaped on the way out)
+
+
 def test_blocks_split_at_block_tags():
     document = parse_html("<ul><li>One</li><li>Two <b>x</b></li></ul>")
     assert [segment.text for segment in document.segments] == ["One", "Two x"]

@@ -23,6 +23,7 @@ INLINE = frozenset("a abbr b bdi bdo br cite data dfn em font i img kbd mark q s
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 ENTITY = re.compile(r"&#?\w+;")
 KEEP = frozenset("script style code pre textarea".split())
+UNFINISHED = re.compile(r"<(?:!|\?|/?[A-Za-z])")  # what html.parser hands back as text when the input ends inside it
 
 
 @dataclass
@@ -74,6 +75,18 @@ class _Tokenizer(HTMLParser):
         self._mark("other")
 
 
+def _unfinished_tail(source: str, marks: list) -> list:
+    """Markup the input ends inside (``<!-- note``, ``<a href="x``), which html.parser hands back
+    as text, is kept as it is: a browser shows none of it, so it is not text to translate."""
+    cut = None
+    for i in range(len(marks) - 1, -1, -1):  # the trailing run of text, from its end
+        if marks[i][1] != "text":
+            break
+        if UNFINISHED.match(source, marks[i][0]):
+            cut = i
+    return marks if cut is None else marks[:cut] + [(marks[cut][0], "other", "")]
+
+
 def tokenize(source: str) -> list[Token]:
     """Tokens whose raw texts join to ``source`` exactly; text runs merged."""
     parser = _Tokenizer(source)
@@ -85,6 +98,7 @@ def tokenize(source: str) -> list[Token]:
     marks = sorted({offset: (offset, kind, tag) for offset, kind, tag in parser.starts}.values())
     if not marks or marks[0][0] > 0:
         marks.insert(0, (0, "text", ""))
+    marks = _unfinished_tail(source, marks)
     tokens: list[Token] = []
     for (offset, kind, tag), following in zip(marks, [m[0] for m in marks[1:]] + [len(source)]):
         raw = source[offset:following]
