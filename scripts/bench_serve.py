@@ -158,6 +158,42 @@ def vanishing(url: str, lines: list[str], clients: int) -> dict:
             "texts_in_engine_calls": after["texts"] - before["texts"] - 1}  # servers before "abandoned": 0
 
 
+def long_request(url: str, lines: list[str], texts: int) -> dict:
+    """One client sends ``texts`` paragraphs of test sentences (each under the server's 5000
+    characters); a second later another asks for one sentence, five times in a row. Their
+    latencies, beside the same request's on the idle server, show whether the long request
+    holds the engine until it is through or takes turns."""
+    honest = {"q": lines[0], "source": "en", "target": "de"}
+    Client(url).call("POST", "/translate", honest)
+    started = time.perf_counter()
+    Client(url).call("POST", "/translate", honest)
+    idle_ms = (time.perf_counter() - started) * 1000
+    paragraphs, at = [], 0
+    while len(paragraphs) < texts:
+        paragraph = ""
+        while len(paragraph) + len(lines[at % len(lines)]) + 1 < 4900:
+            paragraph += lines[at % len(lines)] + " "
+            at += 1
+        paragraphs.append(paragraph.strip())
+    took: dict[str, float] = {}
+
+    def send_long():
+        begun = time.perf_counter()
+        status, _ = Client(url).call("POST", "/translate", {"q": paragraphs, "source": "en", "target": "de"})
+        took["long_s"], took["long_status"] = time.perf_counter() - begun, status
+
+    thread = threading.Thread(target=send_long)
+    thread.start()
+    time.sleep(1.0)
+    small_ms = []
+    for _ in range(5):
+        begun = time.perf_counter()
+        Client(url).call("POST", "/translate", honest)
+        small_ms.append((time.perf_counter() - begun) * 1000)
+    thread.join()
+    return {"texts": texts, "sentences": at, "idle_ms": idle_ms, "small_ms": small_ms, **took}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/runs/draw1/best.pt"))
@@ -174,6 +210,8 @@ def main() -> None:
     parser.add_argument("--no-batch", action="store_true", help="Skip the xformer translate side.")
     parser.add_argument("--vanishing", type=int, default=0,
                         help="Also: this many clients send a 100-word text and leave at once; an honest request's latency after them.")
+    parser.add_argument("--long-request", type=int, default=0,
+                        help="Then one request of N paragraphs of ~4900 characters, with a one-sentence client beside it.")
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     args = parser.parse_args()
     args.translate_args = ["--engine", "ctranslate2"] if args.engine == "ctranslate2" else []
@@ -211,6 +249,11 @@ def main() -> None:
                   f"{gone['after_ms']:.0f} ms (idle server: {gone['idle_ms']:.0f} ms); dropped from the queue "
                   f"{gone['dropped']}, abandoned mid-decoding {gone['abandoned']}, texts that reached the engine (abandoned ones included) "
                   f"{gone['texts_in_engine_calls']}", flush=True)
+        if args.long_request:
+            long = results["long_request"] = long_request(url, lines, args.long_request)
+            print(f"long request: {long['texts']} paragraphs ({long['sentences']} sentences) answered {long['long_status']} "
+                  f"in {long['long_s']:.1f} s; a one-sentence request beside it took "
+                  f"{', '.join(f'{ms:.0f}' for ms in long['small_ms'])} ms (idle server: {long['idle_ms']:.0f} ms)", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)

@@ -246,3 +246,16 @@ def test_a_long_job_withdrawn_between_its_parts_runs_no_more_of_them():
     assert other.result(5).texts == ["x"]
     assert batcher.stop(5) and batcher.queued == 0 and batcher.abandoned == 1
     assert calls == [["a", "b"], ["x"]]  # nothing after the part that ran
+
+
+def test_a_part_of_a_long_job_runs_alone_so_a_short_job_does_not_wait_for_it():
+    gate = threading.Event()
+    engine = Recorder(gate=gate)
+    batcher = Batcher(engine, max_wait=0.0, max_sentences=4, max_tokens=100).start()
+    long = batcher.submit(["a", "b", "c", "d", "e"])  # parts of 4 and 1
+    assert engine.entered.wait(5)
+    short = batcher.submit(["s"])  # would fit beside the last part (2 of 4 texts), but does not share its call
+    gate.set()
+    assert long.result(5).texts == ["A", "B", "C", "D", "E"] and short.result(5).texts == ["S"]
+    assert [texts for texts, _ in engine.calls] == [["a", "b", "c", "d"], ["s"], ["e"]]
+    assert batcher.stop(5)

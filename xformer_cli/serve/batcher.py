@@ -21,9 +21,9 @@ of splitting into two half-size batches that take turns (each of which would the
 its own demand met).
 
 A job larger than one call (more than ``max_sentences`` texts or ``max_tokens`` tokens) runs
-in parts of at most that size, one part in the queue at a time: when a part is done the next
-goes to the back of the queue, so one client's long request takes turns with the others'
-instead of holding the engine until it is through.
+in parts of at most that size, one part in the queue at a time and each in a call of its own:
+when a part is done the next goes to the back of the queue, so one client's long request
+takes turns with the others' instead of holding the engine until it is through.
 
 The queue is bounded in texts (``max_queued``): past it, ``submit`` raises ``QueueFull``
 and nothing is held. A client that goes away calls ``withdraw``: a job still waiting
@@ -82,6 +82,7 @@ class _Job:
     future: Future
     enqueued: float
     parts: deque = field(default_factory=deque)  # the parts after it: (texts, tokens)
+    split: bool = False  # in parts: each runs alone (sharing a call would make the others wait for it)
     withdrawn: bool = False  # its client went away while its engine call ran
     outputs: list = field(default_factory=list)  # the parts done so far
     started: Optional[float] = None  # when its first part's engine call started
@@ -140,7 +141,7 @@ class Batcher:
         texts = list(texts)
         parts = deque(self._parts(texts))
         first, tokens = parts.popleft()
-        job = _Job(first, tuple(sorted(options.items())), tokens, Future(), time.monotonic(), parts)
+        job = _Job(first, tuple(sorted(options.items())), tokens, Future(), time.monotonic(), parts, bool(parts))
         with self._cond:
             if self._stopping:
                 raise Stopped("the server is shutting down")
@@ -302,7 +303,8 @@ class Batcher:
             batch, kept = [], deque()
             texts = tokens = 0
             for job in self._jobs:
-                fits = not batch or (texts + len(job.texts) <= self.max_sentences and tokens + job.tokens <= self.max_tokens)
+                fits = not batch or (texts + len(job.texts) <= self.max_sentences and tokens + job.tokens <= self.max_tokens
+                                     and not first.split and not job.split)
                 if job.key == first.key and fits:
                     batch.append(job)
                     texts += len(job.texts)
