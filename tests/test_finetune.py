@@ -58,7 +58,7 @@ def test_make_schedule_follows_train_schedule_and_noam_stays_the_papers():
 
 @pytest.mark.parametrize("sets, message", [
     (["train.lr=3e-5"], "config key 'train.lr': is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale"),
-    (["train.schedule=constant"], "config key 'train.lr': must be positive with train.schedule: constant"),
+    (["train.schedule=constant"], "config key 'train.lr': must be positive and finite with train.schedule: constant"),
     (["train.schedule=cosine"], "config key 'train.schedule': must be one of noam, constant, inverse_sqrt"),
     (["train.schedule=constant", "train.lr=1e-4", "train.warmup_steps=-1"], "config key 'train.warmup_steps': must be >= 0 (0 = no warm-up)"),
     (["data.train.weight=0"], "config key 'data.train.weight': must be positive (1 = every pair once an epoch)"),

@@ -423,6 +423,7 @@ def test_train_device_cuda_without_an_index_starts(monkeypatch: pytest.MonkeyPat
         set_to.append(device)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(plan, "resolve_precision", lambda requested, device: ("bf16", "faked"))
@@ -437,6 +438,10 @@ def test_cuda_asked_for_without_cuda_is_one_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(XformerError, match="'cuda:1' was asked for but CUDA is not available"):
         pick_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(XformerError, match="'cuda:2' was asked for but torch sees 2 GPU"):
+        pick_device("cuda:2")
 
 
 class _FakeLibc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -145,6 +146,8 @@ def _load_engine(models: List[Path], engine: str = "auto", precision: str = "aut
     --compute-type, now a spelling of --precision that selects the CTranslate2 engine."""
     from xformer_cli.decode.factory import load_engine
 
+    if threads < 0:
+        raise XformerError(f"--threads must be >= 0 (0 = every core), not {threads}")
     if compute_type is not None:
         if engine == "xformer":
             raise XformerError("--compute-type is for --engine ctranslate2 (and deprecated: use --precision)")
@@ -221,12 +224,11 @@ def translate(
     given with --output appears only once it is complete.
     """
     _before_torch()
+    _check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
     lines, direction = _input_direction(input, chunk_lines, checkpoints[0], target_lang, source_lang, invalid_utf8)
     text_options = _text_options(direction, split_sentences, format, glossary, nbest, keep_numbers)
     aligning = attention is not None or format == "html" or glossary is not None or keep_numbers  # tags and terms follow attention
-    needs = tuple(name for name, wanted in (("attention", aligning), ("sampling_topk", sampling_topk != 0),
-                                            ("temperature", temperature != 1.0), ("seed", seed is not None),
-                                            ("use_cache", no_cache), ("beam_search", beam_size != 1)) if wanted)
+    needs = _needs(aligning, sampling_topk != 0, temperature != 1.0, seed is not None, no_cache, beam_size != 1)
     translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine (fp32, bf16 or fp16), not {translator.name}")
@@ -239,6 +241,28 @@ def translate(
     _warn_cut_lines(translator, max_input_len)
     if attention is not None:
         _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
+
+
+def _needs(*wanted: bool) -> tuple[str, ...]:
+    """What a translate run asks of its engine (the engine factory's ``needs``), in this order:
+    attention, sampling, temperature, a seed, no key/value cache, beam search."""
+    names = ("attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
+    return tuple(name for name, asked in zip(names, wanted) if asked)
+
+
+def _check_output(output: Optional[Path], inputs: list, attention: Optional[Path] = None) -> None:
+    """Before any work: an output that is one of the command's inputs (a checkpoint, the source)
+    would destroy it; an attention plot path that cannot be written would fail the run after
+    the translation was written."""
+    if attention is not None:
+        from xformer_cli.plots import check_png_path
+
+        check_png_path(attention)
+    if output is None or str(output) == "-" or not output.exists():
+        return
+    for path, option in inputs:
+        if path is not None and str(path) != "-" and path.exists() and os.path.samefile(output, path):
+            raise XformerError(f"--output {output} is the {option} file: write the translation elsewhere")
 
 
 def _input_direction(input: Optional[Path], chunk_lines: int, model: Path, target_lang, source_lang,
@@ -413,6 +437,8 @@ def eval_bleu(
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give either --hyp, or --checkpoint with --src")
+    if confidence < 0 or confidence == 1:
+        raise XformerError(f"--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), not {confidence}")
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
     if checkpoint is not None and src is None and not refs and _multilingual(checkpoint):
@@ -449,6 +475,7 @@ def _translate_source(checkpoint: Path, src: Optional[Path], source_lines, searc
     direction = _direction(checkpoint, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
     needs = ("beam_search",) if search["beam_size"] != 1 else ()
     translator = _load_engine([checkpoint], *engine_args, needs)
+    _check_output(output, [(src, "--src"), (checkpoint, "--checkpoint")])
     translated = translator.translate(lines, **search, target_lang=direction.target)
     _warn_cut_lines(translator)
     _say_off_target(translator, translated, direction)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import typing
@@ -288,8 +289,12 @@ class DecodeConfig:
         found = []
         if self.beam_size < 1:
             found.append(("beam_size", "must be at least 1"))
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            found.append(("max_len_b", "max_len_a and max_len_b must be >= 0"))
+        if not 0 <= self.length_penalty < math.inf:
+            found.append(("length_penalty", "must be >= 0 and finite (GNMT alpha; the paper: 0.6)"))
+        if not 0 <= self.max_len_a < math.inf:
+            found.append(("max_len_a", "must be >= 0 and finite"))
+        elif self.max_len_b < 0:
+            found.append(("max_len_b", "must be >= 0"))
         elif self.max_len_a == 0 and self.max_len_b == 0:
             found.append(("max_len_b", "max_len_a and max_len_b cannot both be 0"))
         if self.min_len < 0:
@@ -579,6 +584,9 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", "must be in [0, 1)")
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", "must be in [0, 1)")
+    _require(0.0 < t.adam_eps < 1.0, "train.adam_eps", "must be in (0, 1) (the paper: 1e-9)")
+    _require(0.0 <= t.weight_decay < math.inf, "train.weight_decay", "must be >= 0 and finite")
+    _require(0.0 <= t.clip_norm < math.inf, "train.clip_norm", "must be >= 0 and finite (0 = no clipping)")
     _require(t.valid_every > 0, "train.valid_every", "must be positive")
     _require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
     for name in ("save_every", "keep_checkpoints", "patience", "average_last"):
@@ -595,6 +603,7 @@ def validate(cfg: Config) -> None:
     _require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     _require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
+    _require(bool(cfg.run_dir.strip()), "run_dir", "must name a directory for the run")
     _check_data(d)
     for name, why in dec.problems():
         _require(False, f"decode.{name}", why)
@@ -624,7 +633,7 @@ def _check_plan_rules(t: TrainConfig) -> None:
 
 def _check_schedule(t: TrainConfig) -> None:
     _require(t.schedule in SCHEDULES, "train.schedule", f"must be one of {', '.join(SCHEDULES)}")
-    _require(t.lr_scale > 0, "train.lr_scale", "must be positive")
+    _require(0 < t.lr_scale < math.inf, "train.lr_scale", "must be positive and finite")
     _require(0.0 <= t.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1) (0 = train.warmup_steps)")
     _require(0.0 <= t.cooldown <= 1.0, "train.cooldown", "must be in [0, 1] (a share of the planned steps; 0 = none)")
     _require(t.planned_steps >= 0, "train.planned_steps", "must be >= 0 (0 = work it out)")
@@ -636,13 +645,14 @@ def _check_schedule(t: TrainConfig) -> None:
         _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
     else:
         _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)")
-        _require(t.lr > 0, "train.lr", f"must be positive with train.schedule: {t.schedule}")
+        _require(0 < t.lr < math.inf, "train.lr", f"must be positive and finite with train.schedule: {t.schedule}")
     _require(t.init_from is None or bool(t.init_from.strip()), "train.init_from",
              "give a checkpoint, a MarianMT directory or a Hub id (or leave it out)")
 
 
 def _check_data(d: DataConfig) -> None:
     _require(d.max_len > 0, "data.max_len", "must be positive")
+    _require(d.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0 (0 = the whole valid set)")
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
     if not d.pairs:
         _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")

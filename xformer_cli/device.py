@@ -18,6 +18,7 @@ import ctypes
 import fnmatch
 import functools
 import os
+import re
 import sys
 from typing import Iterable, Optional
 
@@ -43,10 +44,16 @@ def pick_device(name: str = "auto") -> torch.device:
     for this project's kernels first (``configure_cuda``)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", name):
+        raise XformerError(f"device must be auto, cpu, cuda, cuda:N or mps, not {name!r}")
     device = torch.device(name)
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise XformerError("device 'mps' was asked for but this torch has no usable MPS (Apple GPU) here")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise XformerError(f"device '{name}' was asked for but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise XformerError(f"device '{name}' was asked for but torch sees {torch.cuda.device_count()} GPU(s)")
         configure_cuda()
     return device
 

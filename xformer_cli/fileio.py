@@ -108,14 +108,37 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     succeeds, fsynced before and after the rename; on any failure it is removed and
     ``path`` is as it was."""
     path = Path(path)
+    if path.is_symlink():  # the link stays, pointing at the new file
+        path = path.resolve()
+    if path.is_dir():
+        raise XformerError(f"{path} is a directory: give a file name to write")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with _removed_on_failure(tmp):
+        os.fchmod(fd, _mode_for(path, 0o666))  # mkstemp's 0600 would hide the file from others
         with os.fdopen(fd, mode, encoding=encoding, newline=newline) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     sync_directory(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def _mode_for(path: Path, default: int) -> int:
+    """The permissions a file written anew at ``path`` gets: the old file's, else what
+    ``open`` would give (``default`` less the umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return default & ~_UMASK
 
 
 @contextlib.contextmanager
@@ -168,6 +191,7 @@ def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replac
     target.parent.mkdir(parents=True, exist_ok=True)
     if staging_name is None:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        staging.chmod(_mode_for(target, 0o777))  # mkdtemp's 0700, as mkdir would have made it
     else:
         staging = target.parent / staging_name
         staging.mkdir()

@@ -158,10 +158,15 @@ def plot_attention(maps: Sequence, output: str | Path, per_head: bool = False) -
     plt.close(fig)
 
 
-def _save(fig, output: str | Path) -> None:
+def check_png_path(output: str | Path) -> Path:
+    """``output`` as a path a plot can be written to, or one line saying why not."""
     output = Path(output)
     if output.suffix.lower() != ".png":
         raise XformerError(f"{output}: plots are written as PNG; give a .png path")
     if not output.parent.is_dir():
         raise XformerError(f"{output}: folder {output.parent} does not exist")
-    fig.savefig(output, format="png")
+    return output
+
+
+def _save(fig, output: str | Path) -> None:
+    fig.savefig(check_png_path(output), format="png")

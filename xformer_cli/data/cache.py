@@ -62,17 +62,28 @@ def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Fi
     return h.hexdigest()[:20]
 
 
+class CacheDamaged(Exception):
+    """A cache directory whose files do not fit together (cut off, edited, half copied)."""
+
+
 class TokenCache:
     """Read side: memory-mapped ids and per-pair lengths; ``batch`` builds padded tensors."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
-        dtype = np.dtype(self.meta["dtype"])
-        self.src_offsets = np.load(self.directory / "src.offsets.npy", mmap_mode="r")
-        self.tgt_offsets = np.load(self.directory / "tgt.offsets.npy", mmap_mode="r")
-        self.src_ids = _memmap(self.directory / "src.bin", dtype)
-        self.tgt_ids = _memmap(self.directory / "tgt.bin", dtype)
+        try:
+            self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
+            dtype = np.dtype(self.meta["dtype"])
+            self.src_offsets = np.load(self.directory / "src.offsets.npy", mmap_mode="r")
+            self.tgt_offsets = np.load(self.directory / "tgt.offsets.npy", mmap_mode="r")
+            self.src_ids = _memmap(self.directory / "src.bin", dtype)
+            self.tgt_ids = _memmap(self.directory / "tgt.bin", dtype)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CacheDamaged(f"{type(exc).__name__}: {str(exc)[:80]}") from None
+        for side, offsets, ids in (("src", self.src_offsets, self.src_ids), ("tgt", self.tgt_offsets, self.tgt_ids)):
+            if offsets.ndim != 1 or len(offsets) != len(self.src_offsets) or len(offsets) == 0 or offsets[0] != 0 \
+                    or offsets[-1] != len(ids) or np.any(np.diff(offsets) < 0):
+                raise CacheDamaged(f"{side}.bin holds {len(ids)} ids, which its offsets do not describe")
         self.src_lens = np.diff(self.src_offsets).astype(np.int32)
         self.tgt_lens = np.diff(self.tgt_offsets).astype(np.int32)
 
@@ -124,10 +135,15 @@ def build_or_load(
     final = cache_dir / key
     outdated = False
     if (final / "meta.json").is_file():
-        cache = TokenCache(final)
-        if not per_source or cache.source_pairs is not None:
-            return cache, True
-        outdated = True
+        try:
+            cache = TokenCache(final)
+        except CacheDamaged as why:
+            log(f"cache: {final} is damaged ({why}); building it again")
+            outdated = True
+        else:
+            if not per_source or cache.source_pairs is not None:
+                return cache, True
+            outdated = True
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(cache_dir, key)
     building = f".{key}.building-{os.getpid()}"

@@ -9,6 +9,7 @@ sets are small and read whole.
 from __future__ import annotations
 
 import gzip
+import zlib
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -62,9 +63,33 @@ def corpus_paths(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[Pa
 
 
 def _open_binary(path: Path):
+    if path.is_dir():
+        raise XformerError(f"{path} is a directory, not a text file")
     if not path.is_file():
         raise XformerError(f"file not found: {path}")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return _Gzipped(path) if path.suffix == ".gz" else open(path, "rb")
+
+
+class _Gzipped:
+    """A .gz file's lines; one that is not gzip, or cut off, is an error naming it."""
+
+    def __init__(self, path: Path):
+        self.path, self.handle = path, gzip.open(path, "rb")
+
+    def __enter__(self) -> "_Gzipped":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self.handle)
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise XformerError(f"{self.path}: not a readable gzip file ({exc})") from None
 
 
 def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool,

@@ -16,6 +16,8 @@ from xformer_cli.errors import XformerError
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The newest ``n`` step checkpoints a run kept (train.keep_checkpoints)."""
+    if n < 1:
+        raise XformerError(f"--last must be at least 1, not {n}")
     kept = kept_checkpoints(run_dir)
     if len(kept) < n:
         raise XformerError(f"{run_dir} holds {len(kept)} step checkpoints, fewer than {n} "
@@ -27,12 +29,15 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> dict
     """Mean of the weights; config and tokenizer from the first. One checkpoint in memory at a time."""
     if not paths:
         raise XformerError("nothing to average")
+    _check_output(paths, Path(output))
     first = load_checkpoint(paths[0])
     total = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
     for path in paths[1:]:
         state = load_checkpoint(path)
-        if state["config"].get("model") != first["config"].get("model") or state["model"].keys() != total.keys():
-            raise XformerError(f"{path} is a different model from {paths[0]}: only checkpoints of one run can be averaged")
+        if state["model"].keys() != total.keys() or any(
+                _run_of(state, key) != _run_of(first, key) for key in ("model", "tokenizer", "seed")):
+            raise XformerError(f"{path} is not of the run {paths[0]} is of (another model, tokenizer or "
+                               "train.seed): only checkpoints of one run can be averaged")
         for key, value in state["model"].items():
             if value.is_floating_point():
                 total[key] += value.double()
@@ -44,3 +49,23 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> dict
     save_checkpoint(result, output)
     return result
 
+
+
+def _run_of(state: dict, key: str):
+    """What makes two checkpoints steps of one run: the model, the tokenizer and the seed (the
+    data may be spelt otherwise by a resume, which takes another test set or cache folder)."""
+    if key == "tokenizer":
+        return state.get("tokenizer")
+    if key == "seed":
+        return state["config"].get("train", {}).get("seed")
+    return state["config"].get(key)
+
+
+def _check_output(paths: Sequence[str | Path], output: Path) -> None:
+    """Refuse to write over an input, or over a run's last.pt (its resume point: an average
+    holds no optimizer state, so the run could not go on)."""
+    for path in paths:
+        if output.exists() and Path(path).exists() and output.resolve() == Path(path).resolve():
+            raise XformerError(f"--output {output} is one of the checkpoints to average: write it elsewhere")
+    if output.name == "last.pt" and (kept_checkpoints(output.parent) or (output.parent / "config.yaml").is_file()):
+        raise XformerError(f"--output {output} is the run's last.pt (what it resumes from): write the average elsewhere")

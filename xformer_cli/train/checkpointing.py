@@ -25,11 +25,14 @@ from xformer_cli.train.state import Counters, RunState
 
 
 def prepare_run_dir(config: Config, overwrite: bool) -> Path:
-    """Create (or, with ``overwrite``, clear) the run directory."""
+    """Create (or, with ``overwrite``, clear) the run directory. A fresh run in a directory
+    that only logged (its run was stopped before its first save) starts a new metrics.jsonl."""
     run_dir = Path(config.run_dir)
     if overwrite:
         for old in ["last.pt", "best.pt", "average.pt", "metrics.jsonl", *(p.name for p in kept_checkpoints(run_dir))]:
             (run_dir / old).unlink(missing_ok=True)
+    elif not (run_dir / "last.pt").is_file():
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -120,12 +123,33 @@ def mismatch_error(path: Path, key: str) -> XformerError:
     return XformerError(f"{path} was trained with a different '{key}'; use another run_dir, or --overwrite to start afresh")
 
 
+# What a checkpoint must hold to continue a run (an averaged or exported model has weights only).
+TRAINING_STATE = ("model", "optimizer", "schedule", "rng", "step", "config")
+
+
 def read_last(config: Config, overwrite: bool) -> Optional[dict]:
-    """The run directory's last.pt (None: there is none, or ``overwrite`` starts afresh)."""
-    path = Path(config.run_dir) / "last.pt"
-    if overwrite or not path.is_file():
+    """The run directory's last.pt (None: there is none, or ``overwrite`` starts afresh). A
+    directory holding another run's checkpoints but no last.pt is refused: a fresh run there
+    would average, prune and overwrite them as its own."""
+    run_dir = Path(config.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise XformerError(f"run_dir {run_dir} is a file, not a directory")
+    path = run_dir / "last.pt"
+    if overwrite:
         return None
-    return load_checkpoint(path)
+    if not path.is_file():
+        earlier = [name for name in ("best.pt", "average.pt") if (run_dir / name).is_file()]
+        earlier += [p.name for p in kept_checkpoints(run_dir)][-2:]
+        if earlier:
+            raise XformerError(f"{run_dir} holds an earlier run ({', '.join(earlier)}) but no last.pt to resume it "
+                               "from; use another run_dir, or --overwrite to start afresh there")
+        return None
+    last = load_checkpoint(path)
+    missing = [key for key in TRAINING_STATE if key not in last]
+    if missing:
+        raise XformerError(f"{path} holds no training state to resume from (no '{missing[0]}': an averaged or "
+                           "exported model?); put the run's own last.pt back, or --overwrite to start afresh")
+    return last
 
 
 def check_resumable(config: Config, last: Optional[dict]) -> Optional[dict]:
@@ -213,6 +237,7 @@ def restore(run: RunState, state: dict) -> None:
     run.counters = Counters(state["step"], state["epoch"], state["batches_done"], state["best_bleu"],
                             state["bad_validations"], state["nonfinite_total"], state["oom_total"],
                             window["loss_sum"], window["good_tokens"], state.get("train_seconds", 0.0))
+    run.metrics.keep_until(run.counters.step)  # lines logged after this save (a kill -9) are logged again
     run.log(f"resuming {run.run_dir / 'last.pt'}: step {run.counters.step}, epoch {run.counters.epoch}, "
             f"batch {run.counters.batches_done}, {run.counters.train_seconds / 60:.1f} min trained")
 

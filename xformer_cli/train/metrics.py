@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from xformer_cli.fileio import writing
+from xformer_cli.fileio import atomic_file, writing
 
 
 class StepStats:
@@ -100,6 +100,23 @@ class MetricsLog:
             for tag, value in scalars(entry):
                 self.tensorboard.add_scalar(tag, value, entry["step"])
             self.tensorboard.flush()
+
+    def keep_until(self, step: int) -> None:
+        """Keep the complete lines up to ``step``: a resumed run logs the later steps again, and
+        a line cut off by a kill would otherwise be glued to the next."""
+        metrics = self.run_dir / "metrics.jsonl"
+        if not self.enabled or not metrics.is_file():
+            return
+        kept = []
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if line.endswith("\n") and isinstance(row, dict) and row.get("step", 0) <= step:
+                kept.append(line)
+        with writing(metrics, intact=f"{metrics} is as it was"), atomic_file(metrics, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
 
     def close(self) -> None:
         if self.tensorboard is not None:

@@ -59,7 +59,7 @@ class Trainer:
 
     def __init__(self, config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True):
         plan = plan_run(config, overwrite, log)
-        self.config, self.dist, self.device = plan.config, plan.dist, plan.device
+        self.config, self.dist, self.device, self.overwrite = plan.config, plan.dist, plan.device, overwrite
         self.progress = progress and plan.dist.is_main
         self.train_data = plan.data.train
         tc = self.config.train
@@ -138,9 +138,10 @@ class Trainer:
             if self.dist.enabled:
                 self.state.log(f"step {c.step}: a rank ran out of memory; {ooms} update(s) skipped on every rank since "
                                f"the last report ({c.oom_total} in all)")
-        if max_in_row >= tc.max_nonfinite:
-            raise XformerError(f"{max_in_row} non-finite losses in a row before step {c.step}; "
-                               f"stopped, the last good checkpoint is {self.state.run_dir / 'last.pt'} "
+        if max_in_row >= tc.max_nonfinite:  # read once per log_every steps: it may have run past max_nonfinite
+            last = self.state.run_dir / "last.pt"
+            saved = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was saved before"
+            raise XformerError(f"{max_in_row} non-finite losses in a row before step {c.step}; stopped, {saved} "
                                "(lower train.lr_scale or set train.clip_norm)")
         return loss_sum, good_tokens
 
@@ -157,9 +158,12 @@ class Trainer:
         self.state.started = time.time() - c.train_seconds  # a resumed run's minutes go on
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         if c.step >= self.last_step():
+            planned = self.state.schedule.planned_steps
+            onward = ("its schedule ended there: to train on, fine-tune its best.pt in another run_dir "
+                      "(train.init_from), or --overwrite to start afresh" if planned and c.step >= planned
+                      else "raise train.max_steps to train on")
             self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
-                           f"planned {self.state.schedule.planned_steps or '-'}); raise train.max_steps (and train.planned_steps, "
-                           "when planned) to train on")
+                           f"planned {planned or '-'}); {onward}")
             return TrainResult(c.step, c.epoch, 0.0, c.best_bleu, self.state.run_dir, "already done")
         if tc.max_minutes and self.state.schedule.planned_steps:
             self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(), tc.max_steps)
@@ -181,8 +185,8 @@ class Trainer:
                 # last.pt alone: no validation (the user wants out now), and no kept step
                 # checkpoint off the save_every grid, which a resumed run would then average
                 checkpointing.save(self.state, kept=False)
-                self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; "
-                               "run the same command to resume")
+                again = "run the same command without --overwrite" if self.overwrite else "run the same command"
+                self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; {again} to resume")
             elif last_validated != c.step:
                 validation.validate(self.state)
         return self.finish(reason)

@@ -1,0 +1,176 @@
+"""What a hostile (or unlucky) user does to a run directory, a data file or an output path:
+each ends in one line naming what is wrong, and nothing already written is lost."""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from xformer_cli.checkpoint import save_checkpoint
+from xformer_cli.config import load_config
+from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file
+
+from helpers import write_lines
+
+
+def run_config(run_dir: Path, *sets: str):
+    return load_config(None, [f"run_dir={run_dir}", "data.train.prefix=corpus/train", *sets])
+
+
+def test_a_run_directory_without_last_pt_but_with_an_earlier_runs_checkpoints_is_refused(tmp_path):
+    from xformer_cli.train.checkpointing import prepare_run_dir, read_last
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 5, "train_loss": 3.0}\n')
+    assert read_last(run_config(run), overwrite=False) is None  # stopped before its first save: start afresh
+    prepare_run_dir(run_config(run), overwrite=False)
+    assert not (run / "metrics.jsonl").exists()  # ... with a log of its own, not glued to the old one
+    for name in ("best.pt", "checkpoint_15.pt", "checkpoint_30.pt"):
+        (run / name).write_bytes(b"x")
+    with pytest.raises(XformerError, match=r"holds an earlier run \(best.pt, checkpoint_15.pt, checkpoint_30.pt\) "
+                                           r"but no last.pt.*--overwrite"):
+        read_last(run_config(run), overwrite=False)
+    assert read_last(run_config(run), overwrite=True) is None
+    save_checkpoint({"config": run_config(run).to_dict(), "model": {}}, run / "last.pt")  # an average put there
+    with pytest.raises(XformerError, match=r"last.pt holds no training state to resume from \(no 'optimizer'"):
+        read_last(run_config(run), overwrite=False)
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    with pytest.raises(XformerError, match="is a file, not a directory"):
+        read_last(run_config(afile), overwrite=False)
+
+
+def test_a_resume_keeps_the_complete_metrics_lines_up_to_its_step(tmp_path):
+    from xformer_cli.train.metrics import MetricsLog
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 25, "train_loss": 4.0}, {"step": 50, "valid_bleu": 1.0}, {"step": 75, "train_loss": 3.0}]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 100, "train_lo')  # killed mid-line
+    log = MetricsLog(tmp_path)
+    log.keep_until(50)  # last.pt was saved at step 50: 75 and the cut line are logged again
+    log.record({"step": 75, "train_loss": 2.9})
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == [*rows[:2], {"step": 75, "train_loss": 2.9}]
+
+
+def test_an_output_path_that_is_a_directory_a_symlink_or_an_existing_file(tmp_path):
+    with pytest.raises(XformerError, match="is a directory: give a file name"):
+        with atomic_file(tmp_path, "w") as handle:
+            handle.write("x")
+    kept = write_lines(tmp_path / "out.de", ["old"])
+    os.chmod(kept, 0o640)
+    link = tmp_path / "link.de"
+    link.symlink_to(kept)
+    with atomic_file(link, "w") as handle:
+        handle.write("new\n")
+    assert link.is_symlink() and kept.read_text() == "new\n"  # the link stays, its target is replaced
+    assert kept.stat().st_mode & 0o777 == 0o640  # with the permissions it had
+    with atomic_file(tmp_path / "fresh.de", "w") as handle:
+        handle.write("x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "fresh.de").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes it, not 0600
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
+    from xformer_cli.cli import _check_output
+
+    model = tmp_path / "m.pt"
+    model.write_bytes(b"weights")
+    source = write_lines(tmp_path / "in.en", ["A dog."])
+    for output, option in ((model, "--checkpoint"), (source, "--input")):
+        with pytest.raises(XformerError, match=f"is the {option} file"):
+            _check_output(output, [(source, "--input"), (model, "--checkpoint")])
+    with pytest.raises(XformerError, match="plots are written as PNG"):
+        _check_output(tmp_path / "out.de", [(source, "--input")], attention=tmp_path / "a.txt")
+    _check_output(tmp_path / "out.de", [(source, "--input"), (model, "--checkpoint")], attention=tmp_path / "a.png")
+    assert model.read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("train.adam_eps", "-1", "train.adam_eps"), ("train.adam_eps", ".nan", "train.adam_eps"),
+    ("train.weight_decay", "-1", "train.weight_decay"), ("train.clip_norm", "-1", "train.clip_norm"),
+    ("train.lr_scale", ".inf", "train.lr_scale"), ("data.valid_max_sentences", "-3", "data.valid_max_sentences"),
+    ("run_dir", "''", "run_dir"), ("decode.length_penalty", ".nan", "decode.length_penalty"),
+    ("decode.max_len_a", "-1", "decode.max_len_a"),
+])
+def test_impossible_numbers_are_refused_naming_their_key(key, value, fragment):
+    with pytest.raises(XformerError, match=rf"config key '{fragment}'"):
+        load_config(None, ["data.train.prefix=corpus/train", f"{key}={value}"])
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "meta", "cpu:0"])
+def test_a_device_name_torch_does_not_take_is_one_line(name):
+    from xformer_cli.device import pick_device
+
+    with pytest.raises(XformerError, match="device must be auto, cpu, cuda, cuda:N or mps"):
+        pick_device(name)
+
+
+def test_a_gzip_file_that_is_not_gzip_or_is_cut_off_names_the_file(tmp_path):
+    from xformer_cli.data.sources import read_lines
+
+    fake = tmp_path / "fake.en.gz"
+    fake.write_bytes(b"plain text\n")
+    with pytest.raises(XformerError, match=r"fake.en.gz: not a readable gzip file"):
+        list(read_lines(fake))
+    cut = tmp_path / "cut.en.gz"
+    cut.write_bytes(gzip.compress(b"".join(b"line %d\n" % i for i in range(20000)))[:3000])
+    with pytest.raises(XformerError, match=r"cut.en.gz: not a readable gzip file"):
+        list(read_lines(cut))
+    with pytest.raises(XformerError, match="is a directory, not a text file"):
+        list(read_lines(tmp_path))
+
+
+def test_a_damaged_token_cache_is_built_again(tmp_path):
+    from xformer_cli.config import CorpusConfig
+    from xformer_cli.data.cache import Filters, build_or_load
+    from xformer_cli.data.sources import PairSource
+    from xformer_cli.tokenizer import Tokenizer
+
+    src = write_lines(tmp_path / "train.en", [f"a dog number {i} runs" for i in range(50)])
+    write_lines(tmp_path / "train.de", [f"ein hund nummer {i} rennt" for i in range(50)])
+    tokenizer = Tokenizer.train(src.read_text().splitlines(), (tmp_path / "train.de").read_text().splitlines(),
+                                joint=True, vocab_size=60)
+    sources = [PairSource(CorpusConfig(prefix=str(tmp_path / "train")), "en", "de")]
+    logged = []
+    cache, reused = build_or_load(sources, tokenizer, Filters(max_len=50), tmp_path / "cache", log=logged.append)
+    ids = list(cache.src_ids)
+    for damage in ("meta", "ids"):
+        if damage == "meta":
+            (cache.directory / "meta.json").write_text("{bad")
+        else:
+            with open(cache.directory / "src.bin", "r+b") as handle:
+                handle.truncate(10)
+        again, reused = build_or_load(sources, tokenizer, Filters(max_len=50), tmp_path / "cache", log=logged.append)
+        assert not reused and list(again.src_ids) == ids
+        assert "is damaged" in logged[-2] and "building it again" in logged[-2]
+
+
+def test_average_refuses_to_write_over_an_input_or_a_runs_last_pt_and_to_mix_runs(tmp_path):
+    from xformer_cli.train.average import average_checkpoints, last_checkpoints
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = run_config(run).to_dict()
+    for step in (10, 20):
+        save_checkpoint({"config": config, "tokenizer": {"spm": b"t"}, "model": {"w": torch.full((2,), float(step))},
+                         "step": step}, run / f"checkpoint_{step}.pt")
+    kept = last_checkpoints(run, 2)
+    with pytest.raises(XformerError, match="is the run's last.pt"):
+        average_checkpoints(kept, run / "last.pt")
+    with pytest.raises(XformerError, match="is one of the checkpoints to average"):
+        average_checkpoints(kept, kept[1])
+    with pytest.raises(XformerError, match="--last must be at least 1"):
+        last_checkpoints(run, 0)
+    other = dict(config, train={**config["train"], "seed": 2})
+    save_checkpoint({"config": other, "tokenizer": {"spm": b"t"}, "model": {"w": torch.zeros(2)}, "step": 5},
+                    tmp_path / "other.pt")
+    with pytest.raises(XformerError, match="only checkpoints of one run can be averaged"):
+        average_checkpoints([kept[0], tmp_path / "other.pt"], tmp_path / "mixed.pt")
+    averaged = average_checkpoints(kept, tmp_path / "average.pt")
+    assert averaged["model"]["w"].tolist() == [15.0, 15.0] and not (tmp_path / "mixed.pt").exists()
