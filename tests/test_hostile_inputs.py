@@ -174,3 +174,16 @@ def test_average_refuses_to_write_over_an_input_or_a_runs_last_pt_and_to_mix_run
         average_checkpoints([kept[0], tmp_path / "other.pt"], tmp_path / "mixed.pt")
     averaged = average_checkpoints(kept, tmp_path / "average.pt")
     assert averaged["model"]["w"].tolist() == [15.0, 15.0] and not (tmp_path / "mixed.pt").exists()
+
+
+def test_a_yaml_error_names_its_line_and_column_and_a_directory_is_not_called_missing(tmp_path):
+    from xformer_cli.textio import iter_lines
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_dir: x\nmodel:\n  d_model: 3\n   x: 1\n")
+    with pytest.raises(XformerError, match=r"bad.yaml:4:5 is not valid YAML: mapping values are not allowed here"):
+        load_config(bad, [])
+    with pytest.raises(XformerError, match="is a directory"):
+        load_config(tmp_path, [])
+    with pytest.raises(XformerError, match="is a directory"):
+        list(iter_lines(tmp_path))

@@ -503,12 +503,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise XformerError(f"config file not found: {path}")
+            raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise XformerError(f"config file {path} is not valid YAML: {first}") from None
+            mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            raise XformerError(f"config file {where} is not valid YAML: {problem}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -30,7 +30,7 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
         handle = sys.stdin.buffer
     else:
         if not path.is_file():
-            raise XformerError(f"input file not found: {path}")
+            raise XformerError(f"input {path} is a directory" if path.is_dir() else f"input file not found: {path}")
         handle = path.open("rb")
     with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
         for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
