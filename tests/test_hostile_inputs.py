@@ -187,3 +187,12 @@ def test_a_yaml_error_names_its_line_and_column_and_a_directory_is_not_called_mi
         load_config(tmp_path, [])
     with pytest.raises(XformerError, match="is a directory"):
         list(iter_lines(tmp_path))
+
+
+def test_a_glossary_that_is_not_utf8_names_its_line(tmp_path):
+    from xformer_cli.text.glossary import load_glossary
+
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_bytes(b"dog\tHund\ncaf\xe9\tCafe\n")
+    with pytest.raises(XformerError, match=r"terms.tsv:2: the glossary is not UTF-8"):
+        load_glossary(glossary)

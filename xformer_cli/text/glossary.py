@@ -69,7 +69,10 @@ def load_glossary(path: "str | Path") -> Glossary:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise XformerError(f"glossary not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise XformerError(f"{path}:{line}: the glossary is not UTF-8 ({exc.reason})") from None
+    except OSError as exc:
         raise XformerError(f"{path}: cannot read the glossary ({type(exc).__name__})") from None
     terms: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), start=1):
