@@ -196,3 +196,15 @@ def test_a_glossary_that_is_not_utf8_names_its_line(tmp_path):
     glossary.write_bytes(b"dog\tHund\ncaf\xe9\tCafe\n")
     with pytest.raises(XformerError, match=r"terms.tsv:2: the glossary is not UTF-8"):
         load_glossary(glossary)
+
+
+def test_a_foreign_pickle_named_pt_is_one_line_without_torchs_warning(tmp_path, recwarn):
+    import pickle
+
+    from xformer_cli.checkpoint import load_checkpoint
+
+    foreign = tmp_path / "foreign.pt"
+    foreign.write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    with pytest.raises(XformerError, match="not a readable xformer checkpoint .*not a torch.save zip archive"):
+        load_checkpoint(foreign)
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]

@@ -15,6 +15,8 @@ import codecs
 import dataclasses
 import io
 import pickle
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -87,11 +89,15 @@ def _atomic_save(payload: dict, path: Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise XformerError(f"checkpoint not found: {path}")
+        raise XformerError(f"{path} is a directory, not a checkpoint file" if path.is_dir() else f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would come before the one line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch.load on arbitrary bytes can raise nearly anything
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not zipfile.is_zipfile(path):
+            reason = "not a torch.save zip archive"
         raise XformerError(f"{path} is not a readable xformer checkpoint (truncated or foreign file: {reason[:160]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise XformerError(f"{path} is not an xformer checkpoint")
