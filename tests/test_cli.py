@@ -32,7 +32,8 @@ def test_train_writes_a_complete_run_directory(trained_run):
 
 def test_translate_keeps_one_line_per_input_line(trained_run, small_corpus, tmp_path):
     lines = b"A dog runs.\n\n   \nTwo men \x0bplay\x1c soccer.\nbad \xff utf8\n"
-    proc = xformer("translate", "--checkpoint", trained_run / "best.pt", "--beam-size", "2", stdin=lines)
+    proc = xformer("translate", "--checkpoint", trained_run / "best.pt", "--beam-size", "2", "--invalid-utf8", "replace",
+                   stdin=lines)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode().split("\n")
     assert len(out) == 6 and out[-1] == ""  # five lines, each newline-terminated

@@ -204,7 +204,7 @@ HOSTILE = [b"A dog runs.", b"", b"\x00\x07ctrl\x1b[31m chars", b"bad \xff\xfe ut
 def test_every_precision_keeps_one_line_per_input_line(trained_run, precision):
     stdin = b"\n".join(HOSTILE * 2) + b"\n"
     proc = xformer("translate", "-m", trained_run / "best.pt", "-b", "2", "--precision", precision,
-                   "--max-len-a", "0", "--max-len-b", "8", stdin=stdin)
+                   "--max-len-a", "0", "--max-len-b", "8", "--invalid-utf8", "replace", stdin=stdin)
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode().split("\n")
     assert len(out) == len(HOSTILE) * 2 + 1 and out[-1] == ""
