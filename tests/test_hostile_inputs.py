@@ -208,3 +208,22 @@ def test_a_foreign_pickle_named_pt_is_one_line_without_torchs_warning(tmp_path, 
     with pytest.raises(XformerError, match="not a readable xformer checkpoint .*not a torch.save zip archive"):
         load_checkpoint(foreign)
     assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
+
+
+def test_a_checkpoint_whose_config_disagrees_with_its_weights_is_one_line(tmp_path):
+    from xformer_cli.checkpoint import load_model
+    from xformer_cli.tokenizer import Tokenizer
+
+    lines = [f"a dog number {i} runs" for i in range(30)]
+    tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
+    config = run_config(tmp_path, "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.encoder_layers=1",
+                        "model.decoder_layers=1").to_dict()
+    from xformer_cli.checkpoint import build_model
+    from xformer_cli.config import config_from_dict
+
+    weights = build_model(config_from_dict(config), tokenizer).state_dict()
+    config["model"]["d_ff"] = 64  # the config says another shape than the weights have
+    save_checkpoint({"config": config, "tokenizer": tokenizer.state(), "model": weights}, tmp_path / "m.pt")
+    with pytest.raises(XformerError, match="does not match its config .*size mismatch") as caught:
+        load_model(tmp_path / "m.pt")
+    assert "\n" not in str(caught.value)

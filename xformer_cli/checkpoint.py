@@ -176,5 +176,6 @@ def load_model(path: str | Path, state: Optional[dict] = None) -> tuple[Transfor
         model = build_model(config, tokenizer)
         model.load_state_dict(state["model"])
     except (KeyError, TypeError, RuntimeError) as exc:
-        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {str(exc)[:120]})") from None
+        detail = " ".join(str(exc).split())[:160]  # torch's size-mismatch report runs over many lines
+        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {detail})") from None
     return model.eval(), tokenizer, config
