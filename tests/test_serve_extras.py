@@ -168,6 +168,9 @@ def test_translate_a_text_file_and_download_it_once():
         assert len(client.app.state.files) == 0
         bom = upload(client, "bom.txt", b"\xef\xbb\xbfhello\n").json()["translatedFileUrl"]
         assert client.get(bom).content == b"\xef\xbb\xbfHELLO\n"
+        named = client.get(upload(client, "Bericht über Hunde.txt", b"x\n").json()["translatedFileUrl"])
+        assert named.headers["content-disposition"] == (  # an ASCII name for old clients, the name itself for the rest
+            "attachment; filename=\"Bericht__ber_Hunde.de.txt\"; filename*=UTF-8''Bericht_%C3%BCber_Hunde.de.txt")
 
 
 def test_an_html_file_is_translated_as_html():

@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Optional
 
 from xformer_cli.serve.detect import candidates
-from xformer_cli.serve.files import FILE_FORMATS, MEDIA_TYPES, FileStore, decode_text, download_name, file_kind, split_lines
+from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, content_disposition, decode_text, download_name,
+                                     file_kind, split_lines)
 from xformer_cli.serve.protocol import ApiError, Limits, language_name
 from xformer_cli.serve.reading import Upload, check_api_key, read_fields, read_form
 
@@ -133,4 +134,4 @@ def add_file_routes(app, limits: Limits, api_key: Optional[str], store: FileStor
         data, filename = store.take(name)
         media_type = MEDIA_TYPES.get(f".{filename.rsplit('.', 1)[-1]}", "application/octet-stream")
         return Response(data, media_type=media_type,
-                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+                        headers={"Content-Disposition": content_disposition(filename)})

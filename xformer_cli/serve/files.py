@@ -19,13 +19,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
+from urllib.parse import quote
 
 from xformer_cli.serve.protocol import ApiError
 
 # The format each kind of file is translated as: a .txt file line by line, an .html one whole.
 FILE_FORMATS = {".txt": "text", ".html": "html"}
 MEDIA_TYPES = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8"}
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_UNSAFE = re.compile(r"[^\w.-]+")  # letters and digits of any script stay: "Bericht über.txt"
+_NOT_ASCII_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def file_kind(filename: str) -> str:
@@ -62,7 +64,15 @@ def split_lines(text: str) -> tuple[list[str], list[str]]:
 def download_name(filename: str, target: str, suffix: str) -> str:
     """``report.txt`` translated to German downloads as ``report.de.txt``."""
     stem = _UNSAFE.sub("_", Path(Path(filename).name).stem).strip("._") or "translation"
-    return f"{stem[:100]}.{_UNSAFE.sub('_', target)}{suffix}"
+    return f"{stem[:100]}.{_NOT_ASCII_SAFE.sub('_', target)}{suffix}"
+
+
+def content_disposition(name: str) -> str:
+    """An attachment header for ``name``: an ASCII ``filename`` for old clients, and the name
+    itself as RFC 6266's ``filename*`` when it is not ASCII."""
+    plain = _NOT_ASCII_SAFE.sub("_", name)
+    header = f'attachment; filename="{plain}"'
+    return header if plain == name else f"{header}; filename*=UTF-8''{quote(name, safe='')}"
 
 
 @dataclass
