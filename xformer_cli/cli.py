@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -258,10 +257,10 @@ def _check_output(output: Optional[Path], inputs: list, attention: Optional[Path
         from xformer_cli.plots import check_png_path
 
         check_png_path(attention)
-    if output is None or str(output) == "-" or not output.exists():
-        return
+    from xformer_cli.fileio import same_file
+
     for path, option in inputs:
-        if path is not None and str(path) != "-" and path.exists() and os.path.samefile(output, path):
+        if same_file(output, path):
             raise XformerError(f"--output {output} is the {option} file: write the translation elsewhere")
 
 

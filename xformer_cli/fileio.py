@@ -123,6 +123,11 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     sync_directory(path.parent)
 
 
+def same_file(a: "str | Path | None", b: "str | Path | None") -> bool:
+    """Whether ``a`` and ``b`` are one existing file (links and other spellings included)."""
+    return a is not None and b is not None and Path(a).exists() and Path(b).exists() and os.path.samefile(a, b)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

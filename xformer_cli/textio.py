@@ -33,15 +33,19 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
             raise XformerError(f"input {path} is a directory" if path.is_dir() else f"input file not found: {path}")
         handle = path.open("rb")
     with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
+        name = "stdin" if _is_std(path) else str(path)
         for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
             raw = raw.rstrip(b"\n").rstrip(b"\r")
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if not replace_invalid:
-                    name = "stdin" if _is_std(path) else str(path)
-                    raise XformerError(f"{name}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); {remedy}") from None
-                yield raw.decode("utf-8", errors="replace")
+            yield raw.decode("utf-8", errors="replace") if replace_invalid else decode_line(raw, name, number, remedy)
+
+
+def decode_line(raw: bytes, name: str, number: int, remedy: str) -> str:
+    """``raw`` as UTF-8; bytes that are not are one line naming ``name`` and line ``number``,
+    ended by ``remedy`` (what to do about it)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise XformerError(f"{name}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); {remedy}") from None
 
 
 def count_lines(path: Path) -> int:

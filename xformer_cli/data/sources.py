@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
+from xformer_cli.textio import decode_line
 
 DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".tsv": "csv", ".csv": "csv"}
@@ -94,12 +95,12 @@ class _Gzipped:
 
 def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool,
             remedy: str = "fix the file or set data.skip_invalid_utf8: true") -> Optional[str]:
-    try:
-        return raw.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as exc:
-        if skip_invalid:
+    if skip_invalid:
+        try:
+            return raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
             return None
-        raise XformerError(f"{path}:{number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); {remedy}") from None
+    return decode_line(raw, str(path), number, remedy).rstrip("\r\n")
 
 
 def read_lines(path: Path) -> Iterator[str]:

@@ -249,10 +249,14 @@ class Batcher:
     def _fail(self, job: _Job, exc: BaseException) -> None:
         """A job whose part failed fails whole: its later parts leave the queue's count."""
         with self._cond:
-            self._queued -= sum(len(texts) for texts, _ in job.parts)
-            job.parts.clear()
+            self._drop_parts(job)
             self._cond.notify_all()
         job.future.set_exception(exc)
+
+    def _drop_parts(self, job: _Job) -> None:
+        """The parts of ``job`` still to run leave the queue's count (the lock held)."""
+        self._queued -= sum(len(texts) for texts, _ in job.parts)
+        job.parts.clear()
 
     def _finish(self, jobs: list[_Job]) -> None:
         texts = [text for job in jobs for text in job.texts]
@@ -284,8 +288,7 @@ class Batcher:
                 self._jobs.append(job)
                 self._cond.notify_all()
                 return
-            self._queued -= sum(len(texts) for texts, _ in job.parts)  # withdrawn: the rest is dropped
-            job.parts.clear()
+            self._drop_parts(job)  # withdrawn: the rest is dropped
         self.jobs_done += 1
         job.future.set_result(Translation(job.outputs, job.started - job.enqueued, job.decode_s, job.batch_texts))
 

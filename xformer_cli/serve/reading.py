@@ -31,8 +31,14 @@ async def read_body(request, limit: int) -> bytes:
 
 def query_fields(request) -> dict[str, Any]:
     """The query string's fields; ``q`` given more than once is a list, as in a form."""
+    return _collect(request.query_params.multi_items())
+
+
+def _collect(items) -> dict[str, Any]:
+    """(name, value) pairs as fields: the last value of a name wins, but ``q`` given more than
+    once is the list of its texts."""
     fields: dict[str, Any] = {}
-    for key, value in request.query_params.multi_items():
+    for key, value in items:
         if key == "q" and key in fields:
             fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
         else:
@@ -50,13 +56,7 @@ async def read_fields(request, limit: int) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     if _media_type(content_type) != "multipart/form-data":
         return {**query, **parse_body(body, content_type)}
-    fields: dict[str, Any] = {}
-    for key, value in await _multipart(request, body, max_files=0):
-        if key == "q" and key in fields:  # q given more than once is a list, as in a URL-encoded form
-            fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]
-        else:
-            fields[key] = value
-    return {**query, **fields}
+    return {**query, **_collect(await _multipart(request, body, max_files=0))}
 
 
 def _media_type(content_type: str) -> str:

@@ -12,6 +12,7 @@ from xformer_cli.checkpoint import (
     save_checkpoint,
 )
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import same_file
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
@@ -65,7 +66,7 @@ def _check_output(paths: Sequence[str | Path], output: Path) -> None:
     """Refuse to write over an input, or over a run's last.pt (its resume point: an average
     holds no optimizer state, so the run could not go on)."""
     for path in paths:
-        if output.exists() and Path(path).exists() and output.resolve() == Path(path).resolve():
+        if same_file(output, path):
             raise XformerError(f"--output {output} is one of the checkpoints to average: write it elsewhere")
     if output.name == "last.pt" and (kept_checkpoints(output.parent) or (output.parent / "config.yaml").is_file()):
         raise XformerError(f"--output {output} is the run's last.pt (what it resumes from): write the average elsewhere")
