@@ -6,9 +6,11 @@ starts the decoder from the target tag (M2M-100 / NLLB's forced BOS). For the ex
 the second is made by patching ``Batch.with_start_token`` (a multilingual source's first
 piece is its tag: the decoder's first input becomes that piece), not by a product option.
 
-Both are decoded by the same greedy loop below (start token: bos, or the tag), on test2016
-for two trained directions and the zero-shot de->fr and fr->de, and scored (sacreBLEU, the
-off-target rate of xformer eval-bleu among the model's languages).
+Both are decoded by the package's engine (greedy: beam size 1, with its length limits, minimum
+length and banned tokens), the decoder started from bos or, for the second, from the tag (the
+model's start token, ``model.bos_id``, set to it), on test2016 for two trained directions and
+the zero-shot de->fr and fr->de, and scored (sacreBLEU, the off-target rate of xformer
+eval-bleu among the model's languages).
 
     python scripts/bench_forced_bos.py --data ../shared/data/multi30k --work runs/bos --steps 1000
 """
@@ -16,20 +18,19 @@ off-target rate of xformer eval-bleu among the model's languages).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
-from xformer_cli.checkpoint import load_model
 from xformer_cli.config import load_config
 from xformer_cli.data import batching
-from xformer_cli.data.batching import encode_source_batch
 from xformer_cli.decode.direction_scores import off_target
-from xformer_cli.decode.inputs import SourceTag, encode_lines
+from xformer_cli.decode.translator import Translator
 from xformer_cli.evaluate import bleu
-from xformer_cli.tokenizer import EOS_ID
 from xformer_cli.train.trainer import train
 
 DIRECTIONS = [("en", "de"), ("de", "en"), ("de", "fr"), ("fr", "de")]  # two trained, two zero-shot
@@ -54,49 +55,34 @@ def forced_start(self, bos_id: int):
     return self
 
 
-@torch.no_grad()
-def greedy(model, src: torch.Tensor, start: torch.Tensor, max_len: int) -> list[list[int]]:
-    """Plain greedy decoding (no cache), the decoder started from ``start`` (B,) per row."""
-    src_mask = model.padding_mask(src)
-    memory = model.encode(src, src_mask)
-    seqs = start.unsqueeze(1)
-    finished = torch.zeros(src.size(0), dtype=torch.bool)
-    for _ in range(max_len):
-        logits = model.decode_step(seqs, memory, src_mask, None)
-        logits[:, model.pad_id] = float("-inf")
-        best = logits.argmax(-1).masked_fill(finished, model.pad_id)
-        seqs = torch.cat([seqs, best.unsqueeze(1)], dim=1)
-        finished |= best == EOS_ID
-        if finished.all():
-            break
-    rows = seqs[:, 1:].tolist()
-    return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
+@contextlib.contextmanager
+def decoder_start(model: torch.nn.Module, token: int) -> Iterator[None]:
+    """Inside the block the model's decoder starts from ``token``: the engine feeds
+    ``model.bos_id`` first (and never lets it follow), so a forced start is that setting."""
+    before, model.cfg.bos_id = model.cfg.bos_id, token
+    try:
+        yield
+    finally:
+        model.cfg.bos_id = before
 
 
-def translate(model, tokenizer, languages, lines: list[str], target: str, forced: bool, batch: int = 100) -> list[str]:
-    tag = languages.tag(target)
-    ids, _ = encode_lines(tokenizer, lines, 128, SourceTag(tag))
-    out: list[str] = [""] * len(lines)
-    order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
-    for at in range(0, len(order), batch):
-        chunk = order[at : at + batch]
-        src = encode_source_batch([ids[i] for i in chunk])
-        start = src[:, 0] if forced else torch.full((len(chunk),), model.cfg.bos_id)
-        longest = max(len(ids[i]) for i in chunk)
-        for i, tokens in zip(chunk, greedy(model, src, start, int(1.2 * longest) + 10)):
-            out[i] = tokenizer.decode_tgt([tokens])[0]
-    return out
+def translate(translator: Translator, lines: list[str], target: str, forced: bool) -> list[str]:
+    """Greedy translations by the engine, the decoder started from bos, or (``forced``) from the
+    target's tag, as the model was trained."""
+    model = translator.model
+    start = translator.tokenizer.tag_id(translator.languages.tag(target)) if forced else model.cfg.bos_id
+    with decoder_start(model, start):
+        return translator.translate(lines, beam_size=1, target_lang=target)
 
 
 def evaluate(checkpoint: Path, data: Path, forced: bool, lines: int) -> list[dict]:
-    model, tokenizer, cfg = load_model(checkpoint)
-    model.eval()
-    languages = cfg.data.languages()
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    languages = translator.languages
     rows = []
     for source, target in DIRECTIONS:
         src = (data / f"test2016.{source}").read_text(encoding="utf-8").splitlines()[:lines]
         ref = (data / f"test2016.{target}").read_text(encoding="utf-8").splitlines()[:lines]
-        hyps = translate(model, tokenizer, languages, src, target, forced)
+        hyps = translate(translator, src, target, forced)
         wrong, scored = off_target(hyps, target, ["en", "de", "fr"])
         rows.append({"direction": f"{source}->{target}", "trained": languages.trained(source, target),
                      "bleu": round(bleu(hyps, ref).score, 2), "off_target": wrong, "of": scored})

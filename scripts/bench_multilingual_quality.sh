@@ -1,5 +1,5 @@
 #!/bin/bash
-# The issue-27 quality runs on Multi30k (BENCHMARKS.md, "Multilingual models, phase 2"): one
+# The issue-27 quality runs on Multi30k (docs/benchmarks/multilingual.md, "Multilingual models, phase 2"): one
 # small model and batch for every run, bounded by steps (not minutes) so that the figures do not
 # depend on the machine's load; then test2016 per direction, beam 4, fp32.
 #

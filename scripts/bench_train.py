@@ -3,8 +3,9 @@
 1. Model loop: xformer's model + loss, in fp32 and in the precision ``auto`` picks on this
    machine (bf16 where the hardware has it), against a plain torch.nn.Transformer loop (fp32).
    All train the same architecture (the config's sizes, tied embeddings, the same
-   vocabulary) on the same real batches, with Adam, in the same process, alternating rounds
-   so machine noise hits them alike. Prints target tokens/s, achieved FLOP/s (counted by
+   vocabulary) on the same real batches, each update the trainer's own (``TrainStep``: fused
+   Adam, the config's clipping, the loss scaler at fp16), in the same process, alternating
+   rounds so machine noise hits them alike. Prints target tokens/s, achieved FLOP/s (counted by
    torch's FlopCounterMode) and MFU against large fp32 and bf16 matmuls timed in the same
    process; no MFU against a precision this machine emulates (``emulated_reason``: from the
    CPU flags or the CUDA compute capability, else measured: a native bf16 outruns fp32),
@@ -52,9 +53,10 @@ from xformer_cli.device import autocast, computes_natively, cpu_flags, keep_free
 from xformer_cli.checkpoint import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 from xformer_cli.train.batch_plan import plan_for
-from xformer_cli.train.forward_loss import (attach_half_weights, compilations, compile_mode, compiled, forward_loss,
-                                            wants_half_weights)
-from xformer_cli.train.opcount import cuda_path_step_ops, training_step
+from xformer_cli.train.distributed import Distributed
+from xformer_cli.train.forward_loss import compilations, compile_mode, forward_loss, wants_half_weights
+from xformer_cli.train.opcount import cuda_path_step_ops
+from xformer_cli.train.step import TrainStep
 from xformer_cli.train.output_pieces import target_pieces
 from xformer_cli.data.encoded import encode_corpus
 
@@ -144,8 +146,9 @@ def mfu_text(achieved: float, peaks: dict[str, float], emulated: dict[str, str])
                      for name, peak in {**peaks, **{name: 0.0 for name in emulated}}.items())
 
 
-def step_flops(model, loss_of, batches) -> float:
-    """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
+def flop_counter(model, loss_of, batches):
+    """torch's FlopCounterMode over forward + backward of these batches (no update: the
+    gradients are dropped after); ``loss_of``: eager, as compiled code hides its products."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -153,12 +156,18 @@ def step_flops(model, loss_of, batches) -> float:
         for batch in batches:
             loss_of(batch.src, batch.tgt_in, batch.tgt_out).backward()
     model.zero_grad(set_to_none=True)
-    return float(counter.get_total_flops())
+    return counter
+
+
+def step_flops(model, loss_of, batches) -> float:
+    """Model FLOPs of forward + backward over these batches, counted by torch's FlopCounterMode."""
+    return float(flop_counter(model, loss_of, batches).get_total_flops())
 
 
 def baseline_loss(model, device: torch.device, precision: str, eps: float):
-    """torch.nn.Transformer's step: forward under autocast, autograd's label-smoothed CE."""
-    def loss_of(src, tgt_in, tgt_out):
+    """torch.nn.Transformer's forward under autocast and autograd's label-smoothed CE, in the
+    shape of the trainer's loss function (packing and the gradient scale are ours alone)."""
+    def loss_of(src, tgt_in, tgt_out, *_):
         with autocast(device, precision):
             logits = model(src, tgt_in)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1), ignore_index=PAD_ID,
@@ -180,42 +189,49 @@ def spec_bf16_peak(device: torch.device) -> float | None:
     return next((peak for key, peak in SPEC_BF16_PEAK.items() if key in name), None)
 
 
-def launches_per_step(cfg, tokenizer, model, batch, precision: str) -> tuple[str, int]:
-    """('kernels', CUDA kernels of one training step by torch.profiler) on CUDA; elsewhere
-    ('aten ops', ops of one step on the code path CUDA takes, counted on fake tensors)."""
-    device = next(model.parameters()).device
-    eps = cfg.train.label_smoothing
-    if device.type == "cuda":
+def launches_per_step(cfg, tokenizer, step: TrainStep, batch, precision: str) -> tuple[str, int]:
+    """('kernels', CUDA kernels of one update of ``step``, the trainer's step timed above, by
+    torch.profiler) on CUDA; elsewhere ('aten ops', ops of the trainer's step on the code path
+    CUDA takes, counted on fake tensors)."""
+    if step.device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6, fused=True)
-        step = training_step(model, optimizer, [batch], eps, PAD_ID, precision)
-        step()  # Adam's state, autotuning
-        synchronize(device)
+        step([batch], batch.n_tokens)  # every shape compiled, autotuned
+        synchronize(step.device)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            synchronize(device)
+            step([batch], batch.n_tokens)
+            synchronize(step.device)
         kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         return "kernels", kernels
     # The trainer's choices for a CUDA device: the half-weight cache on bf16 (README's figure).
     half = wants_half_weights(torch.device("cuda"), precision, compiled=False)
-    return "aten ops", cuda_path_step_ops(lambda: build_model(cfg, tokenizer), [batch], eps, PAD_ID, precision, half).total
+    ops = cuda_path_step_ops(lambda: build_model(cfg, tokenizer), [batch], cfg.train, precision, half)
+    return "aten ops", ops.total
 
 
-def run(loss_of, batches, optimizer, device: torch.device) -> float:
-    """Target tokens/s of one optimizer step per batch; ``loss_of``: forward and loss, the
-    trainer's own function (train/forward_loss.py, compiled as train.compile compiles it)."""
-    tokens = 0
+def trainer_step(model: torch.nn.Module, cfg, device: torch.device, precision: str, compile: bool = False,
+                 static_shapes: bool = False, shapes: int = 0) -> TrainStep:
+    """The trainer's own update (train/step.py) for ``model``, one rank, at a fixed learning rate
+    (the trainer's schedule sets it step by step; at its 0 before that the weights would not move)."""
+    step = TrainStep(model, cfg.train, device, precision, Distributed(), static_shapes, shapes, compile=compile)
+    for group in step.optimizer.param_groups:
+        group["lr"] = 1e-4
+    return step
+
+
+def run_steps(step: TrainStep, batches, device: torch.device) -> float:
+    """Seconds per update of ``step``, one batch each, the device's queue drained at both ends."""
     synchronize(device)
-    start = time.perf_counter()
+    started = time.perf_counter()
     for batch in batches:
-        loss = loss_of(batch.src, batch.tgt_in, batch.tgt_out)
-        (loss / batch.n_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += batch.n_tokens
+        step([batch], batch.n_tokens)
     synchronize(device)
-    return tokens / (time.perf_counter() - start)
+    return (time.perf_counter() - started) / len(batches)
+
+
+def run(step: TrainStep, batches, device: torch.device) -> float:
+    """Target tokens/s of one update of ``step`` per batch."""
+    return sum(b.n_tokens for b in batches) / (run_steps(step, batches, device) * len(batches))
 
 
 def synchronize(device: torch.device) -> None:
@@ -327,38 +343,36 @@ def trainer_model(cfg, tokenizer, plan):
 
 
 def build_systems(cfg, args, tokenizer, plan, device: torch.device, auto: str):
-    """[(name, label, timed loss_of, eager loss_of (FLOP count), model, optimizer)] and xformer's model.
+    """[(name, label, the trainer's step, eager loss_of (FLOP count), model)] and xformer's model.
     Ours is the trainer's step: its half-weight cache (CUDA, bf16, eager) and its forward-and-loss
     function, compiled as train.compile compiles it (CUDA graphs with --length-bucket on CUDA).
-    One model trains in both precisions: the weights stay fp32 either way, only the autocast differs."""
+    One model trains in both precisions (a step each): the weights stay fp32 either way, only the
+    autocast differs. The peer's model and loss go through the same step, so only they differ."""
     torch.manual_seed(0)
     ours = trainer_model(cfg, tokenizer, plan).train().to(device)
     m = cfg.model
     theirs = TorchBaseline(tokenizer.src_vocab_size, m.d_model, m.d_ff, m.n_heads, m.encoder_layers,
                            m.decoder_layers, m.dropout).train().to(device)
     eps = cfg.train.label_smoothing
-    opt_ours = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    attach_half_weights(ours, opt_ours, device, auto, compiled=args.compile)
-    ours_eager = {p: forward_loss(ours, device, p, eps) for p in ("fp32", auto)}
     shapes = 2 * len(plan.declared(cfg.data.max_len))  # each shape in both precisions: one compilation each
-    ours_timed = {p: compiled(fn, device, plan.static_shapes, shapes) if args.compile else fn for p, fn in ours_eager.items()}
-    systems = [("ours-fp32", "xformer fp32          ", ours_timed["fp32"], ours_eager["fp32"], ours, opt_ours),
-               ("ours-auto", f"xformer auto ({auto})".ljust(22), ours_timed[auto], ours_eager[auto], ours, opt_ours),
-               ("theirs", "torch.nn.Transformer  ", *[baseline_loss(theirs, device, "fp32", eps)] * 2, theirs, opt_theirs)]
-    if auto == "fp32":
-        systems.pop(1)
+    ours_as = {"fp32": ("ours-fp32", "xformer fp32")} | ({} if auto == "fp32" else
+                                                          {auto: ("ours-auto", f"xformer auto ({auto})")})
+    systems = [(name, label.ljust(22), trainer_step(ours, cfg, device, p, args.compile, plan.static_shapes, shapes),
+                forward_loss(ours, device, p, eps), ours) for p, (name, label) in ours_as.items()]
+    peer = trainer_step(theirs, cfg, device, "fp32")
+    peer.loss_of = baseline_loss(theirs, device, "fp32", eps)
+    systems.append(("theirs", "torch.nn.Transformer  ", peer, peer.loss_of, theirs))
     return systems, ours
 
 
 def time_systems(systems, batches, device: torch.device, rounds: int) -> dict[str, list[float]]:
     """Target tokens/s of each system per round, rounds alternating so machine noise hits them alike."""
-    for _, _, loss_of, _, _, opt in systems:
-        run(loss_of, batches, opt, device)  # warm-up: every batch shape compiled (and its CUDA graph captured)
+    for _, _, step, *_ in systems:
+        run(step, batches, device)  # warm-up: every batch shape compiled (and its CUDA graph captured)
     rates: dict[str, list[float]] = {name: [] for name, *_ in systems}
     for _ in range(rounds):
-        for name, _, loss_of, _, _, opt in systems:
-            rates[name].append(run(loss_of, batches, opt, device))
+        for name, _, step, *_ in systems:
+            rates[name].append(run(step, batches, device))
     return rates
 
 
@@ -366,7 +380,7 @@ def report_model_loop(systems, rates, batches, device: torch.device) -> None:
     """tokens/s, counted-FLOP MFU against matmuls timed here, and conventional MFU (spec peak)."""
     real = sum(b.n_tokens for b in batches)
     peaks, emulated = measured_peaks(device)
-    flops_per_token = {name: step_flops(model, eager, batches) / real for name, _, _, eager, model, _ in systems}
+    flops_per_token = {name: step_flops(model, eager, batches) / real for name, _, _, eager, model in systems}
     side = peak_matmul_size(device)
     print(f"peak matmul ({side}^3, same process): "
           + ", ".join(f"{name} {peak / 1e9:.1f} GFLOP/s" for name, peak in peaks.items())
@@ -436,7 +450,8 @@ def main() -> None:
     print(f"config: {args.config}  params: {ours.count_parameters():,}  batches: {len(batches)} x max_tokens {cfg.train.max_tokens}"
           f"  ({real / len(batches):.0f} target tokens per batch)")
     report_model_loop(systems, rates, batches, device)
-    kind, launches = launches_per_step(cfg, tokenizer, ours, batches[0], auto)
+    auto_step = systems[-2][2]  # ours in the precision auto picks
+    kind, launches = launches_per_step(cfg, tokenizer, auto_step, batches[0], auto)
     print(f"{kind} per training step ({auto}, one batch of {batches[0].n_tokens} target tokens, fused Adam): {launches}")
     for name, label, *_ in systems[:-1]:
         print(f"ratio {label.strip()} / torch.nn.Transformer: {max(rates[name]) / max(rates['theirs']):.2f}x")

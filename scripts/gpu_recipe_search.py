@@ -37,11 +37,12 @@ VARIANTS: dict[str, dict] = {
     "w512-l3": {"model.d_model": 512, "model.d_ff": 2048, "model.n_heads": 8},
     "w384-l3": {"model.d_model": 384, "model.d_ff": 1536, "model.n_heads": 6},
     "w256-l6-prenorm": {"model.encoder_layers": 6, "model.decoder_layers": 6, "model.pre_norm": True},
-    # packed batches and CUDA graphs: 1.46x the steps at base size (BENCHMARKS.md, the third lease)
+    # packed batches and CUDA graphs: 1.46x the steps at base size (docs/benchmarks/gpu.md, the third lease)
     "w512-l3-compiled": {"model.d_model": 512, "model.d_ff": 2048, "model.n_heads": 8, "train.batching": "packed",
                          "train.compile": True},
-    # The third search: label smoothing 0.2, which the CPU recipe's long runs gained from (BENCHMARKS.md,
-    # "label smoothing 0.2 for long runs"); the GPU config's ~11k steps are longer still.
+    # The third search: label smoothing 0.2, which the CPU recipe's long runs gained from
+    # (docs/benchmarks/training-recipe.md, "label smoothing 0.2 for long runs"); the GPU config's ~11k steps are
+    # longer still.
     "w256-l3-ls2": {"train.label_smoothing": 0.2},
     "w384-l3-ls2": {"model.d_model": 384, "model.d_ff": 1536, "model.n_heads": 6, "train.label_smoothing": 0.2},
 }

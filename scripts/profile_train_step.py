@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,11 +30,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_train import cpu_name, load_batches, peak_matmul_flops, peak_matmul_size, synchronize, trainer_model  # noqa: E402
+from bench_train import (cpu_name, flop_counter, load_batches, peak_matmul_flops, peak_matmul_size,  # noqa: E402
+                         run_steps, trainer_model, trainer_step)
 from xformer_cli.config import load_config  # noqa: E402
 from xformer_cli.device import cpu_flags, keep_freed_memory, pick_device  # noqa: E402
 from xformer_cli.train import forward_loss  # noqa: E402
-from xformer_cli.train.distributed import Distributed  # noqa: E402
 from xformer_cli.train.step import TrainStep  # noqa: E402
 
 # Self-time categories by aten op name (the first that matches); the loss by its own range.
@@ -73,17 +72,7 @@ def build_step(cfg, tokenizer, plan, device: torch.device, precision: str, dropo
     if not dropout:
         cfg.model.dropout = 0.0
     model = trainer_model(cfg, tokenizer, plan).train().to(device)
-    return TrainStep(model, cfg.train, device, precision, Distributed(), compile=False)
-
-
-def run_steps(step: TrainStep, batches, device: torch.device) -> float:
-    """Seconds per step, the device's queue drained at both ends."""
-    synchronize(device)
-    started = time.perf_counter()
-    for batch in batches:
-        step([batch], batch.n_tokens)
-    synchronize(device)
-    return (time.perf_counter() - started) / len(batches)
+    return trainer_step(model, cfg, device, precision)
 
 
 def timed_loss():
@@ -154,13 +143,7 @@ def report_cpu(prof, step: TrainStep, timed, profiled: float, peak: float) -> No
 
 def matmul_flops(step: TrainStep, batch) -> float:
     """FLOPs of the step's matrix products (attention's own excluded), by FlopCounterMode."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step.loss_of(batch.src, batch.tgt_in, batch.tgt_out).backward()
-    step.zero_grad()
-    per_op = counter.get_flop_counts().get("Global", {})
+    per_op = flop_counter(step.model, step.loss_of, [batch]).get_flop_counts().get("Global", {})
     return float(sum(v for k, v in per_op.items() if "scaled_dot_product" not in str(k)))
 
 

@@ -92,3 +92,33 @@ def test_benchmarks_build_the_model_the_trainer_trains(restrict):
         assert model.output_pieces.tolist() == used and len(used) < tokenizer.tgt_vocab_size
     else:
         assert model.cfg.output_pieces == 0
+
+
+@pytest.mark.parametrize("auto", ["fp32", "bf16"])
+def test_every_system_is_timed_through_the_trainers_own_step(monkeypatch, auto):
+    """bench_train times ours and the torch.nn.Transformer peer alike through train/step.py's
+    TrainStep (only model and loss differ), so a change to the step moves its figures."""
+    from types import SimpleNamespace
+
+    from xformer_cli.config import load_config
+    from xformer_cli.data.batching import Batch
+    from xformer_cli.tokenizer import Tokenizer
+    from xformer_cli.train.step import TrainStep
+
+    src = [f"the {w} dog runs far away" for w in ("red", "big", "old", "small")] * 20
+    tokenizer = Tokenizer.train(src, src, joint=True, vocab_size=60)
+    cfg = load_config(str(ROOT / "configs" / "multi30k.yaml"),
+                      ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.encoder_layers=1",
+                       "model.decoder_layers=1", "model.restrict_output=false"])
+    plan = SimpleNamespace(declared=lambda max_len: [], static_shapes=False)
+    args = SimpleNamespace(compile=False)
+    systems, _ = bench_train.build_systems(cfg, args, tokenizer, plan, CPU, auto)
+    assert [name for name, *_ in systems] == ["ours-fp32", *(["ours-auto"] if auto != "fp32" else []), "theirs"]
+    stepped = []
+    real = TrainStep.__call__
+    monkeypatch.setattr(TrainStep, "__call__", lambda self, *a: stepped.append(self) or real(self, *a))
+    ids = torch.randint(4, tokenizer.src_vocab_size, (4, 6))
+    rates = bench_train.time_systems(systems, [Batch(ids, ids, ids, ids.numel())], CPU, rounds=1)
+    assert all(isinstance(step, TrainStep) for _, _, step, *_ in systems)
+    assert {id(s) for s in stepped} == {id(step) for _, _, step, *_ in systems}
+    assert all(rate[0] > 0 for rate in rates.values())

@@ -15,7 +15,7 @@ from xformer_cli.config import TrainConfig, load_config, planned_settings
 from xformer_cli.train.checkpointing import resume_mismatch, resumed_config
 from xformer_cli.train import budget
 from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
-from xformer_cli.train.schedule import cooldown_factor, make_schedule, noam_lr
+from xformer_cli.train.schedule import LrSchedule, cooldown_factor, make_schedule, noam_lr
 
 from helpers import quiet, signal_after_step, tiny_config
 
@@ -96,8 +96,12 @@ def test_the_steps_that_fit_leave_time_for_their_validations():
     assert steps * 0.75 + 5 * 20 <= 1500
     every = TrainConfig(valid_every=500, max_steps=100_000)
     n = fit_steps(1500, 0.75, 20.0, every)
-    assert n == int((1500 * budget.MARGIN - 20) / (0.75 + 20 / 500))  # one validation per 500 steps, one at the end
-    assert n * 0.75 + (n // 500 + 1) * 20 <= 1500 * budget.MARGIN
+
+    def seconds(steps: int) -> float:  # the validations at 500, 1000, ... before the end, and the end's own
+        return steps * 0.75 + ((steps - 1) // 500 + 1) * 20
+
+    assert seconds(n) <= 1500 * budget.MARGIN < seconds(n + 1)  # the most that fit
+    assert n > 1500 and budget.validations_to_come(1, n, [], 500) == 4  # at 500, 1000, 1500 and the end
     assert fit_steps(1500, 0.75, 20.0, TrainConfig(validations=5, max_steps=300)) == 300  # max_steps still caps
 
 
@@ -169,16 +173,17 @@ def _keep(keeper: BudgetKeeper, planned: int, steps: range, pace, clock: float =
 def test_the_keeper_shortens_the_plan_when_the_machine_stays_slower():
     """200 steps planned at 0.4 s a step in 93 s; from step 50 a step takes 1 s. The time lost
     counts at once; once most of the recent paces are the slow one, the plan shortens to what
-    fits at 1 s a step. The validation's time is not pace."""
+    fits at 1 s a step. The validation's time is not pace; the one due at the step the keeper
+    looks at is still to come (the loop validates after the look)."""
     keeper = BudgetKeeper(deadline=93.0, valid_s=5.0, validations=[50, 200])
     assert keeper.proposal(0, 200, 0.0) == 200  # the first look only marks the pace's start
     planned, clock = _keep(keeper, 200, range(10, 51, 10), lambda step: 4.0)
-    assert planned == 50 + int((93 - 20 - 5.0) * budget.MARGIN / 0.4) == 214  # more fit than planned: longer
+    assert planned == 50 + int(((93 - 20) * budget.MARGIN - 2 * 5.0) / 0.4) == 202  # both validations reserved
     keeper.validated(5.0)
     planned, clock = _keep(keeper, planned, range(60, 91, 10), lambda step: 10.0, clock + 5.0)
-    assert planned == 90 + int((93 - clock - 5.0) * budget.MARGIN / 0.4)  # four slow paces of nine: not the median yet
+    assert planned == 90 + int(((93 - clock) * budget.MARGIN - 5.0) / 0.4)  # four slow paces of nine: not the median yet
     planned, clock = _keep(keeper, planned, [100], lambda step: 10.0, clock)
-    assert planned == 100 + int((93 - clock - 5.0) * budget.MARGIN / 1.0) == 112
+    assert planned == 100 + int(((93 - clock) * budget.MARGIN - 5.0) / 1.0) == 112
 
 
 def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minutes():
@@ -202,6 +207,45 @@ def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minu
     assert longer == pytest.approx(1400 + (25 * 60 - clock - 2 * 7.0) * budget.MARGIN / 0.3, rel=budget.REVISE_SHARE)
     capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], max_steps=1000)
     assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
+
+
+def test_the_validations_to_come_are_the_grid_before_the_end_and_the_end():
+    """One count for the plan (fit_steps) and the keeper: with valid_every, its multiples from
+    the step the keeper looks at (that step's runs after the look) to before the end, and the
+    end's own; with train.validations, the planned ones from that step on."""
+    assert budget.validations_to_come(40, 100, [], 40) == 3  # 40 (after this look), 80, the end
+    assert budget.validations_to_come(41, 100, [], 40) == 2
+    assert budget.validations_to_come(41, 120, [], 40) == 2  # 80, and 120: on the grid and the end at once
+    assert budget.validations_to_come(1, 40, [], 40) == 1
+    assert budget.validations_to_come(50, 300, [50, 200], 0) == 2 and budget.validations_to_come(51, 300, [50, 200], 0) == 1
+
+
+def test_a_valid_every_run_on_a_clock_that_spends_its_validations_ends_inside_its_minutes_at_the_floor():
+    """train.validations 0 with valid_every 40 and a cool-down, 90 s at 0.3 s a step and 3 s a
+    validation, the clock moved by the steps and the validations as the trainer's loop takes
+    them (a look every 10 steps, a validation after the look). The keeper had reserved none of
+    them: the plan grew, each validation cut it, and the run stopped by the clock with its rate
+    above the floor. Now it ends at its planned step, the rate at the floor, inside its minutes
+    (the end's validation included), having spent most of them."""
+    tc = TrainConfig(max_minutes=1.5, valid_every=40, validations=0, cooldown=0.5, max_steps=100_000)
+    deadline, step_s, valid_s = 90.0, 0.3, 3.0
+    planned = fit_steps(deadline, step_s, valid_s, tc)
+    schedule = LrSchedule(_optimizer(), lambda step: 1.0, planned, round(tc.cooldown * planned))
+    keeper = BudgetKeeper(deadline, valid_s, [], valid_every=40)
+    clock, step = 0.0, 0
+    while step < schedule.planned_steps and clock < deadline:
+        step += 1
+        clock += step_s
+        if step % 10 == 0:
+            proposal = keeper.proposal(step, schedule.planned_steps, clock)
+            if proposal != schedule.planned_steps:
+                schedule.replan(step, proposal)
+        if step % 40 == 0 and step < schedule.planned_steps:
+            clock += valid_s
+            keeper.validated(valid_s)
+    clock += valid_s  # the end's validation
+    assert step == schedule.planned_steps and 0.95 * deadline < clock <= deadline
+    assert schedule.factor(step) == pytest.approx(1 / (schedule.cooldown_steps + 1))  # the floor
 
 
 def test_a_gpu_paced_run_keeps_its_plan_steady_and_its_minutes():
@@ -493,36 +537,83 @@ def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp
     assert later and all(r["minutes"] >= 10 for r in later)
 
 
+class _Clock:
+    """time for the trainer and its run state: moved by the steps and validations the test
+    says they take, never by the machine, so a busy machine changes none of the figures."""
+
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def _run_on_a_fake_clock(config, monkeypatch, step_s, valid_s: float, log=quiet):
+    """Train ``config`` with each step taking ``step_s(step)`` seconds and each validation
+    ``valid_s`` (its decoding left out) of a fake clock; returns (trainer, result, the steps validated)."""
+    from xformer_cli.train import state as state_module, trainer as trainer_module, validation
+    from xformer_cli.train.trainer import Trainer
+
+    clock, validated = _Clock(), []
+    monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(state_module, "time", clock)
+
+    def validate(run) -> bool:
+        validated.append(run.counters.step)
+        clock.now += valid_s
+        return False
+
+    monkeypatch.setattr(validation, "validate", validate)
+    trainer = Trainer(config, log=log, progress=False)
+    real_step = trainer.train_step
+
+    def timed_step(group):
+        done = real_step(group)
+        clock.now += step_s(trainer.counters.step)
+        return done
+
+    monkeypatch.setattr(trainer, "train_step", timed_step)
+    return trainer, trainer.run(), validated
+
+
+@pytest.mark.slow
+def test_a_valid_every_run_reserves_its_validations_and_ends_inside_its_minutes_at_the_floor(small_corpus, tmp_path,
+                                                                                            monkeypatch):
+    """train.validations 0 with valid_every and a cool-down, the trainer on a clock that spends
+    0.3 s a step and 3 s a validation, as measured. The keeper had counted no validation (the
+    trainer gave it none): the plan grew, each validation cut it, and the run stopped by the
+    clock with its rate at 0.6 of the peak, or validated past its minutes. It ends at its
+    planned step, the rate at the floor, the end's validation inside the 1.5 minutes."""
+    monkeypatch.setattr(budget, "measure_seconds", lambda *a: (0.3, 3.0))
+    sets = {"train.max_minutes": 1.5, "train.max_steps": 100_000, "train.validations": 0, "train.valid_every": 40,
+            "train.cooldown": 0.5, "train.save_every": 0, "train.log_every": 10}
+    trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets),
+                                                      monkeypatch, lambda step: 0.3, 3.0)
+    assert result.stopped_because == "planned steps" and 0.95 * 1.5 < result.minutes <= 1.5
+    schedule = trainer.state.schedule
+    assert schedule.factor(result.steps) == pytest.approx(1 / (schedule.cooldown_steps + 1))  # the floor
+    assert validated == [*range(40, result.steps, 40), result.steps]
+
+
 @pytest.mark.slow
 def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_corpus, tmp_path, monkeypatch):
-    """The plan says 0.05 s a step; from step 10 every step takes 0.3 s more. The keeper sees the
+    """The plan says 0.05 s a step; from step 10 every step takes 0.35 s. The keeper sees the
     new pace and shortens the plan, so the cool-down and the last validation still come, and the
-    run ends inside its 30 seconds."""
-    from xformer_cli.train.step import TrainStep
-    from xformer_cli.train.trainer import train
-
+    run ends inside its 30 seconds. On a fake clock: a busy machine moves no figure here."""
     monkeypatch.setattr(budget, "measure_seconds", lambda *a: (0.05, 0.5))
-    real_call = TrainStep.__call__
-    calls = {"n": 0}
-
-    def slowing(self, group, all_tokens):
-        calls["n"] += 1
-        if calls["n"] > 10:
-            time.sleep(0.3)
-        return real_call(self, group, all_tokens)
-
-    monkeypatch.setattr(TrainStep, "__call__", slowing)
     lines: list[str] = []
     sets = {"train.max_minutes": 0.5, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
             "train.save_every": 0}
-    started = time.time()
-    result = train(tiny_config(small_corpus, tmp_path / "run", **sets), log=lines.append, progress=False)
-    assert time.time() - started < 0.5 * 60 + 25  # the loop's 30 s, plus the start and the passes after it
-    assert result.minutes <= 0.5 + 0.05
-    shortened = [line for line in lines if "no longer fit" in line]
-    assert shortened, lines
+    trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets), monkeypatch,
+                                                      lambda step: 0.05 if step <= 10 else 0.35, 0.5, lines.append)
+    assert result.stopped_because == "planned steps" and result.minutes <= 0.5
+    assert [line for line in lines if "no longer fit" in line], lines
+    assert trainer.state.schedule.planned_steps == result.steps < trainer.config.train.planned_steps  # shortened
+    assert len(validated) == 2 and validated[-1] == result.steps  # both validations, the last at the end
     rows = _lr_rows(tmp_path / "run")
     assert any("planned_before" in r for r in rows)
     rates = {r["step"]: r["lr"] for r in rows if "lr" in r}
-    if result.stopped_because == "planned steps":  # the usual end: the shortened plan, cooled down
-        assert rates[max(rates)] < 0.1 * max(rates.values())
+    assert rates[max(rates)] < 0.1 * max(rates.values())

@@ -120,3 +120,19 @@ def test_resume_compares_the_files_a_run_reads_not_how_their_paths_are_spelt(tmp
     other = "data.pairs=[en-de, {src_lang: en, tgt_lang: fr, train: [{prefix: ../data/fr2}]}]"
     assert resume_mismatch(config(pairs), config(moved)) is None
     assert resume_mismatch(config(pairs), config(other)) == "data.pairs"
+
+
+def test_an_average_takes_the_step_its_checkpoints_record_not_their_names(tmp_path):
+    """last.pt and best.pt name no step (checkpoint_step reads 0 for them): the average is at
+    the newest step the checkpoints themselves hold, whatever they are called."""
+    from xformer_cli.config import Config
+    from xformer_cli.train.average import average_checkpoints
+
+    config = Config().to_dict()
+    for name, step in (("best.pt", 30), ("last.pt", 40), ("checkpoint_20.pt", 20)):
+        save_checkpoint({"config": config, "tokenizer": {"spm": b"t"}, "model": {"w": torch.full((2,), float(step))},
+                         "step": step}, tmp_path / name)
+    averaged = average_checkpoints([tmp_path / "best.pt", tmp_path / "last.pt"], tmp_path / "out" / "average.pt")
+    assert averaged["step"] == 40 and load_checkpoint(tmp_path / "out" / "average.pt")["step"] == 40
+    # a step checkpoint's name and its record agree; the record wins where they would not
+    assert average_checkpoints([tmp_path / "checkpoint_20.pt", tmp_path / "best.pt"], tmp_path / "a2.pt")["step"] == 30

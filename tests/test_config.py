@@ -30,8 +30,12 @@ def where(corpus: CorpusConfig) -> str:
     return f"{corpus.dataset}/{corpus.dataset_config}[{corpus.split}]"
 
 
+# Pipeline configs (xformer pipeline; tests/test_pipeline_stages.py loads them): not training configs.
+PIPELINES = ("multi30k-pipeline.yaml", "multi30k-pipeline-gpu.yaml", "pipeline-smoke.yaml")
+
+
 def test_every_shipped_config_is_checked():
-    assert sorted(path.name for path in (ROOT / "configs").glob("*.yaml")) == sorted(SHIPPED)
+    assert sorted(path.name for path in (ROOT / "configs").glob("*.yaml")) == sorted([*SHIPPED, *PIPELINES])
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -113,3 +117,33 @@ def test_decode_options_are_checked_in_one_place_for_configs_and_translation():
         resolve_options(DecodeConfig(beam_size=2), nbest=3)
     with pytest.raises(XformerError, match="unknown decoding option"):
         resolve_options(DecodeConfig(), beam=3)
+
+
+def test_target_tag_none_with_several_targets_is_refused_in_configs_and_checkpoints(tmp_path):
+    """Without tags nothing tells such a model which language to write: translate -t fr did nothing
+    and eval-bleu scored one output for every direction."""
+    import torch
+    from typer.testing import CliRunner
+
+    from multilingual_fixture import multilingual_checkpoint, write_corpus
+    from xformer_cli import Translator
+    from xformer_cli.checkpoint import save_checkpoint
+    from xformer_cli.cli import app
+    from xformer_cli.config import config_from_dict
+
+    data = {"train": {"prefix": "m/train"}, "pairs": ["en-de", "en-fr"], "target_tag": "none"}
+    with pytest.raises(XformerError) as info:
+        config_from_dict({"data": data})
+    assert str(info.value).startswith("config key 'data.target_tag': none leaves a model of several target languages "
+                                      "(de, fr)") and "\n" not in str(info.value)
+    assert not config_from_dict({"data": {**data, "pairs": ["de-en", "fr-en"]}}).data.reads_tags()  # one target
+    # A checkpoint of that shape, written before the check, is refused too: -t cannot be ignored.
+    tagged = multilingual_checkpoint(write_corpus(tmp_path / "m"), tmp_path / "tagged.pt")
+    state = torch.load(tagged, weights_only=True)
+    state["config"]["data"]["target_tag"] = "none"
+    untagged = save_checkpoint(state, tmp_path / "untagged.pt") or tmp_path / "untagged.pt"
+    with pytest.raises(XformerError, match="config key 'data.target_tag'"):
+        Translator.from_checkpoint(untagged, device="cpu")
+    result = CliRunner().invoke(app, ["translate", "-m", str(untagged), "-t", "fr", "--engine", "xformer"],
+                                input="A man.\n")
+    assert result.exit_code == 1 and "config key 'data.target_tag'" in result.output, result.output

@@ -4,24 +4,30 @@ import numpy as np
 import pytest
 
 from xformer_cli.data.batching import collate, collate_flat, make_batches
-from xformer_cli.data.sources import read_parallel
+from xformer_cli.config import CorpusConfig
+from xformer_cli.data.sources import load_corpus
 from xformer_cli.errors import XformerError
 
 from helpers import write_lines
+
+
+def read_whole(src, tgt, name: str = "train"):
+    """Two aligned files read whole, as a valid or test set is (data.sources.load_corpus)."""
+    return load_corpus(CorpusConfig(src=str(src), tgt=str(tgt)), "en", "de", name)
 
 
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     src = write_lines(tmp_path / "a.en", ["one", "two", "three"])
     tgt = write_lines(tmp_path / "a.de", ["eins", "zwei"])
     with pytest.raises(XformerError) as info:
-        read_parallel(src, tgt)
+        read_whole(src, tgt)
     assert str(info.value) == f"line counts differ: {src} has 3 lines, {tgt} has 2"
 
 
 def test_empty_sides_are_dropped_and_counted(tmp_path):
     src = write_lines(tmp_path / "a.en", ["one", "", "three", "four"])
     tgt = write_lines(tmp_path / "a.de", ["eins", "zwei", "  ", "vier"])
-    corpus = read_parallel(src, tgt, name="train")
+    corpus = read_whole(src, tgt, name="train")
     assert corpus.src == ["one", "four"] and corpus.tgt == ["eins", "vier"]
     assert corpus.dropped["empty side"] == 2
     assert corpus.report() == "train: 2 pairs (dropped 2 empty side)"
@@ -32,14 +38,14 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     src.write_bytes(b"fine\nbad \xff byte\n")
     tgt = write_lines(tmp_path / "a.de", ["gut", "schlecht"])
     with pytest.raises(XformerError, match=rf"{src}:2: invalid UTF-8"):
-        read_parallel(src, tgt)
+        read_whole(src, tgt)
 
 
 def test_gzip_files_read_like_plain_ones(tmp_path):
     with gzip.open(tmp_path / "a.en.gz", "wt", encoding="utf-8") as handle:
         handle.write("hello\nworld\n")
     tgt = write_lines(tmp_path / "a.de", ["hallo", "welt"])
-    assert read_parallel(tmp_path / "a.en.gz", tgt).src == ["hello", "world"]
+    assert read_whole(tmp_path / "a.en.gz", tgt).src == ["hello", "world"]
 
 
 def test_batches_respect_max_tokens_and_cover_every_example_once():

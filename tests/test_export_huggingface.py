@@ -89,7 +89,9 @@ def test_logits_equal_xformer(multi30k, tmp_path, joint, tie, pre_norm, restrict
     checkpoint = _checkpoint(multi30k, tmp_path / "model.pt", joint=joint, tie=tie, pre_norm=pre_norm, restrict=restrict)
     out = export_huggingface(checkpoint, tmp_path / "hf")
     model, tokenizer, _ = load_model(checkpoint)
-    hf = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    hf, loading = AutoModelForSeq2SeqLM.from_pretrained(out, output_loading_info=True)
+    hf.eval()
+    assert not any(loading.values()), loading  # every weight from the file (Pegasus's sinusoid tables too)
     hf_tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(hf_tokenizer).__name__ == "MarianTokenizer"
     if pre_norm:  # Marian's layers with pre-norm and a final LayerNorm per stack: Pegasus
@@ -147,7 +149,9 @@ def test_greedy_generate_equals_xformer(which, request):
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     hyps = [h for (h,) in translator.search(sentences, translator.options(beam_size=1))]
     expected = [translator.detokenize(h) for h in hyps]
-    model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    model, loading = AutoModelForSeq2SeqLM.from_pretrained(out, output_loading_info=True)
+    model.eval()
+    assert not any(loading.values()), loading  # no "MISSING ... newly initialized" in the load report
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == ("PegasusForConditionalGeneration" if which == "trained_pre_norm" else "MarianMTModel")
     encoded = tokenizer(sentences)["input_ids"]

@@ -22,7 +22,7 @@ from xformer_cli.model.transformer import ModelConfig
 from xformer_cli.train import init_from
 from xformer_cli.train.schedule import NoamSchedule, constant_lr, inverse_sqrt_lr, make_schedule, noam_lr
 from xformer_cli.train.trainer import Trainer, train
-from xformer_cli.train.validation import validation_loss
+from xformer_cli.train.validation import validation_sums
 
 from helpers import assert_one_line_error, head, losses, quiet, tiny_config, write_lines, xformer
 
@@ -210,7 +210,9 @@ def finetune_config(corpus: Path, run_dir: Path, source, *sets: str, train_corpo
 
 
 def _valid_loss(model, trainer: Trainer) -> float:
-    return validation_loss(model, trainer.state.valid[0].encoded, 600, torch.device("cpu"), 0.1)[0]
+    """Label-smoothed loss per target token, as validation sums it (train/validation.py)."""
+    loss, _, tokens = validation_sums(model, trainer.state.valid[0].encoded, 600, torch.device("cpu"), 0.1).tolist()
+    return loss / tokens
 
 
 @pytest.mark.slow

@@ -26,9 +26,9 @@ def compiled_vs_eager_tolerance(dtype: torch.dtype, step: int, terms: int = 1000
     update then carries the difference on and adds its own, and Adam, dividing every gradient
     element by its running size, turns a tiny difference in a near-zero gradient into a whole
     learning-rate step in that weight: t steps of fresh rounding, each grown over the steps
-    left, differ by the order of eps * t^2. Measured (fp32, 20 steps; BENCHMARKS.md "Issue
-    26"; beyond metrics.jsonl's 6 decimals): at most 0.93 eps t^2 after step 1 with inductor's
-    AVX2 and scalar code (step 17: 3.2e-5, the AVX2-only EPYC's failure, reproduced here with
+    left, differ by the order of eps * t^2. Measured (fp32, 20 steps; docs/benchmarks/platforms.md,
+    "Compiled against eager training"; beyond metrics.jsonl's 6 decimals): at most 0.93 eps t^2 after step 1
+    with inductor's AVX2 and scalar code (step 17: 3.2e-5, the AVX2-only EPYC's failure, reproduced here with
     ATEN_CPU_CAPABILITY=avx2), 3.4 eps at step 1, nothing visible with its AVX-512 code. The
     bound, sqrt(terms) eps + 8 eps t^2, is 8x over the worst of them and still fails what a
     real bug does: a skipped update moved every later loss by >= 4.8e-3 (12x the bound at step

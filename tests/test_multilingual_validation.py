@@ -174,7 +174,7 @@ def test_the_shared_alpha_has_the_best_mean_and_each_target_gets_its_own_best():
     scores = {0.6: {ende: 20.0, enfr: 30.0, deen: 10.0}, 1.0: {ende: 22.0, enfr: 29.0, deen: 10.0},
               1.6: {ende: 23.0, enfr: 25.0, deen: 10.0}}
     assert best_alpha(scores, [ende, enfr, deen]) == 1.0  # means 20, 20.33, 19.33
-    assert alphas_by_target(scores) == {"de": 1.6, "fr": 0.6, "en": 0.6}  # en: a tie keeps the alpha listed first
+    assert alphas_by_target(scores) == {"de": 1.6, "fr": 0.6, "en": 0.6}  # en: a tie goes to the smaller alpha
 
 
 def test_a_target_s_own_alpha_applies_unless_an_alpha_is_given(checkpoint):

@@ -88,8 +88,13 @@ MODEL = {
 THREE = list(MODEL)[:3]
 
 
-def spelling_engine() -> FakeEngine:
-    return FakeEngine(lambda text: MODEL[text])
+def spelling_engine(target: str = "") -> FakeEngine:
+    """The MODEL engine; ``target``: the one target language it records (else none)."""
+    from xformer_cli.languages import Languages
+
+    engine = FakeEngine(lambda text: MODEL[text])
+    engine.languages = Languages.of([("en", target)]) if target else None
+    return engine
 
 
 def test_without_an_option_the_output_is_the_engines():
@@ -111,11 +116,29 @@ def written(text: str, value: int) -> int:
 
 @pytest.mark.parametrize("opts", [TextOptions(keep_numbers=True, target_lang="de"),
                                   TextOptions(glossary=Glossary(), target_lang="de"),
-                                  TextOptions(keep_numbers=True)], ids=["keep-numbers", "glossary", "any-language"])
+                                  TextOptions(keep_numbers=True)], ids=["keep-numbers", "glossary", "models-target"])
 def test_spelled_out_numbers_are_not_written_twice(opts):
-    out = [r.text for r in translate_texts(spelling_engine(), THREE, opts)]
+    out = [r.text for r in translate_texts(spelling_engine("de"), THREE, opts)]  # no target_lang: the model's one
     assert out == [MODEL[line] for line in THREE]  # "Zwei", "Drei", "zwei" kept: no "2 Zwei"
     assert [written(text, n) for text, n in zip(out, (2, 3, 2))] == [1, 1, 1]
+
+
+def test_without_a_known_target_language_no_word_is_a_number():
+    """Read in every language, English "set" was Czech 100 and "elf" German 11: false credit in
+    number accuracy, and a lost number put in place of the word."""
+    assert mentions("They set up a tent with an elf and ten dogs.", "") == []
+    assert [int(m.value) for m in mentions("They set up a tent with an elf and ten dogs.", "en")] == [10]
+    sources, outputs = ["The 100 boys and 11 girls."], ["The boys set up an elf costume."]
+    assert number_accuracy(sources, outputs, "en", "").kept == 0
+    assert number_accuracy(["11 Männer."], ["Elf Männer."], "en", "de").kept == 1  # German's own word counts
+    source = "The 3 boys set up a tent."
+    MODEL[source] = "The boys set up a tent."  # the model dropped the 3; "set" is no number to replace
+    try:
+        for engine in (spelling_engine(), spelling_engine("en")):  # no target known; the model's own (English)
+            (result,) = translate_texts(engine, [source], TextOptions(keep_numbers=True))
+            assert "set up" in result.text and result.text.count("3") == 1, result.text
+    finally:
+        del MODEL[source]
 
 
 def test_every_source_number_is_kept_once():

@@ -394,7 +394,8 @@ def test_under_cpu_autocast_only_the_matrix_products_run_in_bf16():
 
 def test_a_cuda_device_is_configured_without_cudnn_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     """On an H100 the cuDNN attention backend diverged in bf16 and rebuilt a graph per batch
-    shape (BENCHMARKS.md "GPU"): every CUDA device pick_device hands out has it off, and TF32 on.
+    shape (docs/benchmarks/gpu.md, "the first lease"): every CUDA device pick_device hands out has it off,
+    and TF32 on.
     The flags are process-wide settings that need no GPU to read or write."""
     saved = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.matmul.allow_tf32)
     try:

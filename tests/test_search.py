@@ -28,6 +28,25 @@ def test_beam_size_one_equals_greedy():
         assert g.logprob == pytest.approx(b[0].logprob, abs=1e-4)
 
 
+def test_greedy_scores_like_beam_size_one():
+    """``Hypothesis.score`` means one thing for every search: the log-probability over GNMT's
+    length penalty at the options' alpha. Greedy search used to store the plain sum, so a
+    beam-1 and a greedy translation of the same sentence scored differently."""
+    from xformer_cli.decode.options import SearchOptions
+    from xformer_cli.decode.search import search_batch
+
+    model = random_model(vocab=20, seed=1)
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0], [11, 12, 13, 3, 0]])
+    for alpha in (0.0, 0.6, 1.5):
+        greedy = search_batch(model, src, SearchOptions(beam_size=1, length_penalty=alpha, max_len_b=6))
+        beam = beam_search(model, src, BOS, EOS, beam_size=1, alpha=alpha, max_len_a=1.0, max_len_b=6)
+        assert [g[0].tokens for g in greedy] == [b[0].tokens for b in beam]
+        assert [g[0].score for g in greedy] == pytest.approx([b[0].score for b in beam], abs=1e-4)
+        for (hyp,) in greedy:
+            assert hyp.score == pytest.approx(hyp.logprob / length_penalty(len(hyp.tokens) + 1, alpha))
+    assert any(len(g[0].tokens) > 1 for g in greedy) and any(g[0].score != g[0].logprob for g in greedy)
+
+
 def sequence_logprob(model, src, tokens) -> float:
     tgt = torch.tensor([[BOS] + tokens])
     lprobs = torch.log_softmax(model(src, tgt), dim=-1)[0]

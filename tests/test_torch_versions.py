@@ -3,7 +3,7 @@
 Each newer torch API the package uses is found by feature detection, with a fallback for the
 torch that lacks it; these tests take the API away (or put back the old spelling) on
 whatever torch is installed and check that the fallback does the job. The whole suite also
-ran on a real torch 2.4.1 (BENCHMARKS.md, "torch versions").
+ran on a real torch 2.4.1 (docs/benchmarks/platforms.md, "torch versions").
 """
 
 from __future__ import annotations

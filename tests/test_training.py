@@ -15,7 +15,7 @@ from xformer_cli.train import forward_loss as forward_loss_module
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli import checkpoint as checkpoint_module
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.train.trainer import Trainer, train
+from xformer_cli.train.trainer import StopReason, Trainer, TrainResult, train
 
 from helpers import ROOT, assert_one_line_error, losses, quiet, signal_after_step, tiny_config, tiny_overrides, xformer
 
@@ -80,6 +80,9 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
     again = Trainer(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 6}), log=quiet, progress=False)
     assert again.counters.step == 4
     assert again.run().steps == 6
+    done = train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 6}), log=quiet, progress=False)
+    trained = load_checkpoint(tmp_path / "run" / "last.pt")["train_seconds"] / 60
+    assert done.stopped_because == "already done" and trained > 0 and done.minutes == pytest.approx(trained)  # not 0
 
 
 @pytest.mark.slow
@@ -112,6 +115,54 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(sm
     with pytest.raises(XformerError, match="3 non-finite losses in a row"):
         train(cfg, log=quiet, progress=False)
     assert load_checkpoint(tmp_path / "many" / "last.pt")["step"] == 5  # the last good checkpoint is intact
+
+
+def test_a_stop_reason_is_one_of_the_enum_and_reads_as_its_plain_string():
+    """One enum for the reasons a run stops; the strings callers and scripts compare stay the
+    same (==, f-strings, JSON), and a result always carries one the trainer gave it."""
+    assert [r.value for r in StopReason] == ["max_steps", "planned steps", "time", "epochs", "patience",
+                                             "interrupted", "already done"]
+    reason = StopReason.PLANNED_STEPS
+    assert reason == "planned steps" and f"{reason}" == str(reason) == "planned steps"
+    assert json.dumps({"stopped": StopReason.INTERRUPTED}) == '{"stopped": "interrupted"}'
+    with pytest.raises(TypeError):
+        TrainResult(1, 1, 0.1, None, Path("run"))  # no default a run never produces
+
+
+def test_the_step_a_run_of_non_finite_losses_reaches_the_limit_is_kept_on_the_device():
+    """StepStats records the step the limit was reached at, whenever it is read, and keeps it
+    across drains and finite steps after it."""
+    stats = metrics_module.StepStats(torch.device("cpu"), limit=3)
+    for step, bad in enumerate([False, True, True, False, True, True, True, True, False], 1):
+        stats.add(torch.tensor(1.0), torch.tensor(bad), torch.tensor(False), 10, step=step)
+        if step == 6:
+            assert stats.tripped() == 0  # two in a row since step 4's finite loss
+    assert stats.tripped() == 7  # the third in a row, not the step it is read at
+    stats.drain()
+    assert stats.tripped() == 7 and metrics_module.StepStats(torch.device("cpu")).tripped() == 0
+
+
+@pytest.mark.slow
+def test_non_finite_losses_stop_the_run_at_the_step_they_reach_the_limit(small_corpus, tmp_path, monkeypatch):
+    """train.max_nonfinite 3 and every loss from step 8 on non-finite, a log line every 50
+    steps and a save every 4: the run stops at step 10, the third in a row (it went on to the
+    next read of the figures, step 12), and no save comes after it (last.pt is step 8's)."""
+    real = forward_loss_module.label_smoothed_nll
+    calls = {"n": 0}
+
+    def nan_from_step_8(logits, target, eps, pad, *rest):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps, pad, *rest)
+        return (loss * float("nan"), nll) if calls["n"] >= 8 else (loss, nll)
+
+    monkeypatch.setattr(forward_loss_module, "label_smoothed_nll", nan_from_step_8)
+    cfg = tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 40, "train.log_every": 50,
+                                                         "train.valid_every": 100, "train.save_every": 4,
+                                                         "train.max_nonfinite": 3})
+    with pytest.raises(XformerError, match="3 non-finite losses in a row at step 10; stopped, the last good checkpoint"):
+        train(cfg, log=quiet, progress=False)
+    assert calls["n"] == 10  # one loss a step: no step after the tenth
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 8
 
 
 @pytest.mark.slow

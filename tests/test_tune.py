@@ -7,7 +7,8 @@ import pytest
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.decode.translator import Translator
 from xformer_cli.train.trainer import train
-from xformer_cli.train.tune import pick_length_penalty
+from xformer_cli.evaluate import bleu
+from xformer_cli.train.tune import alphas_by_target, best_alpha
 
 from helpers import assert_one_line_error, tiny_config, xformer
 
@@ -15,15 +16,23 @@ REFS = ["a man rides a red bicycle down the street .", "two dogs play in the fre
 
 
 def test_the_alpha_whose_translations_score_best_is_picked():
+    """As train/after_training.py scores the valid set at each alpha, then picks with best_alpha."""
     outputs = {0.6: ["a man .", "two dogs ."], 1.3: REFS, 2.0: [r + " and more and more" for r in REFS]}
-    alpha, scores = pick_length_penalty(lambda a: outputs[a], REFS, [0.6, 1.3, 2.0])
-    assert alpha == 1.3 and scores[1.3] == pytest.approx(100.0)
-    assert scores[0.6] < scores[2.0] < scores[1.3]
+    scores = {alpha: {("en", "de"): bleu(hyps, REFS).score} for alpha, hyps in outputs.items()}
+    assert best_alpha(scores, [("en", "de")]) == 1.3 and scores[1.3][("en", "de")] == pytest.approx(100.0)
+    assert scores[0.6][("en", "de")] < scores[2.0][("en", "de")] < scores[1.3][("en", "de")]
 
 
-def test_a_tie_keeps_the_alpha_listed_first():
-    alpha, _ = pick_length_penalty(lambda a: REFS, REFS, [0.6, 1.0, 1.6])
-    assert alpha == 0.6
+def test_the_length_penalty_pass_breaks_a_tie_toward_the_smaller_alpha_whatever_the_order():
+    """Equal valid BLEU: the smaller alpha (shorter outputs) is chosen, for the shared alpha
+    and for each target's own, however train.tune_length_penalty lists them."""
+    ende, enfr = ("en", "de"), ("en", "fr")
+    scores = {1.3: {ende: 25.0, enfr: 30.0}, 2.0: {ende: 25.0, enfr: 30.0}, 0.6: {ende: 25.0, enfr: 29.0},
+              1.0: {ende: 24.0, enfr: 31.0}}
+    assert best_alpha(scores, [ende, enfr]) == 1.0  # means 27.5, 27.5, 27.0 and 27.5: the smallest of the three
+    assert best_alpha(scores, [ende]) == 0.6  # 25.0 at 1.3, 2.0 and 0.6
+    assert alphas_by_target(scores) == {"de": 0.6, "fr": 1.0}
+    assert best_alpha({2.0: {ende: 1.0}, 1.3: {ende: 1.0}}, [ende]) == 1.3
 
 
 @pytest.mark.slow

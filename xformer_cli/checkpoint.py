@@ -89,7 +89,8 @@ def _atomic_save(payload: dict, path: Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise XformerError(f"{path} is a directory, not a checkpoint file" if path.is_dir() else f"checkpoint not found: {path}")
+        raise XformerError(f"{path} is a directory, not a checkpoint file" if path.is_dir()
+                           else f"checkpoint not found: {path}")
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning would come before the one line
             warnings.simplefilter("ignore")
@@ -98,7 +99,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not zipfile.is_zipfile(path):
             reason = "not a torch.save zip archive"
-        raise XformerError(f"{path} is not a readable xformer checkpoint (truncated or foreign file: {reason[:160]})") from None
+        raise XformerError(f"{path} is not a readable xformer checkpoint "
+                           f"(truncated or foreign file: {reason[:160]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise XformerError(f"{path} is not an xformer checkpoint")
     version = state.get("version", 1)
@@ -177,5 +179,6 @@ def load_model(path: str | Path, state: Optional[dict] = None) -> tuple[Transfor
         model.load_state_dict(state["model"])
     except (KeyError, TypeError, RuntimeError) as exc:
         detail = " ".join(str(exc).split())[:160]  # torch's size-mismatch report runs over many lines
-        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config ({type(exc).__name__}: {detail})") from None
+        raise XformerError(f"{path}: checkpoint is incomplete or does not match its config "
+                           f"({type(exc).__name__}: {detail})") from None
     return model.eval(), tokenizer, config

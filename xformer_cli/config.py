@@ -21,10 +21,10 @@ from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import yaml
 
-from xformer_cli.device import PRECISIONS
 from xformer_cli.errors import XformerError
 from xformer_cli.languages import TAG, Languages, tag_for
-from xformer_cli.model.transformer import ACTIVATIONS, ModelConfig
+from xformer_cli.model.config import ACTIVATION_NAMES, ModelConfig  # torch-free: importing config loads no torch
+from xformer_cli.precisions import TRAINING_PRECISIONS
 
 
 @dataclass
@@ -61,6 +61,12 @@ class CorpusConfig:
     # small in-domain corpus and a large general one, e.g. weights 1 and 0.05, fine-tuning
     # keeps seeing some general-domain text (less forgetting) without drowning the new domain.
     weight: float = 1.0
+    # data.train only: a piece that leads every source line of this corpus, e.g. "<bt>" for
+    # back-translated pairs (tagged back-translation, Caswell et al. 2019). It is a control
+    # symbol of the tokenizer: text never encodes to it, so a user's input cannot carry it.
+    tag: Optional[str] = None
+    # The first max_pairs pairs only (after empty ones are dropped); 0 = all of them.
+    max_pairs: int = 0
 
 
 @dataclass
@@ -94,6 +100,7 @@ class PairConfig:
 
 
 TARGET_TAGS = ("auto", "source", "none")
+CORPUS_TAG = re.compile(r"<[A-Za-z0-9_-]+>")  # data.train[i].tag: a control piece such as <bt>
 
 
 @dataclass
@@ -120,6 +127,9 @@ class DataConfig:
     max_len: int = 256  # training pairs with a side longer than this (in pieces) are dropped
     max_len_ratio: float = 0.0  # drop training pairs whose longer side exceeds this times the shorter; 0 = off
     dedup: bool = False  # drop exact duplicate training pairs
+    # The share of training pairs with a number on both sides that get a copy with it replaced
+    # by the same random digits on both (numbers the model learns to copy; docs/pipeline.md).
+    number_augmentation: float = 0.0
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
     cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache
@@ -237,7 +247,8 @@ class TrainConfig:
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     optimizer: str = "adam"  # adam (the paper) | adamw (decoupled weight decay); fused kernels on the CPU and CUDA
-    precision: str = "auto"  # auto (bf16 on CUDA 8.0+ and CPUs with native bf16, fp16 on CUDA 7.x, else fp32) | bf16 | fp16 | fp32
+    # auto (bf16 on CUDA 8.0+ and CPUs with native bf16, fp16 on CUDA 7.x, else fp32) | bf16 | fp16 | fp32
+    precision: str = "auto"
     compile: bool = False  # torch.compile the model for training
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no gradient clipping
@@ -315,7 +326,7 @@ class Config:
     run_dir: str = "runs/default"
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)  # owned by the model: model/transformer.py
+    model: ModelConfig = field(default_factory=ModelConfig)  # owned by the model: model/config.py
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     # The dotted keys the config file and --set gave (load_config), defaults left out: what
@@ -347,6 +358,8 @@ def _expand_env(text: str, key: str) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if tp is Any:  # a value handed on as it is (the pipeline's overrides, checked where they apply)
+        return value
     origin = typing.get_origin(tp)
     if origin is typing.Union:  # Optional[X], or one of several types (the first that takes the value)
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -467,7 +480,8 @@ def describe_plan(amount: float, unit: str) -> str:
 def with_setting(config: Config, dotted: str, value: Any) -> Config:
     """``config`` with the setting ``section.name`` at ``value``."""
     section_name, name = dotted.split(".")
-    return dataclasses.replace(config, **{section_name: dataclasses.replace(getattr(config, section_name), **{name: value})})
+    section = dataclasses.replace(getattr(config, section_name), **{name: value})
+    return dataclasses.replace(config, **{section_name: section})
 
 
 def planned_settings(config: Config, log: Callable[[str], None] = lambda _: None) -> Config:
@@ -497,35 +511,53 @@ def _clear_replaced_rules(tree: dict, overridden: set[str]) -> None:
             tree.setdefault("train", {})[rule.split(".", 1)[1]] = {}
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, base: Optional[dict] = None) -> Config:
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None,
+                base: Optional[dict] = None) -> Config:
     """Read a YAML file (or start from ``base``), apply ``key=value`` overrides, validate."""
     tree: dict = dict(base or {})
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-            problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
-            raise XformerError(f"config file {where} is not valid YAML: {problem}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise XformerError(f"config file {path} must hold a mapping of sections")
-        tree = _merge(tree, loaded)
-    overridden = set()
-    for item in overrides or []:
-        key, value = parse_override(item)
-        _set_dotted(tree, key, value)
-        overridden.add(key)
+        tree = _merge(tree, read_tree(path))
+    overridden = apply_overrides(tree, overrides or [])
     _clear_replaced_rules(tree, overridden)
     cfg = _build(Config, tree)
     validate(cfg)
     cfg.set_keys = frozenset(_dotted_keys(tree))
     return cfg
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> set[str]:
+    """``key.path=value`` overrides (values read as YAML) set in ``tree``; returns the keys set."""
+    overridden = set()
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+        overridden.add(key)
+    return overridden
+
+
+def build_section(cls: type, values: dict, prefix: str = "") -> Any:
+    """A config dataclass from a mapping: types coerced, ${ENV:-default} expanded, an unknown
+    or mistyped key named in one line (what every config file of xformer gets)."""
+    return _build(cls, values, prefix)
+
+
+def read_tree(path: str | Path) -> dict:
+    """A YAML config file as a mapping; a missing, unreadable or non-mapping file in one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        raise XformerError(f"config file {where} is not valid YAML: {problem}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise XformerError(f"config file {path} must hold a mapping of sections")
+    return loaded
 
 
 def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
@@ -552,9 +584,13 @@ def config_from_dict(tree: dict) -> Config:
     return cfg
 
 
-def _require(ok: bool, key: str, why: str) -> None:
+def require(ok: bool, key: str, why: str) -> None:
+    """A check of one config key: when not ``ok``, one line naming the key and why."""
     if not ok:
         raise XformerError(f"config key '{key}': {why}")
+
+
+_require = require
 
 
 def validate(cfg: Config) -> None:
@@ -564,13 +600,14 @@ def validate(cfg: Config) -> None:
     _require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         _require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
-    _require(m.activation in ACTIVATIONS, "model.activation", f"must be one of {', '.join(ACTIVATIONS)}")
+    _require(m.activation in ACTIVATION_NAMES, "model.activation", f"must be one of {', '.join(ACTIVATION_NAMES)}")
     _require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
     _require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
              "is counted by the trainer with model.restrict_output: true; leave it out")
     _require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
     _require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
-    _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type", "must be unigram, bpe, char or word")
+    _require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
+             "must be unigram, bpe, char or word")
     _require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     _require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
     _require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
@@ -598,13 +635,15 @@ def validate(cfg: Config) -> None:
     _require(t.average_last <= t.keep_checkpoints, "train.average_last",
              f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     _require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")
-    _require(t.precision in PRECISIONS, "train.precision", f"must be one of {', '.join(PRECISIONS)}, not {t.precision!r}")
+    _require(t.precision in TRAINING_PRECISIONS, "train.precision",
+             f"must be one of {', '.join(TRAINING_PRECISIONS)}, not {t.precision!r}")
     _require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     _require(t.log_every > 0, "train.log_every", "must be positive")
     _require(t.threads >= 0, "train.threads", "must be >= 0")
     _require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     _require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device", "must be auto, cpu, cuda, cuda:N or mps")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",
+             "must be auto, cpu, cuda, cuda:N or mps")
     _require(bool(cfg.run_dir.strip()), "run_dir", "must name a directory for the run")
     _check_data(d)
     for name, why in dec.problems():
@@ -644,7 +683,8 @@ def _check_schedule(t: TrainConfig) -> None:
     _check_plan_rules(t)
     if t.schedule == "noam":
         _require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
-        _require(t.lr == 0, "train.lr", "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
+        _require(t.lr == 0, "train.lr",
+                 "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
     else:
         _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)")
         _require(0 < t.lr < math.inf, "train.lr", f"must be positive and finite with train.schedule: {t.schedule}")
@@ -656,11 +696,18 @@ def _check_data(d: DataConfig) -> None:
     _require(d.max_len > 0, "data.max_len", "must be positive")
     _require(d.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0 (0 = the whole valid set)")
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
+    _require(0 <= d.number_augmentation <= 1, "data.number_augmentation",
+             f"a share of the pairs with numbers, 0 (off) to 1, got {d.number_augmentation}")
     if not d.pairs:
         _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         _require(len(d.train) > 0, "data.train", "needs at least one corpus")
     _check_corpora(d.train, "data.train", d.valid, d.test)
     _require(d.target_tag in TARGET_TAGS, "data.target_tag", f"must be one of {', '.join(TARGET_TAGS)}")
+    # Without a tag nothing tells the model which target to write: --target-lang would do nothing.
+    targets = list(dict.fromkeys(p.tgt_lang for p in d.directions()))
+    _require(d.target_tag != "none" or len(targets) < 2, "data.target_tag",
+             f"none leaves a model of several target languages ({', '.join(targets)}) no way to tell which to "
+             "write: use auto or source")
     _require(d.sampling_temperature > 0, "data.sampling_temperature", "must be positive (1 = as the data is)")
     seen: set[tuple[str, str]] = set()
     for i, pair in enumerate(d.pairs):
@@ -684,16 +731,21 @@ def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusCo
         _check_corpus(corpus, f"{key}[{i}]" if len(train) > 1 else key)
         _require(corpus.weight > 0, f"{key}[{i}].weight" if len(train) > 1 else f"{key}.weight",
                  "must be positive (1 = every pair once an epoch)")
+        where = f"{key}[{i}]" if len(train) > 1 else key
+        _require(corpus.tag is None or CORPUS_TAG.fullmatch(corpus.tag) is not None, f"{where}.tag",
+                 f"{corpus.tag!r} must look like <xxx> (letters, digits, _ or -; no spaces)")
     for name, corpus in (("valid", valid), ("test", test)):
         if corpus is not None:
             _check_corpus(corpus, f"{prefix}{name}")
+            _require(corpus.tag is None, f"{prefix}{name}.tag", f"only {key} corpora take a tag")
             _require(corpus.weight == 1, f"{prefix}{name}.weight", f"only {key} corpora take a weight")
 
 
 def _check_tags(d: DataConfig) -> None:
     """data.lang_tags are tags, and every target language has one when the model reads tags."""
     for code, tag in d.lang_tags.items():
-        _require(TAG.fullmatch(tag) is not None, f"data.lang_tags.{code}", f"{tag!r} must look like >>xxx<< (no spaces)")
+        _require(TAG.fullmatch(tag) is not None, f"data.lang_tags.{code}",
+                 f"{tag!r} must look like >>xxx<< (no spaces)")
     if not d.reads_tags():
         return
     for i, pair in enumerate(d.directions()):
@@ -710,3 +762,4 @@ def _check_corpus(c: CorpusConfig, key: str) -> None:
         _require(bool(c.prefix) != bool(c.src and c.tgt) and not (bool(c.src) ^ bool(c.tgt)), key,
                  "give prefix, or both src and tgt")
     _require(bool(c.src_column) == bool(c.tgt_column), key, "give both src_column and tgt_column, or neither")
+    _require(c.max_pairs >= 0, f"{key}.max_pairs", f"must be 0 (all) or more, got {c.max_pairs}")

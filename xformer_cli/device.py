@@ -25,8 +25,8 @@ from typing import Iterable, Optional
 import torch
 
 from xformer_cli.errors import XformerError
+from xformer_cli.precisions import DEVICE_DECODE_PRECISIONS, TRAINING_PRECISIONS
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 EMULATED_ON_CPU = "asked for, but this CPU has no native {}: expect it to be slower than fp32"
 # CPU flags (as /proc/cpuinfo spells them) that mean bf16 arithmetic in hardware:
 # AMX tiles, AVX-512 BF16 dot products, Arm's BF16 extension.
@@ -61,7 +61,7 @@ def pick_device(name: str = "auto") -> torch.device:
 def configure_cuda() -> None:
     """TF32 tensor cores for fp32 matmuls, and no cuDNN attention backend.
 
-    Measured on an H100 (torch 2.11, BENCHMARKS.md "GPU"): with a padding mask in bf16,
+    Measured on an H100 (torch 2.11, docs/benchmarks/gpu.md, "the first lease"): with a padding mask in bf16,
     ``scaled_dot_product_attention`` picked cuDNN, which builds a graph for every new batch
     shape (the first epoch of WMT-news ran at 7k target tokens/s instead of 94k, bf16
     decoding at half the fp32 speed) and produced non-finite losses after ~700 steps where
@@ -171,7 +171,9 @@ def computes_natively(precision: str, device: torch.device, flags: Optional[Iter
     """Whether ``device`` computes ``precision``'s (fp32 | bf16 | fp16) products in hardware:
     on a CPU from its flags (``flags`` overrides them), on CUDA from the compute capability
     (bf16 tensor cores from 8.0, fp16 from 7.0). None where neither tells (no flags to read,
-    other devices): then only a measurement can (a native half type outruns fp32)."""
+    other devices): then only a measurement can (a native half type outruns fp32). Its user is
+    scripts/bench_train.py (which precisions to time); training and translation decide with
+    ``resolve_precision`` and ``resolve_decode_precision``."""
     if precision == "fp32":
         return True
     if device.type == "cuda":
@@ -190,8 +192,8 @@ def resolve_precision(requested: str, device: torch.device, flags: Optional[Iter
     bf16 natively (``flags`` overrides the CPU's own, for tests), fp32 otherwise. An explicit
     choice is kept; the reason then says when it will be slow (a half type the hardware
     emulates)."""
-    if requested not in PRECISIONS:
-        raise XformerError(f"precision must be one of {', '.join(PRECISIONS)}, not {requested!r}")
+    if requested not in TRAINING_PRECISIONS:
+        raise XformerError(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, not {requested!r}")
     if device.type == "cuda":
         return cuda_precision(requested, device)
     if device.type != "cpu":  # mps and others: autocast support varies, stay exact
@@ -219,9 +221,6 @@ def autocast(device: torch.device, precision: str = "fp32"):
                           dtype=dtype or torch.bfloat16, enabled=enabled)
 
 
-DECODE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-
-
 def torch_cpu_precision(flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
     """The PyTorch engine's precision for translating on a CPU with ``flags``: (bf16 | fp32, why).
     bf16 where the CPU computes it natively (faster than fp32 there, BLEU within 0.2), else fp32."""
@@ -231,7 +230,8 @@ def torch_cpu_precision(flags: Optional[Iterable[str]] = None) -> tuple[str, str
     return "fp32", "the CPU has no native bf16"
 
 
-def resolve_decode_precision(requested: str, device: torch.device, flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
+def resolve_decode_precision(requested: str, device: torch.device,
+                             flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
     """Translation precision: ``requested`` (auto | fp32 | bf16 | fp16 | int8) -> (precision, why).
 
     auto: on CUDA the training rule's precision as weights (``cuda_precision``: bf16 from
@@ -239,11 +239,12 @@ def resolve_decode_precision(requested: str, device: torch.device, flags: Option
     bf16 natively (``torch_cpu_precision``), fp32 otherwise; which engine auto picks is
     ``decode.factory``'s business. int8 runs through the CTranslate2 engine, whose int8
     kernels want VNNI or AMX."""
-    if requested not in DECODE_PRECISIONS:
-        raise XformerError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, not {requested!r}")
+    if requested not in DEVICE_DECODE_PRECISIONS:
+        raise XformerError(f"--precision must be one of {', '.join(DEVICE_DECODE_PRECISIONS)}, not {requested!r}")
     if requested == "int8":
         if device.type == "cpu" and not first_flag(INT8_DOT_FLAGS, flags):
-            return "int8", "asked for, but this CPU has no int8 dot-product instructions (VNNI/AMX): expect it to be slow"
+            return "int8", ("asked for, but this CPU has no int8 dot-product instructions (VNNI/AMX): "
+                            "expect it to be slow")
         return "int8", "asked for (CTranslate2 int8 weights)"
     if requested == "fp32" or device.type not in ("cpu", "cuda"):
         return "fp32", "asked for" if requested == "fp32" else f"{device.type} device"

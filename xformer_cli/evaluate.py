@@ -40,7 +40,8 @@ class Score:
         return out
 
 
-def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False, tokenize: Optional[str] = None) -> dict[str, Metric]:
+def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False,
+                 tokenize: Optional[str] = None) -> dict[str, Metric]:
     """``--lowercase`` applies to BLEU and chrF, ``--tokenize`` to BLEU; TER keeps sacrebleu's defaults."""
     metrics: dict[str, Metric] = {}
     for name in names:
@@ -123,7 +124,8 @@ def compare_systems(
     for name, hyps in systems:
         _checked(hyps, refs, name, ref_names)
     chosen = make_metrics(metrics, lowercase, tokenize)
-    paired = PairedTest([(n, list(h)) for n, h in systems], chosen, [list(r) for r in refs], test_type=test, n_samples=samples)
+    paired = PairedTest([(n, list(h)) for n, h in systems], chosen, [list(r) for r in refs], test_type=test,
+                        n_samples=samples)
     signatures, table = paired()
     rows: list[list[Score]] = []
     for i, _ in enumerate(systems):

@@ -1,8 +1,11 @@
 """Number words of German, English, French and Czech: what a spelled-out cardinal or ordinal
 is worth ("zwei" 2, "einundzwanzig" 21, "dritten" 3, "twenty-one" 21, "quatre-vingt-dix" 90,
 "dvacet" 20, "třetí" 3). ``numerals.mentions`` joins a run of them ("deux cents" 200).
-Other languages have no words here: their numbers count in digits only. An unknown
-language ("") reads the words of all four."""
+Other languages have no words here: their numbers count in digits only, and so do those of
+an unknown language (""): a word is read as a number only in a language known to be the text's.
+Read in all four at once, common words would count (English "set" as Czech 100, "elf" as German
+11, Czech "ten", "that", as English 10): wrong numbers replaced, false credit given. A caller that can
+name the language (the model's one target) passes it and the rest read digits only."""
 
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ EN_ORDINALS = _table("1:first;2:second;3:third;4:fourth;5:fifth;6:sixth;7:sevent
 
 FR_WORDS = _table("0:zéro;1:un une;2:deux;3:trois;4:quatre;5:cinq;6:six;7:sept;8:huit;9:neuf;10:dix;11:onze;"
                   "12:douze;13:treize;14:quatorze;15:quinze;16:seize;20:vingt vingts;30:trente;40:quarante;"
-                  "50:cinquante;60:soixante;80:quatre-vingt quatre-vingts;100:cent cents;1000:mille;1000000:million millions")
+                  "50:cinquante;60:soixante;80:quatre-vingt quatre-vingts;100:cent cents;1000:mille;"
+                  "1000000:million millions")
 FR_ARTICLES = frozenset({"un", "une"})
 FR_ORDINALS = _table("1:premier première premiers premières;2:second seconde seconds secondes")
 
@@ -76,8 +80,6 @@ def combine(values: Iterable[int]) -> Optional[int]:
 
 def connector(word: str, lang: str) -> bool:
     """A word that may join number words ("vingt et un", "one hundred and five")."""
-    if not lang:
-        return any(word.lower() in words for words in CONNECTORS.values())
     return word.lower() in CONNECTORS.get(_base(lang), frozenset())
 
 
@@ -86,15 +88,9 @@ def _base(lang: str) -> str:
 
 
 def word_value(word: str, lang: str) -> Optional[tuple[int, bool]]:
-    """(value, whether the word is also the indefinite article) of a number word of ``lang``
-    ("" = any language these tables know), or None."""
+    """(value, whether the word is also the indefinite article) of a number word of ``lang``, or
+    None; a language without a table, or none ("": not known), has no number words."""
     lowered = word.lower()
-    if not lang:  # the language is not known: any of them
-        for known in READERS:
-            value = word_value(lowered, known)
-            if value is not None:
-                return value
-        return None
     reader = READERS.get(_base(lang))
     value = reader(lowered) if reader is not None else None
     if value is None:

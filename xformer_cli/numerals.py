@@ -15,7 +15,8 @@ Used by ``eval-bleu``'s number accuracy (``number_accuracy``) and by ``translate
   every number word of the target language (German, English, French, Czech: cardinals and
   ordinals, "zwei", "einundzwanzig", "dritten", "vingt-et-un", "dvacet"), a run of number
   words being one mention ("deux cents": 200). German "ein" (all its forms) and French
-  "un"/"une" count as 1: those languages use one word for the article and the number.
+  "un"/"une" count as 1: those languages use one word for the article and the number. With
+  no target language known ("") no word counts, digits only (number_words.py says why).
 - A source number is kept when a mention of the translation is worth its value; each mention
   keeps at most one source number (a maximum matching).
 """

@@ -33,11 +33,13 @@ def train_sentencepiece(
     input_sentence_size: int = 2_000_000,
     seed: int = 1,
     user_defined_symbols: Sequence[str] = (),
+    control_symbols: Sequence[str] = (),
     split_digits: bool = False,
     byte_fallback: bool = False,
 ) -> bytes:
     """Train on (a seeded random sample of) ``sentences``; returns the serialized model.
-    ``user_defined_symbols``: pieces never split (a multilingual model's tags, ``>>deu<<``).
+    ``user_defined_symbols``: pieces never split (a multilingual model's tags, ``>>deu<<``);
+    ``control_symbols``: pieces text never encodes to, placed by id (a corpus tag, ``<bt>``).
 
     ``split_digits`` makes every digit a piece of its own, so a number is spelled digit by
     digit and the model copies it digit by digit instead of choosing among whole-number
@@ -66,6 +68,7 @@ def train_sentencepiece(
             byte_fallback=byte_fallback,
             hard_vocab_limit=False,  # small corpora get a smaller vocabulary rather than an error
             user_defined_symbols=list(user_defined_symbols),
+            control_symbols=list(control_symbols),
             num_threads=2,
             minloglevel=2,
         )
@@ -214,7 +217,8 @@ class Tokenizer:
     ) -> "Tokenizer":
         if joint:
             return cls(train_sentencepiece(list(src_sentences) + list(tgt_sentences), vocab_size, **kwargs))
-        return cls(train_sentencepiece(src_sentences, vocab_size, **kwargs), train_sentencepiece(tgt_sentences, vocab_size, **kwargs))
+        return cls(train_sentencepiece(src_sentences, vocab_size, **kwargs),
+                   train_sentencepiece(tgt_sentences, vocab_size, **kwargs))
 
     def save(self, directory: str | Path) -> list[Path]:
         directory = Path(directory)
@@ -237,7 +241,11 @@ class Tokenizer:
         return self._src_tags
 
     def tag_id(self, tag: str) -> int:
-        """The id of a target-language tag, which must be one piece of the source vocabulary."""
+        """The id of a target-language tag, which must be one piece of the source vocabulary,
+        or of a corpus tag (``<bt>``), a control piece of it."""
+        control = self.src.piece_to_id(tag)
+        if not tag.startswith(">>") and control != UNK_ID and getattr(self.src, "is_control", lambda _: False)(control):
+            return control
         if tag not in self.src_tags:
             pieces = " ".join(self.src.encode(tag, out_type=str))
             raise XformerError(f"the tag {tag} is not one piece of the source vocabulary (it splits into {pieces})")

@@ -57,8 +57,8 @@ def make_batches(
     batch holds similar lengths and little padding. Sorted by the target's first, the target
     side (the dearer: the decoder, the output layer and the loss) went from 7% padding to 0.3%,
     but models trained on batches of one target length each lost valid BLEU under beam search
-    (BENCHMARKS.md, "An output layer over the target side's pieces"). The batch order is then shuffled with the same
-    seed, so (seed, epoch) fixes the whole epoch and a batch index is a resumable position.
+    (docs/benchmarks/training-recipe.md, "An output layer over the target side's pieces"). The batch order is then
+    shuffled with the same seed, so (seed, epoch) fixes the whole epoch and a batch index is a resumable position.
     A single example longer than ``max_tokens`` forms a batch of its own. Memory is a few
     integers per example, whatever the corpus size.
     """
@@ -116,7 +116,8 @@ def make_bucketed_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens
     return batches
 
 
-def batch_bounds(widths: "np.ndarray | Sequence[int]", max_slots: int, max_sentences: Optional[int] = None) -> list[int]:
+def batch_bounds(widths: "np.ndarray | Sequence[int]", max_slots: int,
+                 max_sentences: Optional[int] = None) -> list[int]:
     """Cut points of consecutive batches over ``widths`` (token slots per sentence, in batch
     order) such that batch size * widest <= ``max_slots`` and size <= ``max_sentences``; a
     sentence wider than ``max_slots`` goes alone. The one batching rule that training
@@ -151,7 +152,8 @@ def shard(batches: Sequence[np.ndarray], rank: int, world_size: int) -> list[np.
 
 
 def padding_efficiency(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
-    """Real tokens over token slots, both sides, eos/bos included."""
+    """Real tokens over token slots, both sides, eos/bos included: a figure for
+    scripts/bench_batching.py and scripts/bench_data.py (training does not compute it)."""
     real = slots = 0
     for b in batches:
         s, t = src_lens[b] + 1, tgt_lens[b] + 1
@@ -191,7 +193,8 @@ def collate_flat(
     tgt_in[:, 1:] = tgt_out[:, :-1]
     shorter = np.flatnonzero(tgt_lens < tgt_out.shape[1] - 1)
     tgt_in[shorter, tgt_lens[shorter] + 1] = PAD_ID  # the eos shifted in from tgt_out is padding here
-    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), int(tgt_lens.sum() + len(indices)))
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+                 int(tgt_lens.sum() + len(indices)))
 
 
 def _gather_padded(ids: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import shutil
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from xformer_cli.data.batching import Batch, collate_flat
+from xformer_cli.data.number_augmentation import with_augmented
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -42,23 +44,35 @@ CHUNK_PAIRS = 50_000
 
 @dataclass(frozen=True)
 class Filters:
+    """What the cache keeps and adds besides the pairs as read."""
+
     max_len: int = 256  # pieces per side
     max_len_ratio: float = 0.0  # 0 = off
     dedup: bool = False
+    number_augmentation: float = 0.0  # data.number_augmentation (data/number_augmentation.py)
+    seed: int = 1  # which pairs it copies and the digits it draws
+
+    def key(self) -> dict:
+        """What the fingerprint takes: without augmentation, the fields a cache always had (so
+        caches built before it are still found)."""
+        fields = asdict(self)
+        if not self.number_augmentation:
+            del fields["number_augmentation"], fields["seed"]
+        return fields
 
 
 def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Filters) -> str:
     h = hashlib.sha256(f"xformer-cache-v{FORMAT_VERSION}".encode())
     for source in sources:
         h.update(source.fingerprint().encode())
-        if source.tag is not None:  # the first source piece of every pair (a multilingual model's)
-            h.update(f"tag {source.tag}".encode())
+        for tag in source.lead_tags():  # the first source pieces of every pair (language tag, corpus tag)
+            h.update(f"tag {tag}".encode())
     h.update(hashlib.sha256(tokenizer.src_model_bytes).digest())
     h.update(hashlib.sha256(tokenizer.tgt_model_bytes or b"joint").digest())
     for pieces in (tokenizer.vocab, tokenizer.tgt_vocab):  # vocab.json id spaces (imported models)
         if pieces is not None:
             h.update(hashlib.sha256("\n".join(pieces).encode()).digest())
-    h.update(json.dumps(asdict(filters), sort_keys=True).encode())
+    h.update(json.dumps(filters.key(), sort_keys=True).encode())
     return h.hexdigest()[:20]
 
 
@@ -191,16 +205,20 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     seen: set[int] = set()
     src_lens: list[np.ndarray] = []
     tgt_lens: list[np.ndarray] = []
-    read = 0
+    read = augmented = 0
     source_pairs: list[int] = []
     with open(out / "src.bin", "wb") as fs, open(out / "tgt.bin", "wb") as ft:
-        for source in sources:
+        for index, source in enumerate(sources):
             source_pairs.append(0)
-            tag = [tokenizer.tag_id(source.tag)] if source.tag is not None else None
-            for chunk in _chunks(iter(source), CHUNK_PAIRS):
+            tag = [tokenizer.tag_id(t) for t in source.lead_tags()] or None
+            for number, chunk in enumerate(_chunks(iter(source), CHUNK_PAIRS)):
                 read += len(chunk)
                 if filters.dedup:
-                    chunk = _drop_duplicates(chunk, seen, dropped, source.tag)
+                    chunk = _drop_duplicates(chunk, seen, dropped, " ".join(source.lead_tags()) or None)
+                if filters.number_augmentation:
+                    chunk, added = with_augmented(chunk, filters.number_augmentation, source.src_lang,
+                                                  source.tgt_lang, random.Random(f"{filters.seed}:{index}:{number}"))
+                    augmented += added
                 src = tokenizer.src.encode([s for s, _ in chunk], num_threads=threads)
                 if tag is not None:
                     src = [tag + ids if ids else ids for ids in src]
@@ -228,8 +246,12 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     meta = {
         "format": FORMAT_VERSION, "dtype": dtype.name, "pairs": int(len(all_src)), "read": read,
         "dropped": dict(dropped), "src_tokens": int(all_src.sum()), "tgt_tokens": int(all_tgt.sum()),
-        "sources": [s.name for s in sources], "source_pairs": source_pairs, "filters": asdict(filters), "seconds": round(time.time() - started, 2),
+        "sources": [s.name for s in sources], "source_pairs": source_pairs, "filters": asdict(filters),
+        "seconds": round(time.time() - started, 2),
     }
+    if filters.number_augmentation:
+        meta["number_augmented"] = augmented
+        log(f"cache: {augmented} pairs added with their shared numbers as random digits (data.number_augmentation)")
     log(f"cache: tokenized {describe('training data', meta['pairs'], dropped)} in {meta['seconds']:.1f}s")
     return meta
 

@@ -55,7 +55,8 @@ class PackedBatch:
         """Page-locked host memory, so the copy to the GPU can overlap compute."""
         p = self.packing
         pinned = Packing(*(t.pin_memory() for t in (p.src_segments, p.tgt_segments, p.src_positions, p.tgt_positions)))
-        return PackedBatch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens, pinned)
+        return PackedBatch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_tokens,
+                           pinned)
 
     def with_start_token(self, bos_id: int) -> "PackedBatch":
         """Every pair's decoder input starts with ``bos_id`` (model.bos_id) instead of BOS_ID."""
@@ -192,6 +193,7 @@ def collate_packed(src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.nda
 
 def packing_efficiency(batches: Sequence[PackedRows], src_lens: np.ndarray, tgt_lens: np.ndarray,
                        shape: PackShape) -> float:
-    """Real tokens (eos/bos included) over the slots of every batch's full shape, both sides."""
+    """Real tokens (eos/bos included) over the slots of every batch's full shape, both sides: a
+    figure for scripts/bench_batching.py (training does not compute it)."""
     real = sum(int(src_lens[r].sum() + tgt_lens[r].sum()) + 2 * len(r) for rows in batches for r in rows)
     return real / max(len(batches) * shape.rows * (shape.src_width + shape.tgt_width), 1)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from xformer_cli.config import Config
+from xformer_cli.config import Config, DataConfig
 from xformer_cli.data.cache import Filters, TokenCache, build_or_load
 from xformer_cli.data.directions import (Direction, check_pairs_kept, eval_sets, language_sample, reservoir,
                                          tagged_union, train_sources)
@@ -65,6 +65,8 @@ def sample_pairs(sources: Sequence[PairSource], size: int, seed: int) -> list[tu
 def _tokenizer_settings(config: Config, sources: Sequence[PairSource]) -> str:
     tc = asdict(config.tokenizer)
     settings = {"tokenizer": tc, "seed": config.train.seed, "data": [s.fingerprint() for s in sources]}
+    if corpus_tags(config.data):  # control pieces of the vocabulary: another tag is another tokenizer
+        settings["corpus_tags"] = corpus_tags(config.data)
     if len(config.data.directions()) > 1 or config.data.reads_tags():  # bilingual runs keep their settings.json
         settings["languages"] = config.data.languages().to_dict()
     return json.dumps(settings, sort_keys=True)
@@ -86,28 +88,34 @@ class TokenizerPlan:
             return self.given
         if tc.model:
             if not tc.joint and not tc.tgt_model:
-                raise XformerError("config key 'tokenizer.tgt_model': needed with tokenizer.joint: false and tokenizer.model")
+                raise XformerError("config key 'tokenizer.tgt_model': needed with tokenizer.joint: false "
+                                   "and tokenizer.model")
             self.log(f"tokenizer: reusing {tc.model}")
             return Tokenizer.from_files(tc.model, tc.tgt_model if not tc.joint else None)
         saved = self.run_dir / "tokenizer"
         settings = saved / "settings.json"
         if settings.is_file() and settings.read_text(encoding="utf-8") == self.settings:
             self.log(f"tokenizer: reusing {saved} (same data and settings)")
-            return Tokenizer.from_files(saved / "joint.model") if tc.joint else Tokenizer.from_files(saved / "src.model", saved / "tgt.model")
+            if tc.joint:
+                return Tokenizer.from_files(saved / "joint.model")
+            return Tokenizer.from_files(saved / "src.model", saved / "tgt.model")
         started = time.time()
         src, tgt, what = self._sample()
         if not src or not (tgt or tc.joint):
             names = ", ".join(source.name for source in self.sources)
             dropped = sum(sum(source.dropped.values()) for source in self.sources)
-            raise XformerError(f"training corpus {names} is empty ({dropped} pairs dropped: empty side or invalid UTF-8)")
+            raise XformerError(f"training corpus {names} is empty "
+                               f"({dropped} pairs dropped: empty side or invalid UTF-8)")
         tags = [tag for _, tag in self.config.data.languages().tags]
         tokenizer = Tokenizer.train(
             src, tgt, joint=tc.joint, vocab_size=tc.vocab_size,
             model_type=tc.model_type, character_coverage=tc.character_coverage,
             input_sentence_size=tc.input_sentence_size, seed=self.config.train.seed, user_defined_symbols=tags,
+            control_symbols=corpus_tags(self.config.data),
             split_digits=tc.split_digits, byte_fallback=tc.byte_fallback,
         )
-        self.log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece ({tokenizer.src_vocab_size} pieces"
+        self.log(f"tokenizer: trained {'joint' if tc.joint else 'separate'} sentencepiece "
+                 f"({tokenizer.src_vocab_size} pieces"
                  f"{', tags ' + ' '.join(tags) if tags else ''}) on {what} in {time.time() - started:.1f}s")
         got = min(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
         if got < tc.vocab_size:
@@ -156,7 +164,8 @@ def cache_dir_for(config: Config) -> Path:
     return Path(config.data.cache_dir) if config.data.cache_dir else Path(config.run_dir) / "cache"
 
 
-def check_inputs(config: Config, log: Callable[[str], None] = print, tokenizer: Optional[Tokenizer] = None) -> CheckedInputs:
+def check_inputs(config: Config, log: Callable[[str], None] = print,
+                 tokenizer: Optional[Tokenizer] = None) -> CheckedInputs:
     """Open and check every corpus and resolve the tokenizer (``tokenizer`` when given, the
     pretrained model's; else training one if needed, in memory): any bad input fails here,
     before a file is written."""
@@ -166,8 +175,20 @@ def check_inputs(config: Config, log: Callable[[str], None] = print, tokenizer: 
     plan = TokenizerPlan(config, sources, Path(config.run_dir), log, tokenizer)
     resolved = plan.resolve()
     check_tags(resolved, d.languages(), plan.origin())
+    for tag in corpus_tags(d):
+        try:
+            resolved.tag_id(tag)
+        except XformerError:
+            raise XformerError(f"{plan.origin()}: the corpus tag {tag} (data.train) is not a control piece of it; "
+                               "train a new tokenizer (tokenizer.model: null)") from None
     return CheckedInputs(config, sources, tagged_union(valid_sets, d, "valid"), tagged_union(test_sets, d, "test"),
                          plan, resolved, valid_sets, test_sets)
+
+
+def corpus_tags(d: DataConfig) -> list[str]:
+    """The corpus tags of the training data (data.train[i].tag), in order, each once."""
+    tags = [corpus.tag for pair in d.directions() for corpus in pair.train if corpus.tag]
+    return list(dict.fromkeys(tags))
 
 
 def check_tags(tokenizer: Tokenizer, languages: Languages, origin: str) -> None:
@@ -189,7 +210,7 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
     d = config.data
     if write:
         inputs.plan.save(tokenizer)
-    filters = Filters(d.max_len, d.max_len_ratio, d.dedup)
+    filters = Filters(d.max_len, d.max_len_ratio, d.dedup, d.number_augmentation, config.train.seed)
     train, reused = build_or_load(inputs.sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads,
                                   per_source=data_weighted(d) or len(d.directions()) > 1)
     if reused:
@@ -216,7 +237,8 @@ def tagged(corpus: ParallelCorpus, tag: Optional[str]) -> ParallelCorpus:
     """``corpus`` with every source line led by ``tag`` (itself without one)."""
     if tag is None:
         return corpus
-    return ParallelCorpus([f"{tag} {line}" for line in corpus.src], corpus.tgt, corpus.dropped, corpus.name, corpus.origin)
+    return ParallelCorpus([f"{tag} {line}" for line in corpus.src], corpus.tgt, corpus.dropped, corpus.name,
+                          corpus.origin)
 
 
 def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True,
@@ -226,24 +248,29 @@ def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool
     return build_data(check_inputs(config, log, tokenizer), log, write)
 
 
-def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print) -> ParallelCorpus:
+def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print,
+                        config: Optional[Config] = None) -> ParallelCorpus:
     """data.test of the config a checkpoint was trained with (its fallback dataset included):
     what `xformer eval-bleu --checkpoint C` scores when given no --src and --ref. A
     multilingual checkpoint has one per direction: ``checkpoint_test_sets``."""
-    sets = checkpoint_test_sets(checkpoint, log)
+    sets = checkpoint_test_sets(checkpoint, log, config)
     if len(sets) > 1:
-        raise XformerError(f"{checkpoint} has test sets for {len(sets)} directions; score them with checkpoint_test_sets")
+        raise XformerError(f"{checkpoint} has test sets for {len(sets)} directions; "
+                           "score them with checkpoint_test_sets")
     return next(iter(sets.values()))
 
 
-def checkpoint_test_sets(checkpoint: "str | Path", log: Callable[[str], None] = print) -> dict[Direction, ParallelCorpus]:
+def checkpoint_test_sets(checkpoint: "str | Path", log: Callable[[str], None] = print,
+                         config: Optional[Config] = None) -> dict[Direction, ParallelCorpus]:
     """Every direction's data.test (data.pairs[i].test, else data.test read with the pair's
-    languages) in the config a checkpoint was trained with; source lines without tags."""
-    from xformer_cli.config import config_from_dict
-    from xformer_cli.checkpoint import load_checkpoint
+    languages) in the config a checkpoint was trained with; source lines without tags.
+    ``config``: that config when already read (an engine's), so the file is not read again."""
+    if config is None:
+        from xformer_cli.config import config_from_dict
+        from xformer_cli.checkpoint import load_checkpoint
 
-    cfg = config_from_dict(load_checkpoint(checkpoint)["config"])
-    sets = eval_sets(cfg.data, "test", log)
+        config = config_from_dict(load_checkpoint(checkpoint)["config"])
+    sets = eval_sets(config.data, "test", log)
     if not sets:
         raise XformerError(f"{checkpoint}: its config names no data.test; give --src and --ref")
     return sets

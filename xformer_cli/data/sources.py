@@ -135,14 +135,16 @@ def open_dataset(corpus: CorpusConfig, split: str):
     what = corpus.dataset or corpus.data_files
     try:
         if corpus.data_files:
-            files = sorted(Path().glob(corpus.data_files)) if any(ch in corpus.data_files for ch in "*?[") else [Path(corpus.data_files)]
+            pattern = any(ch in corpus.data_files for ch in "*?[")
+            files = sorted(Path().glob(corpus.data_files)) if pattern else [Path(corpus.data_files)]
             if not files or not all(f.is_file() for f in files):
                 raise XformerError(f"data files not found: {corpus.data_files}")
             suffix = files[0].suffix.lower()
             if suffix not in _FILE_BUILDERS:
                 raise XformerError(f"{files[0]}: unsupported data file type (use parquet, jsonl, json, tsv or csv)")
             extra = {"delimiter": "\t", "quoting": 3} if suffix == ".tsv" else {}
-            return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=[str(f) for f in files], split="train", **extra)
+            return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=[str(f) for f in files], split="train",
+                                         **extra)
         path = Path(corpus.dataset)  # type: ignore[arg-type]
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
@@ -172,7 +174,8 @@ def _columns(ds, corpus: CorpusConfig, src_lang: str, tgt_lang: str, what: str) 
         langs = list(getattr(feature, "languages", None) or feature.keys())
         missing = [lang for lang in (src_lang, tgt_lang) if lang not in langs]
         if missing:
-            raise XformerError(f"{what} has no '{missing[0]}' in its translation column (languages: {', '.join(langs)})")
+            raise XformerError(f"{what} has no '{missing[0]}' in its translation column "
+                               f"(languages: {', '.join(langs)})")
         return "translation", None
     if src_lang in names and tgt_lang in names:
         return src_lang, tgt_lang
@@ -196,7 +199,8 @@ def _dataset_pairs(ds, columns: tuple[str, Optional[str]], src_lang: str, tgt_la
 class PairSource:
     """A re-iterable stream of cleaned pairs from one corpus; ``dropped`` counts what was skipped."""
 
-    def __init__(self, corpus: CorpusConfig, src_lang: str, tgt_lang: str, role: str = "train", skip_invalid: bool = False):
+    def __init__(self, corpus: CorpusConfig, src_lang: str, tgt_lang: str, role: str = "train",
+                 skip_invalid: bool = False):
         self.corpus, self.src_lang, self.tgt_lang, self.skip_invalid = corpus, src_lang, tgt_lang, skip_invalid
         self.split = corpus.split or DEFAULT_SPLITS.get(role, role)
         self.dropped: Counter = Counter()
@@ -239,12 +243,21 @@ class PairSource:
             raw = _dataset_pairs(self._dataset, self._columns, self.src_lang, self.tgt_lang)
         else:
             raw = _text_pairs(self.paths[0], self.paths[1], self.skip_invalid, self.dropped)
+        kept = 0
         for s, t in raw:
             s, t = s.strip(), t.strip()
             if not s or not t:
                 self.dropped["empty side"] += 1
                 continue
             yield s, t
+            kept += 1
+            if kept == self.corpus.max_pairs:
+                return
+
+    def lead_tags(self) -> list[str]:
+        """The pieces that lead every source line: the target-language tag of a multilingual
+        model, then the corpus's own (data.train[i].tag, e.g. <bt> for back-translations)."""
+        return [tag for tag in (self.tag, self.corpus.tag) if tag is not None]
 
     def side_key(self, side: int) -> str:
         """Names the text of one side (0 source, 1 target) wherever it is read: the same file,
@@ -267,10 +280,13 @@ class PairSource:
                 stat = path.stat()
                 h.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
         h.update(f"{self.src_lang}>{self.tgt_lang}|{self.skip_invalid}".encode())
+        if self.corpus.max_pairs:
+            h.update(f"|first {self.corpus.max_pairs}".encode())
         return h.hexdigest()
 
 
-def open_sources(corpora: Sequence[CorpusConfig], src_lang: str, tgt_lang: str, role: str, skip_invalid: bool = False) -> list[PairSource]:
+def open_sources(corpora: Sequence[CorpusConfig], src_lang: str, tgt_lang: str, role: str,
+                 skip_invalid: bool = False) -> list[PairSource]:
     return [PairSource(c, src_lang, tgt_lang, role, skip_invalid) for c in corpora]
 
 
@@ -286,10 +302,3 @@ def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, na
     if not pairs:
         raise XformerError(f"{name} corpus {source.name} is empty after dropping empty pairs")
     return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name)
-
-
-def read_parallel(src_path: Path, tgt_path: Path, name: str = "", skip_invalid: bool = False) -> ParallelCorpus:
-    """Read two aligned text files whole (small sets and tests)."""
-    source = PairSource(CorpusConfig(src=str(src_path), tgt=str(tgt_path)), "src", "tgt", skip_invalid=skip_invalid)
-    pairs = list(source)
-    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name or str(src_path))

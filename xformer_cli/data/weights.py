@@ -29,13 +29,15 @@ def _split(n: int, weight: float) -> tuple[int, int]:
     return whole, round((weight - whole) * n)
 
 
-def epoch_indices(source_pairs: Optional[Sequence[int]], weights: Sequence[float], seed: int, epoch: int) -> Optional[np.ndarray]:
+def epoch_indices(source_pairs: Optional[Sequence[int]], weights: Sequence[float], seed: int,
+                  epoch: int) -> Optional[np.ndarray]:
     """The cache indices epoch ``epoch`` trains on, sorted (batching orders them); None when
     every weight is 1 (the whole cache, once)."""
     if all(w == 1 for w in weights):
         return None
     if source_pairs is None or len(source_pairs) != len(weights):
-        raise XformerError("the token cache does not record its pairs per corpus; delete data.cache_dir and train again")
+        raise XformerError("the token cache does not record its pairs per corpus; "
+                           "delete data.cache_dir and train again")
     picked = []
     start = 0
     for corpus, (n, weight) in enumerate(zip(source_pairs, weights)):
@@ -60,7 +62,8 @@ def to_cache_indices(batches: list, picked: Optional[np.ndarray]) -> list:
     return [picked[b] if isinstance(b, np.ndarray) else to_cache_indices(b, picked) for b in batches]
 
 
-def epoch_lengths(src_lens: np.ndarray, tgt_lens: np.ndarray, picked: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def epoch_lengths(src_lens: np.ndarray, tgt_lens: np.ndarray,
+                  picked: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The lengths batching sees this epoch: all pairs, or the picked ones in order."""
     if picked is None:
         return src_lens, tgt_lens

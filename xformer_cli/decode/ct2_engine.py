@@ -60,7 +60,8 @@ class CTranslate2Translator(Engine):
 
     @classmethod
     def from_directory(
-        cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0, device_index: int = 0
+        cls, path: str | Path, device: str = "cpu", compute_type: str = "default", threads: int = 0,
+        device_index: int = 0,
     ) -> "CTranslate2Translator":
         """Load a directory written by ``export_ctranslate2`` on ``device`` (cpu | cuda) number
         ``device_index``; ``threads`` 0 = CTranslate2's default. ``decode.factory.load_engine``
@@ -84,20 +85,22 @@ class CTranslate2Translator(Engine):
             translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
                                                 compute_type=compute_type, intra_threads=threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise XformerError(f"{path}: cannot load the CTranslate2 model ({type(exc).__name__}: {str(exc).strip()[:160]})") from None
+            raise XformerError(f"{path}: cannot load the CTranslate2 model "
+                               f"({type(exc).__name__}: {str(exc).strip()[:160]})") from None
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
                    int(info.get("bos_id", BOS_ID)), export_languages(info))
 
-    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+    def search(self, lines: Sequence[str], opts: SearchOptions,
+               wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first ([] for a blank line), like
         ``Translator.search``; a line no longer ``wanted`` is left out of the batches not yet
         started (one CTranslate2 call cannot be stopped halfway).
 
         ``logprob`` is the sum of token log-probabilities, eos included (pad and bos are
         left out of CTranslate2's softmax, so it is a hair higher than xformer's); ``score``
-        is it over GNMT's length penalty (itself for greedy search). A hypothesis cut at
-        the length limit keeps the log-probability of the uncut one.
+        is it over GNMT's length penalty, greedy search's too (as xformer's search scores). A
+        hypothesis cut at the length limit keeps the log-probability of the uncut one.
         """
         beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
@@ -119,12 +122,11 @@ class CTranslate2Translator(Engine):
         # CTranslate2 counts the eos step in the limit; xformer allows `limit` tokens, then eos.
         # The position table bounds both lengths (xformer grows its table; CTranslate2 cannot).
         max_length = min(max(limits) + 1, self.max_positions)
-        alpha = 0.0 if beam == 1 else alpha  # see the note on beam search at the top
         out = self.translator.translate_batch(
             [[self.src_pieces[t] for t in ids] for ids in sources],
             beam_size=beam,
             num_hypotheses=beam,
-            length_penalty=0.0,  # scores are plain log-probabilities, eos included
+            length_penalty=0.0,  # scores are plain log-probabilities, eos included (the note on beam search)
             max_decoding_length=max_length,
             min_decoding_length=min_len,  # pieces before eos, as xformer counts them
             max_input_length=self.max_positions - 1,  # one position left for the added eos

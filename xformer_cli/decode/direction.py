@@ -46,6 +46,8 @@ def model_languages(path: "str | Path") -> Optional[Languages]:
     try:
         return config_from_dict({"data": data}).data.languages()
     except XformerError:  # a config this xformer cannot read: its one pair, if it names one
+        if data.get("pairs"):  # src_lang/tgt_lang are then defaults, not its languages: say what is wrong
+            raise
         src, tgt = data.get("src_lang"), data.get("tgt_lang")
         return Languages.of([(src, tgt)]) if isinstance(src, str) and isinstance(tgt, str) else None
 
@@ -64,7 +66,8 @@ def _checkpoint_config(path: Path) -> dict:
 
 
 def choose_direction(languages: Languages, target: Optional[str], source: Optional[str] = None,
-                     text: Callable[[], str] = lambda: "", log: Callable[[str], None] = lambda message: None) -> Direction:
+                     text: Callable[[], str] = lambda: "",
+                     log: Callable[[str], None] = lambda message: None) -> Direction:
     """The direction to translate: ``target`` (refused when missing on a model with several,
     or one the model lacks), ``source`` as given (refused when the model does not read it),
     else the one source the model translates into ``target``, else the one py3langid finds in

@@ -41,9 +41,11 @@ class DirectionResult:
         return None if self.off_target is None else self.off_target / max(self.scored, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"direction": self.name, "lines": self.lines, **{s.name: s.to_dict() for s in self.scores}}
+        out: dict[str, Any] = {"direction": self.name, "lines": self.lines,
+                               **{s.name: s.to_dict() for s in self.scores}}
         if self.off_target is not None:
-            out["off_target"] = {"rate": round(self.off_target_rate or 0.0, 4), "lines": self.off_target, "of": self.scored}
+            out["off_target"] = {"rate": round(self.off_target_rate or 0.0, 4), "lines": self.off_target,
+                                 "of": self.scored}
         return out
 
 

@@ -13,10 +13,10 @@ evaluation and serving never ask which one they hold. ``decode/factory.py`` buil
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
-from xformer_cli.config import DecodeConfig
-from xformer_cli.decode.inputs import SourceTag, chunked
+from xformer_cli.config import Config, DecodeConfig
+from xformer_cli.decode.inputs import SourceTag
 from xformer_cli.decode.options import SearchOptions, resolve_options
 from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.errors import XformerError
@@ -35,9 +35,13 @@ class Engine:
     truncated_lines: int = 0
     threads: int = 0  # CPU threads it computes with (set by decode.factory.load_engine; 0: not set)
     unsupported: tuple[str, ...] = ()
-    # The directions the model translates and its tags (None: not known, e.g. a model being
-    # trained; its lines then bring their own tags).
+    # The directions the model translates and its tags, read with the model (None: not known, e.g.
+    # an old export; its lines then bring their own tags). The CLI and the text pipeline ask here
+    # rather than read the model's file again.
     languages: Optional[Languages] = None
+    # The training config of the checkpoint it was built from (eval-bleu reads its test sets
+    # here); None for an export directory or a model in memory.
+    config: Optional[Config] = None
 
     def options(self, **given) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the model's decode
@@ -68,7 +72,8 @@ class Engine:
                                      "(--target-lang), or start every line with its tag (>>xxx<<)")
         return SourceTag(languages.tag(target))
 
-    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+    def search(self, lines: Sequence[str], opts: SearchOptions,
+               wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line.
         ``wanted`` (line index -> still wanted?) is asked as the search goes: a line that
         is no longer wanted (its client went away) is dropped as soon as the engine can,
@@ -95,33 +100,3 @@ class Engine:
         opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                             max_len_b=max_len_b, batch_size=batch_size, target_lang=target_lang, **more)
         return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]
-
-    def search_stream(self, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[list[Hypothesis]]:
-        """``search`` over any number of lines in bounded memory: ``chunk_lines`` at a time,
-        each chunk sorted by length for batching, results yielded in input order."""
-        for chunk in chunked(lines, chunk_lines):
-            yield from self.search(chunk, opts)
-
-
-def nbest_lines(line_no: int, hyps: list[Hypothesis], k: int, detokenize) -> list[str]:
-    """``--nbest`` output: exactly k lines ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` per input
-    line (1-based), best first; SCORE is the length-normalised log-probability the search
-    ranks by. A blank input line gives k lines with an empty translation and score 0."""
-    rows = []
-    for rank in range(1, k + 1):
-        if not hyps:
-            rows.append(f"{line_no}\t{rank}\t0.0000\t")
-        elif rank <= len(hyps):
-            rows.append(f"{line_no}\t{rank}\t{hyps[rank - 1].score:.4f}\t{detokenize(hyps[rank - 1])}")
-        else:  # fewer finished hypotheses than asked for (tiny vocabularies only)
-            rows.append(f"{line_no}\t{rank}\t-inf\t")
-    return rows
-
-
-def translate_lines(engine: Engine, lines: Iterable[str], opts: SearchOptions, chunk_lines: int = 2000) -> Iterator[str]:
-    """Output lines for streamed input lines, in order: one per input line, or ``nbest`` per line."""
-    for index, hyps in enumerate(engine.search_stream(lines, opts, chunk_lines), start=1):
-        if opts.nbest > 1:
-            yield from nbest_lines(index, hyps, opts.nbest, engine.detokenize)
-        else:
-            yield engine.detokenize(hyps[0]) if hyps else ""

@@ -37,21 +37,18 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
+from xformer_cli.precisions import DECODE_PRECISIONS, TORCH_DECODE_PRECISIONS
 
 if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI can set OpenMP up first
     from xformer_cli.decode.engine import Engine
 
 ENGINES = ("auto", "xformer", "ctranslate2")
-TORCH_PRECISIONS = ("fp32", "bf16", "fp16")
 # xformer's precision names in CTranslate2's terms; any other name goes to CTranslate2 as is.
 CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
-# Every precision name: xformer's, then CTranslate2's own compute types (which select it).
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16",
-              "float32", "bfloat16", "float16")
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
 # and the rest): with any of them, precision auto stays on PyTorch.
 # "beam_search": xformer's GNMT-exact beam search (CTranslate2's ranks and stops otherwise and
-# lost 0.2-0.3 BLEU against it: BENCHMARKS.md, "Choosing the engine").
+# lost 0.2-0.3 BLEU against it: docs/benchmarks/decoding.md, "Choosing the engine").
 XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
 
 Log = Callable[[str], None]
@@ -69,7 +66,9 @@ class EngineChoice:
     def describe(self, requested: str = "auto") -> str:
         """The log line: what was chosen, and for precision auto why."""
         chosen = f"{self.engine} {self.precision} on {self.device}"
-        return f"precision: auto -> {chosen} ({self.why})" if requested == "auto" else f"precision: {chosen} ({self.why})"
+        if requested == "auto":
+            return f"precision: auto -> {chosen} ({self.why})"
+        return f"precision: {chosen} ({self.why})"
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -90,7 +89,7 @@ def ctranslate2_gpus() -> int:
 def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[str] = ()) -> tuple[str, str, str]:
     """``--precision auto`` on a CPU with ``flags``: (engine, precision, why).
 
-    The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (BENCHMARKS.md, "Choosing
+    The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (docs/benchmarks/decoding.md, "Choosing
     the engine"). PyTorch bf16 where the CPU computes bf16 (AMX, AVX512-BF16: within 0.05 BLEU).
     CTranslate2 is faster at beam 5 on a CPU without AMX but its beam search lost 0.19-0.27
     BLEU, and its int8 more: it is chosen only for greedy search (``beam_search`` not among
@@ -107,7 +106,8 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
         return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)} as xformer's"
     if not ct2_available:
         return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for faster greedy search"
-    return "ctranslate2", "float32", "greedy search on a CPU without bf16: CTranslate2 float32 gives fp32's output, faster"
+    return ("ctranslate2", "float32",
+            "greedy search on a CPU without bf16: CTranslate2 float32 gives fp32's output, faster")
 
 
 def engine_device(engine: str, device: str = "auto") -> str:
@@ -136,7 +136,7 @@ def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = 
     barrier (``torch_waits_passive``), and one fewer when ``serving`` (that core runs HTTP).
     Spinning torch threads on a machine that runs anything else wait for each other's time
     slices: on two shared cores two of them made a quarter of one thread's speed, two
-    sleeping ones more than one (BENCHMARKS.md, "Threads")."""
+    sleeping ones more than one (docs/benchmarks/decoding.md, "Threads")."""
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
@@ -188,12 +188,12 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
 
     if engine not in ENGINES:
         raise XformerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    if engine != "ctranslate2" and precision not in PRECISIONS:  # CTranslate2 checks its own names
-        raise XformerError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if engine != "ctranslate2" and precision not in DECODE_PRECISIONS:  # CTranslate2 checks its own names
+        raise XformerError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, not {precision!r}")
     if not paths:
         raise XformerError("no model given")
     exported = len(paths) == 1 and paths[0].is_dir()
-    if exported or engine == "ctranslate2" or precision not in ("auto", *TORCH_PRECISIONS):
+    if exported or engine == "ctranslate2" or precision not in ("auto", *TORCH_DECODE_PRECISIONS):
         return _ctranslate2_choice(paths, engine, precision, device, exported)
     if engine == "xformer" or precision != "auto" or _torch_sees_cuda(device):
         torch_device = engine_device("xformer", device)
@@ -204,7 +204,8 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
     return EngineChoice(chosen_engine, chosen, engine_device(chosen_engine, device), why)
 
 
-def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, device: str, exported: bool) -> EngineChoice:
+def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, device: str,
+                        exported: bool) -> EngineChoice:
     if exported and engine != "ctranslate2" and (engine == "xformer" or not is_export_directory(paths[0])):
         raise XformerError(f"{paths[0]} is a directory: give a checkpoint file, or a directory written by "
                            "xformer export (with --engine ctranslate2)")
@@ -265,10 +266,11 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
 def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
     """The CTranslate2 engine on an export, or on ``path`` exported at start to a temporary
     directory (int8 weights when int8 computes), removed once the engine has read it. Not
-    cached: exporting costs a fraction of loading (BENCHMARKS.md, "Choosing the engine")."""
+    cached: exporting costs a fraction of loading (docs/benchmarks/decoding.md, "Choosing the engine")."""
     import tempfile
 
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
+    from xformer_cli.export.common import load_for_export
     from xformer_cli.export.ctranslate2 import export_ctranslate2
 
     _default_waits_for_ctranslate2()
@@ -279,9 +281,12 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
         return load(path)
     if log is not None:
         log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
+    loaded = load_for_export(path, "CTranslate2")  # read once: the export and the engine's config
     with tempfile.TemporaryDirectory(prefix="xformer-ct2-") as tmp:
         quantization = "int8" if choice.precision.startswith("int8") else None
-        return load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization))
+        built = load(export_ctranslate2(path, Path(tmp) / "ct2", quantization=quantization, loaded=loaded))
+    built.config = loaded[2]
+    return built
 
 
 def engine_for_model(model, tokenizer, decode, device, precision: str = "auto", languages=None) -> Engine:
@@ -295,7 +300,7 @@ def engine_for_model(model, tokenizer, decode, device, precision: str = "auto", 
     from xformer_cli.device import resolve_decode_precision
 
     chosen = resolve_decode_precision(precision, device)[0]
-    if chosen not in TORCH_PRECISIONS:
-        raise XformerError(f"validation decodes with the xformer engine: precision {', '.join(TORCH_PRECISIONS)}, "
-                           f"not {precision!r}")
+    if chosen not in TORCH_DECODE_PRECISIONS:
+        raise XformerError("validation decodes with the xformer engine: precision "
+                           f"{', '.join(TORCH_DECODE_PRECISIONS)}, not {precision!r}")
     return Translator(model, tokenizer, decode, device, precision=chosen, languages=languages)

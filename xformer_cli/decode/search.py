@@ -32,7 +32,9 @@ Wanted = Callable[[int], bool]  # a row of the batch (or line of a call) -> is i
 @dataclass
 class Hypothesis:
     tokens: list[int]  # without bos/eos
-    score: float  # length-normalised log-probability (what beams are ranked by)
+    # logprob over GNMT's length penalty of len(tokens) + 1 (eos) at the search's alpha: what beams are
+    # ranked by; greedy search and sampling store the same, so scores compare across beam sizes.
+    score: float
     logprob: float  # plain sum of token log-probabilities, eos included
 
 
@@ -47,7 +49,8 @@ def length_penalty(length: "int | Tensor", alpha: float) -> "float | Tensor":
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def next_token_logprobs(logits: Tensor, pad: int, bos: int, eos: int, at_limit: Tensor, ban_eos: bool = False) -> Tensor:
+def next_token_logprobs(logits: Tensor, pad: int, bos: int, eos: int, at_limit: Tensor,
+                        ban_eos: bool = False) -> Tensor:
     """Log-probabilities from next-token logits, with the rules the model does not know:
     pad and bos never follow, eos not while ``ban_eos`` (below the minimum length), and at
     the length limit only eos may. Forbidden tokens get -inf without renormalising the
@@ -91,10 +94,12 @@ def greedy_search(
     generator: Optional[torch.Generator] = None,
     min_len: int = 1,
     wanted: Optional[Wanted] = None,
+    alpha: float = 0.6,
 ) -> list[Optional[Hypothesis]]:
     """Best (or sampled) next token until eos, which may come after ``min_len`` tokens at
-    the earliest; scores are the model's log-probabilities. A row that stops being
-    ``wanted`` leaves at the next step with None."""
+    the earliest. ``logprob`` is the model's summed log-probability; ``score`` is it over the
+    GNMT length penalty at ``alpha``, as beam search scores (alpha does not change the output).
+    A row that stops being ``wanted`` leaves at the next step with None."""
     pad = model.pad_id
     src_mask = model.padding_mask(src)
     memory = model.encode(src, src_mask)
@@ -115,7 +120,8 @@ def greedy_search(
         for row, (sentence, token, lp) in enumerate(zip(active.tolist(), best.tolist(), best_lp.tolist())):
             logprob[sentence] += lp
             if done[row]:
-                results[sentence] = Hypothesis(tokens[sentence], logprob[sentence], logprob[sentence])
+                penalty = length_penalty(len(tokens[sentence]) + 1, alpha)  # + 1: eos, as beam search counts
+                results[sentence] = Hypothesis(tokens[sentence], logprob[sentence] / penalty, logprob[sentence])
             else:
                 tokens[sentence].append(token)
         seqs = torch.cat([seqs, best.unsqueeze(1)], dim=1)
@@ -124,7 +130,8 @@ def greedy_search(
         keep = ~torch.tensor(done, device=src.device)
         if not keep.all():
             rows = keep.nonzero().squeeze(1)
-            active, limits, seqs, memory, src_mask = active[rows], limits[rows], seqs[rows], memory[rows], src_mask[rows]
+            active, limits, seqs = active[rows], limits[rows], seqs[rows]
+            memory, src_mask = memory[rows], src_mask[rows]
             reorder_cache(cache, rows, sentences=rows)
         step += 1
     return results
@@ -157,7 +164,7 @@ def beam_search(
     most to that of the maximum length (tensor2tensor's bound, the paper's own code). So
     the n-best list is exactly what searching to the maximum length would give. Stopping
     at the first K finished instead (fairseq's rule) favours short outputs (figures:
-    BENCHMARKS.md, "Multi30k en->de, default config, 30 minutes on CPU").
+    docs/benchmarks/training-recipe.md, "Multi30k en->de, default config, 30 minutes on CPU").
 
     A hypothesis has at least ``min_len`` tokens before eos (fairseq's default of 1: the
     empty translation, which an exact search otherwise often finds, is never one). The
@@ -287,7 +294,7 @@ def search_batch(model: Transformer, src: Tensor, opts: "SearchOptions", generat
     if opts.beam_size == 1:
         found = greedy_search(model, src, model.cfg.bos_id, EOS_ID, max_len_a=opts.max_len_a, max_len_b=opts.max_len_b,
                               use_cache=opts.use_cache, sampling_topk=opts.sampling_topk, temperature=opts.temperature,
-                              generator=generator, min_len=opts.min_len, wanted=wanted)
+                              generator=generator, min_len=opts.min_len, wanted=wanted, alpha=opts.length_penalty)
         return [[hyp] if hyp is not None else [] for hyp in found]
     return beam_search(model, src, model.cfg.bos_id, EOS_ID, beam_size=opts.beam_size, alpha=opts.length_penalty,
                        max_len_a=opts.max_len_a, max_len_b=opts.max_len_b, nbest=opts.nbest,

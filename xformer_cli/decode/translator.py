@@ -62,8 +62,8 @@ class Translator(Engine):
 
     name = "xformer"
 
-    def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
-                 precision: str = "fp32", languages: Optional[Languages] = None):
+    def __init__(self, model: "Transformer | Ensemble", tokenizer: Tokenizer, decode: DecodeConfig,
+                 device: torch.device, precision: str = "fp32", languages: Optional[Languages] = None):
         self.precision, self.precision_reason = resolve_decode_precision(precision, device)
         if self.precision == "int8":
             raise XformerError(INT8_ELSEWHERE)
@@ -80,7 +80,8 @@ class Translator(Engine):
                         precision: str = "fp32") -> "Translator":
         """One checkpoint, or a list of them decoded as an ensemble (same tokenizer required);
         decode defaults come from the first. ``precision``: fp32, bf16, fp16 or auto (int8 and the
-        choice between engines: ``decode.factory.load_engine``)."""
+        choice between engines: ``decode.factory.load_engine``). Its ``languages`` and ``config``
+        are the first checkpoint's."""
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise XformerError("no checkpoint given")
@@ -89,13 +90,19 @@ class Translator(Engine):
         loaded = [load_model(p) for p in paths]
         model, tokenizer, config = loaded[0]
         for other_path, (_, other_tokenizer, _) in zip(paths[1:], loaded[1:]):
-            if (other_tokenizer.src_model_bytes, other_tokenizer.tgt_model_bytes) != (tokenizer.src_model_bytes, tokenizer.tgt_model_bytes):
-                raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; an ensemble needs one vocabulary")
+            if ((other_tokenizer.src_model_bytes, other_tokenizer.tgt_model_bytes)
+                    != (tokenizer.src_model_bytes, tokenizer.tgt_model_bytes)):
+                raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; "
+                                   "an ensemble needs one vocabulary")
         if len(loaded) > 1:
             model = Ensemble([m for m, _, _ in loaded])
-        return cls(model, tokenizer, config.decode_settings(), pick_device(device), precision, config.data.languages())
+        translator = cls(model, tokenizer, config.decode_settings(), pick_device(device), precision,
+                         config.data.languages())
+        translator.config = config  # its languages and test sets, so no caller reads the file again
+        return translator
 
-    def search(self, lines: Sequence[str], opts: SearchOptions, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+    def search(self, lines: Sequence[str], opts: SearchOptions,
+               wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line and
         for a line that stops being ``wanted`` (asked before each batch and at every step)."""
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))

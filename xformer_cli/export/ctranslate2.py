@@ -21,12 +21,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
 from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
 from xformer_cli.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from xformer_cli.config import Config
+    from xformer_cli.model.transformer import Transformer
 
 MISSING_CT2 = "CTranslate2 export needs the ctranslate2 package: pip install 'xformer[ctranslate2]'"
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; CTranslate2's own default is not the same
@@ -43,17 +47,19 @@ def import_ctranslate2() -> Any:
 # -- export ------------------------------------------------------------------------------
 
 def export_ctranslate2(
-    checkpoint: str | Path, output_dir: str | Path, quantization: Optional[str] = None, force: bool = False
+    checkpoint: str | Path, output_dir: str | Path, quantization: Optional[str] = None, force: bool = False,
+    loaded: Optional[tuple[Transformer, Tokenizer, Config]] = None,
 ) -> Path:
     """Write ``checkpoint`` as a CTranslate2 model directory at ``output_dir``; returns it.
 
     An existing non-empty ``output_dir`` is refused unless ``force``. The model is built in
     a temporary sibling directory and renamed into place, so an interrupted export never
-    leaves a half-written model where a good one was.
+    leaves a half-written model where a good one was. ``loaded``: the checkpoint as
+    ``load_for_export`` gives it, when the caller has read it already.
     """
     import_ctranslate2()
     output = output_directory(output_dir, force)
-    model, tokenizer, config = load_for_export(checkpoint, "CTranslate2")
+    model, tokenizer, config = loaded or load_for_export(checkpoint, "CTranslate2")
     spec = _build_spec(model, tokenizer)
     try:
         spec.validate()
@@ -74,7 +80,8 @@ def _build_spec(model, tokenizer: Tokenizer):
 
     cfg = model.cfg
     if cfg.d_model % cfg.n_heads:
-        raise XformerError(f"cannot export to CTranslate2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+        raise XformerError(f"cannot export to CTranslate2: d_model {cfg.d_model} "
+                           f"is not divisible by n_heads {cfg.n_heads}")
     activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
                   "silu": common_spec.Activation.SWISH, "gelu": common_spec.Activation.GELU}[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(

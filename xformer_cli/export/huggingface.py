@@ -53,8 +53,9 @@ Pre-norm models (``model.pre_norm: true``, the multilingual config's). Marian's 
 post-norm and it has no final LayerNorm; Pegasus (``PegasusForConditionalGeneration``) is
 Marian's model with pre-norm layers and a LayerNorm after each stack, with the same sinusoidal
 table, embedding scaling, ``final_logits_bias`` and tensor names: the export writes
-``"model_type": "pegasus"`` and the two final LayerNorms (``model.encoder.layer_norm``,
-``model.decoder.layer_norm``), and the same tokenizer files (tokenizer_config.json names
+``"model_type": "pegasus"``, the two final LayerNorms (``model.encoder.layer_norm``,
+``model.decoder.layer_norm``) and the sinusoid tables (``embed_positions``: Pegasus stores
+them, where Marian rebuilds its own), and the same tokenizer files (tokenizer_config.json names
 ``MarianTokenizer``, so ``AutoTokenizer`` reads them; load the model with
 ``AutoModelForSeq2SeqLM``). Pegasus has one embedding matrix for both stacks: a pre-norm model
 with separate source and target embeddings is refused.
@@ -98,7 +99,7 @@ MISSING_HF = "Hugging Face export needs transformers and safetensors: pip instal
 # ((5 + |Y|) / 6) ** alpha; ranking hypotheses of nearby lengths alike needs equal slopes in
 # log-length, alpha / (5 + |Y|) = lp / |Y|, i.e. lp = alpha * |Y| / (5 + |Y|): 0.75 alpha at
 # |Y| = 15 pieces (eos included), about a Multi30k translation (14.2 on test2016). Measured
-# on test2016 with alpha 0.6 (BENCHMARKS.md, "Hugging Face export"): lp 0.45 gave BLEU
+# on test2016 with alpha 0.6 (docs/benchmarks/import-export.md, "Hugging Face export"): lp 0.45 gave BLEU
 # within 0.05 of xformer's beam and 991/1000 identical lines; lp 0.6 (alpha itself) +0.22
 # BLEU with 965 identical, its outputs longer. Corpora of longer sentences want a larger scale.
 HF_LENGTH_PENALTY_SCALE = 0.75
@@ -156,8 +157,9 @@ def _check_expressible(model, checkpoint) -> None:
     cfg = model.cfg
     where = f"{checkpoint}: cannot export to Hugging Face"
     if cfg.pre_norm and model.src_embed.tokens is not model.tgt_embed.tokens:
-        raise XformerError(f"{where}: pre-norm model (model.pre_norm: true) with separate source and target embeddings; "
-                           "it exports as Pegasus, whose stacks share one embedding matrix (tokenizer.joint and model.tie_embeddings: true)")
+        raise XformerError(f"{where}: pre-norm model (model.pre_norm: true) with separate source and target "
+                           "embeddings; it exports as Pegasus, whose stacks share one embedding matrix "
+                           "(tokenizer.joint and model.tie_embeddings: true)")
     if cfg.d_model % 2:
         raise XformerError(f"{where}: d_model {cfg.d_model} is odd; Marian's sinusoidal table needs an even d_model")
     if cfg.d_model % cfg.n_heads:
@@ -183,7 +185,7 @@ def _marian_config(transformers, model):
         dropout=cfg.dropout,
         attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.activation_dropout,
-        max_position_embeddings=max(cfg.max_positions, MIN_POSITIONS),
+        max_position_embeddings=hf_positions(cfg),
         scale_embedding=cfg.scale_embedding,
         pad_token_id=PAD_ID,
         bos_token_id=cfg.bos_id,
@@ -193,6 +195,11 @@ def _marian_config(transformers, model):
         architectures=["MarianMTModel"],
         dtype="float32",
     )
+
+
+def hf_positions(cfg: Any) -> int:
+    """max_position_embeddings: the rows of the sinusoid tables."""
+    return max(cfg.max_positions, MIN_POSITIONS)
 
 
 def _pegasus_config(transformers, model):
@@ -267,7 +274,8 @@ def _write_info(directory: Path, tokenizer: Tokenizer, decode, generation_config
             f"logprob / |Y| ** length_penalty, set to {generation_config.length_penalty} "
             f"({HF_LENGTH_PENALTY_SCALE} x alpha)"),
         "max_length_note": (
-            f"xformer allows int({decode.max_len_a} * source ids (eos included) + {decode.max_len_b}) pieces, then eos; "
+            f"xformer allows int({decode.max_len_a} * source ids (eos included) + {decode.max_len_b}) pieces, "
+            "then eos; "
             "generation_config's max_new_tokens is that limit + 1 for the longest source kept "
             "(decode.max_input_len pieces); pass max_new_tokens per call for a shorter one"),
     })
@@ -314,6 +322,7 @@ def marian_state_dict(model) -> dict:
     if model.cfg.pre_norm:  # Pegasus: a LayerNorm after each stack
         weights.layer_norm("model.encoder.layer_norm", model.encoder_norm)
         weights.layer_norm("model.decoder.layer_norm", model.decoder_norm)
+        weights.positions(hf_positions(model.cfg))
     weights.embeddings(model)
     bias = model.output_bias()  # Marian's logits bias, -inf on pieces a restricted layer does not score
     bias = torch.zeros(model.tgt_vocab) if bias is None else bias
@@ -355,19 +364,33 @@ class _MarianWeights:
 
     def attention(self, prefix: str, attn) -> None:
         out, d = self.out, self.cfg.d_model
-        out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = self.reads(attn.q_proj.weight), self.bias(attn.q_proj, d)
+        out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = (
+            self.reads(attn.q_proj.weight), self.bias(attn.q_proj, d))
         kv_bias = self.bias(attn.kv_proj, 2 * d)
-        out[f"{prefix}.k_proj.weight"], out[f"{prefix}.k_proj.bias"] = self.reads(attn.kv_proj.weight[:d]), _float32(kv_bias[:d])
-        out[f"{prefix}.v_proj.weight"], out[f"{prefix}.v_proj.bias"] = self.reads(attn.kv_proj.weight[d:]), _float32(kv_bias[d:])
+        out[f"{prefix}.k_proj.weight"], out[f"{prefix}.k_proj.bias"] = (
+            self.reads(attn.kv_proj.weight[:d]), _float32(kv_bias[:d]))
+        out[f"{prefix}.v_proj.weight"], out[f"{prefix}.v_proj.bias"] = (
+            self.reads(attn.kv_proj.weight[d:]), _float32(kv_bias[d:]))
         out[f"{prefix}.out_proj.weight"] = self.writes(attn.out_proj.weight)
         out[f"{prefix}.out_proj.bias"] = self.bias(attn.out_proj, d, permuted=True)
 
     def ffn(self, prefix: str, ffn_module, norm) -> None:
         out = self.out
-        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = self.reads(ffn_module.w1.weight), self.bias(ffn_module.w1, self.cfg.d_ff)
+        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = (
+            self.reads(ffn_module.w1.weight), self.bias(ffn_module.w1, self.cfg.d_ff))
         out[f"{prefix}.fc2.weight"] = self.writes(ffn_module.w2.weight)
         out[f"{prefix}.fc2.bias"] = self.bias(ffn_module.w2, self.cfg.d_model, permuted=True)
         self.layer_norm(f"{prefix}.final_layer_norm", norm)
+
+    def positions(self, rows: int) -> None:
+        """The sinusoid tables, as xformer computes them (sines, then cosines: Marian's order).
+        Pegasus loads them from the file and reports them as newly initialised when missing;
+        Marian rebuilds its own and ignores them, so only a pre-norm export writes them."""
+        from xformer_cli.model.transformer import sinusoidal_positions
+
+        table = sinusoidal_positions(rows, self.cfg.d_model)
+        self.out["model.encoder.embed_positions.weight"] = self.reads(table)
+        self.out["model.decoder.embed_positions.weight"] = self.reads(table)  # a copy: no shared storage
 
     def embeddings(self, model) -> None:
         src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight

@@ -1,1 +1,2 @@
-"""Importers of models trained elsewhere (MarianMT / OPUS-MT: ``marian.py``, reading its files with ``marian_files.py``)."""
+"""Importers of models trained elsewhere (MarianMT / OPUS-MT: ``marian.py``, reading its files with
+``marian_files.py``)."""

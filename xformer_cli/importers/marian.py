@@ -82,7 +82,8 @@ def load_marian(source: str) -> dict[str, Any]:
     try:
         model.load_state_dict(_xformer_weights(marian, vocab, cfg.model))
     except RuntimeError as exc:
-        raise XformerError(f"{weights_path}: the weights do not fit the model of config.json ({str(exc)[:160]})") from None
+        raise XformerError(f"{weights_path}: the weights do not fit the model of config.json "
+                           f"({str(exc)[:160]})") from None
     return {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "tokenizer": tokenizer.state(),
             "model": model.state_dict(), "imported_from": str(source)}
 
@@ -122,7 +123,8 @@ def _data_config(directory: Path, source: str, tags: list[str]) -> DataConfig:
     if recorded is not None and recorded.tagged == bool(tags):
         return _pairs_config(recorded.pairs, dict(recorded.tags), placeholder)
     if tags:
-        return _pairs_config([(src_lang, code_of_tag(tag)) for tag in tags], {code_of_tag(t): t for t in tags}, placeholder)
+        return _pairs_config([(src_lang, code_of_tag(tag)) for tag in tags], {code_of_tag(t): t for t in tags},
+                             placeholder)
     return DataConfig(src_lang=src_lang, tgt_lang=str(tok.get("target_lang") or defaults.tgt_lang), train=placeholder)
 
 
@@ -139,8 +141,9 @@ def _pairs_config(pairs, tags: dict[str, str], train: list[CorpusConfig]) -> Dat
         except XformerError:
             pass
         overrides[code] = tag
-    return DataConfig(src_lang=pairs[0][0], tgt_lang=pairs[0][1], train=train, pairs=[PairConfig(s, t) for s, t in pairs],
-                      target_tag="source" if tags else "none", lang_tags=overrides)
+    return DataConfig(src_lang=pairs[0][0], tgt_lang=pairs[0][1], train=train,
+                      pairs=[PairConfig(s, t) for s, t in pairs], target_tag="source" if tags else "none",
+                      lang_tags=overrides)
 
 
 def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
@@ -205,15 +208,19 @@ class _Vocabulary:
         if shared and tgt_size != src_size:
             raise XformerError(f"{directory / 'config.json'}: decoder_vocab_size {tgt_size} differs from vocab_size "
                                f"{src_size}, but tokenizer_config.json has no separate_vocabs: true")
-        tgt_pieces = src_pieces if shared else read_vocabulary(directory / "target_vocab.json", tgt_size, "decoder_vocab_size")
+        tgt_pieces = (src_pieces if shared
+                      else read_vocabulary(directory / "target_vocab.json", tgt_size, "decoder_vocab_size"))
         where = directory / "config.json"
         names = {role: _piece(tgt_pieces, hf.get(key), key, where) for role, key in
                  (("pad", "pad_token_id"), ("eos", "eos_token_id"), ("start", "decoder_start_token_id"))}
         names["unk"] = str(tok.get("unk_token") or "<unk>")
         if names["start"] in (names["eos"], names["unk"]):
-            raise XformerError(f"{where}: decoder_start_token_id is the {'eos' if names['start'] == names['eos'] else 'unk'} token; xformer cannot start the decoder with it")
+            raise XformerError(f"{where}: decoder_start_token_id is the "
+                               f"{'eos' if names['start'] == names['eos'] else 'unk'} token; "
+                               "xformer cannot start the decoder with it")
         tgt_order = _order(tgt_pieces, names, directory / ("vocab.json" if shared else "target_vocab.json"))
-        src_order = tgt_order if shared else _order(src_pieces, {**names, "start": names["pad"]}, directory / "vocab.json")
+        src_order = (tgt_order if shared
+                     else _order(src_pieces, {**names, "start": names["pad"]}, directory / "vocab.json"))
         bos_id = PAD_ID if names["start"] == names["pad"] else BOS_ID
         return cls([src_pieces[i] for i in src_order], [tgt_pieces[i] for i in tgt_order], src_order, tgt_order,
                    bos_id, shared)
@@ -305,7 +312,8 @@ class _MarianTensors:
 
     def one_embedding(self, vocab: "_Vocabulary") -> bool:
         """Whether the encoder and decoder read one embedding matrix (what xformer then shares)."""
-        return vocab.shared and (self.src_name == self.tgt_name or torch.equal(self[self.src_name], self[self.tgt_name]))
+        return vocab.shared and (self.src_name == self.tgt_name
+                                 or torch.equal(self[self.src_name], self[self.tgt_name]))
 
     def final_logits_bias(self) -> torch.Tensor:
         tgt_v = self.weights[self.tgt_name].shape[0]
@@ -324,18 +332,22 @@ def _xformer_weights(marian: _MarianTensors, vocab: _Vocabulary, cfg: ModelConfi
         out["logits_bias"] = marian.final_logits_bias()[tgt_order]
 
     def attention(x_name: str, m_name: str) -> None:
-        out[f"{x_name}.q_proj.weight"], out[f"{x_name}.q_proj.bias"] = marian[f"{m_name}.q_proj.weight"][:, inv], marian[f"{m_name}.q_proj.bias"]
+        out[f"{x_name}.q_proj.weight"], out[f"{x_name}.q_proj.bias"] = (
+            marian[f"{m_name}.q_proj.weight"][:, inv], marian[f"{m_name}.q_proj.bias"])
         k, v = marian[f"{m_name}.k_proj.weight"][:, inv], marian[f"{m_name}.v_proj.weight"][:, inv]
         out[f"{x_name}.kv_proj.weight"] = torch.cat([k, v])
         out[f"{x_name}.kv_proj.bias"] = torch.cat([marian[f"{m_name}.k_proj.bias"], marian[f"{m_name}.v_proj.bias"]])
-        out[f"{x_name}.out_proj.weight"], out[f"{x_name}.out_proj.bias"] = marian[f"{m_name}.out_proj.weight"][inv], marian[f"{m_name}.out_proj.bias"][inv]
+        out[f"{x_name}.out_proj.weight"], out[f"{x_name}.out_proj.bias"] = (
+            marian[f"{m_name}.out_proj.weight"][inv], marian[f"{m_name}.out_proj.bias"][inv])
 
     def norm(x_name: str, m_name: str) -> None:
         out[f"{x_name}.weight"], out[f"{x_name}.bias"] = marian[f"{m_name}.weight"][inv], marian[f"{m_name}.bias"][inv]
 
     def ffn(x_name: str, m_name: str) -> None:
-        out[f"{x_name}.w1.weight"], out[f"{x_name}.w1.bias"] = marian[f"{m_name}.fc1.weight"][:, inv], marian[f"{m_name}.fc1.bias"]
-        out[f"{x_name}.w2.weight"], out[f"{x_name}.w2.bias"] = marian[f"{m_name}.fc2.weight"][inv], marian[f"{m_name}.fc2.bias"][inv]
+        out[f"{x_name}.w1.weight"], out[f"{x_name}.w1.bias"] = (
+            marian[f"{m_name}.fc1.weight"][:, inv], marian[f"{m_name}.fc1.bias"])
+        out[f"{x_name}.w2.weight"], out[f"{x_name}.w2.bias"] = (
+            marian[f"{m_name}.fc2.weight"][inv], marian[f"{m_name}.fc2.bias"][inv])
 
     for i in range(cfg.encoder_layers):
         x, m = f"encoder_layers.{i}", f"model.encoder.layers.{i}"

@@ -29,7 +29,8 @@ def resolve_source(source: str) -> Path:
     if path.exists():
         raise XformerError(f"{source} is not a directory (a MarianMT model directory or a Hub id is expected)")
     if source.count("/") != 1 or source.startswith((".", "/", "~")):
-        raise XformerError(f"{source}: no such directory (a MarianMT model directory or a Hub id such as Helsinki-NLP/opus-mt-en-de)")
+        raise XformerError(f"{source}: no such directory "
+                           "(a MarianMT model directory or a Hub id such as Helsinki-NLP/opus-mt-en-de)")
     return _download(source)
 
 
@@ -37,14 +38,16 @@ def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise XformerError(f"{repo_id}: downloading from the Hub needs huggingface_hub: pip install 'xformer[hf]'") from None
+        raise XformerError(f"{repo_id}: downloading from the Hub needs huggingface_hub: "
+                           "pip install 'xformer[hf]'") from None
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except Exception as exc:  # offline, unknown repo, gated: the hub raises many kinds
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         raise XformerError(
             f"cannot download {repo_id} from the Hugging Face Hub ({reason}); where there is internet run "
-            f"`huggingface-cli download {repo_id} --local-dir DIR`, copy DIR here and run `xformer import DIR`") from None
+            f"`huggingface-cli download {repo_id} --local-dir DIR`, "
+            "copy DIR here and run `xformer import DIR`") from None
 
 
 def read_json(path: Path) -> Any:
@@ -65,7 +68,8 @@ def check_config(config: dict, where: Path) -> None:
                            "(and the Pegasus directories `xformer export` writes for pre-norm models) can be imported")
     activation = config.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
-        raise XformerError(f"{where}: activation_function {activation!r} is not supported (only {', '.join(ACTIVATIONS)})")
+        raise XformerError(f"{where}: activation_function {activation!r} is not supported "
+                           f"(only {', '.join(ACTIVATIONS)})")
     refused = {"add_bias_logits": True, "normalize_before": True, "normalize_embedding": True,
                "layernorm_embedding": True, "static_position_embeddings": False, "add_final_layer_norm": True}
     for key, bad in refused.items():
@@ -115,7 +119,8 @@ def read_vocabulary(path: Path, size: int, size_key: str) -> list[str]:
     pieces: list = [None] * size
     for piece, i in vocab.items():
         if not 0 <= i < size or pieces[i] is not None:
-            raise XformerError(f"{path}: id {i} of {piece!r} is out of range or repeated (config.json {size_key} is {size})")
+            raise XformerError(f"{path}: id {i} of {piece!r} is out of range or repeated "
+                               f"(config.json {size_key} is {size})")
         pieces[i] = piece
     if None in pieces:
         raise XformerError(f"{path}: {pieces.count(None)} of the {size} ids of config.json {size_key} have no piece")

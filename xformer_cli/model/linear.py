@@ -137,7 +137,8 @@ class _CachedHalfLinear(torch.autograd.Function):
     products, cast back to the fp32 masters' and the input's dtypes)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor, half_b: Optional[Tensor]) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor,
+                half_b: Optional[Tensor]) -> Tensor:
         xh = x.to(half_w.dtype)
         ctx.save_for_backward(xh, half_w)
         ctx.x_dtype, ctx.dtypes = x.dtype, (weight.dtype, None if bias is None else bias.dtype)

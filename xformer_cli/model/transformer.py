@@ -19,39 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# ModelConfig lives apart (torch-free, for config.py) and is re-exported here, beside the model it shapes.
+from xformer_cli.model.config import ACTIVATION_NAMES, ModelConfig
 from xformer_cli.model.dropout import Dropout
 from xformer_cli.model.linear import Linear, cpu_bf16_training, cuda_code_path, padded_bf16_block
-
-
-@dataclass
-class ModelConfig:
-    """Architecture hyper-parameters; the defaults are the paper's base model. The config's
-    ``model`` section is this class; vocabulary sizes come from the tokenizer."""
-
-    d_model: int = 512
-    d_ff: int = 2048
-    n_heads: int = 8
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1  # residual + embedding dropout (section 5.4)
-    attention_dropout: float = 0.0  # on attention weights (tensor2tensor habit; not in the paper)
-    activation_dropout: float = 0.0  # inside the FFN, after the ReLU
-    pre_norm: bool = False  # False = post-norm as in the paper
-    tie_embeddings: bool = True  # share src/tgt embeddings and the pre-softmax matrix (3.4)
-    max_positions: int = 1024
-    # Options an imported MarianMT model needs (``importers/marian.py``); the defaults are the
-    # paper's model, and a checkpoint written before they existed reads them as the defaults.
-    activation: str = "relu"  # the FFN's: relu, swish (= silu) or gelu
-    final_logits_bias: bool = False  # a fixed (not trained) bias added to the logits, as Marian's
-    scale_embedding: bool = True  # token embeddings times sqrt(d_model) (3.4)
-    share_embeddings: Optional[bool] = None  # one source/target embedding matrix; None: as tie_embeddings
-    bos_id: int = 2  # the decoder's start token (tokenizer.BOS_ID; Marian starts with pad, 0)
-    # The output layer scores the pieces the training data's target side uses, not the whole
-    # (joint) vocabulary: fewer products and loss passes, smoothing spread over real targets.
-    restrict_output: bool = False
-    # How many pieces the output layer scores: the target side's (``output_pieces``, counted in
-    # the training data by the trainer when ``restrict_output`` asks for it); 0 = all of them.
-    output_pieces: int = 0
 
 
 # -- 3.5 Positional encoding ---------------------------------------------------------
@@ -219,7 +190,9 @@ class MultiHeadAttention(nn.Module):
 
 # -- 3.3 Position-wise feed-forward network -------------------------------------------
 
-ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "silu": F.silu, "gelu": F.gelu}
+_FUNCTIONS = {"relu": F.relu, "swish": F.silu, "silu": F.silu, "gelu": F.gelu}
+# The names are model/config.py's (what config.py accepts); a name without a function fails here.
+ACTIVATIONS = {name: _FUNCTIONS[name] for name in ACTIVATION_NAMES}
 
 
 class FeedForward(nn.Module):
@@ -295,8 +268,8 @@ class DecoderLayer(nn.Module):
         self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
     def forward(
-        self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None, attention: Optional[list] = None,
-        self_mask: Optional[Tensor] = None,
+        self, y: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[dict] = None,
+        attention: Optional[list] = None, self_mask: Optional[Tensor] = None,
     ) -> Tensor:
         """``attention``, when a list, receives this layer's encoder-decoder attention weights;
         ``self_mask`` replaces the causal mask (packed rows: causal within each pair)."""

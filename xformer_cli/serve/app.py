@@ -25,7 +25,8 @@ from xformer_cli.languages import Languages
 from xformer_cli.serve.batcher import Batcher, Translation
 from xformer_cli.serve.detect import auto_sources
 from xformer_cli.serve.files import FileStore
-from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, languages, parse_translate, translate_response
+from xformer_cli.serve.protocol import (ApiError, Limits, TranslateRequest, languages, parse_translate,
+                                        translate_response)
 from xformer_cli.serve.queueing import ClientGone, run_translation
 from xformer_cli.serve.reading import check_api_key, read_fields
 

@@ -306,7 +306,8 @@ class Batcher:
             batch, kept = [], deque()
             texts = tokens = 0
             for job in self._jobs:
-                fits = not batch or (texts + len(job.texts) <= self.max_sentences and tokens + job.tokens <= self.max_tokens
+                fits = not batch or (texts + len(job.texts) <= self.max_sentences
+                                     and tokens + job.tokens <= self.max_tokens
                                      and not first.split and not job.split)
                 if job.key == first.key and fits:
                     batch.append(job)

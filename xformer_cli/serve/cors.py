@@ -24,7 +24,8 @@ EXPOSE_HEADERS = "Server-Timing, X-Batch-Texts, Retry-After"
 def check_origin(origin: str) -> str:
     """``*`` or ``scheme://host[:port]`` (no path, no trailing slash); ValueError otherwise."""
     if origin != "*" and not _ORIGIN.match(origin):
-        raise ValueError(f"--cors {origin!r}: give an origin such as https://example.org or http://localhost:8080, or *")
+        raise ValueError(f"--cors {origin!r}: give an origin such as https://example.org or "
+                         "http://localhost:8080, or *")
     return origin
 
 
@@ -58,7 +59,8 @@ class CorsMiddleware:
 
         async def send_with_cors(message) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ())) + self._allow(origin) + [(b"access-control-expose-headers", EXPOSE_HEADERS.encode())]
+                headers = (list(message.get("headers", ())) + self._allow(origin)
+                           + [(b"access-control-expose-headers", EXPOSE_HEADERS.encode())])
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -74,7 +74,8 @@ def refuse_other_language(texts: list[str], source: "str | Sequence[str]", batch
             code, confidence = found
             where = f"q[{at}]" if batch else "q"
             names = " or ".join(language_name(s) for s in sources)
-            raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} ({code}, {confidence:.0%} sure), "
+            raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} "
+                                f"({code}, {confidence:.0%} sure), "
                                 f"not {names}: this model translates from {', '.join(sources)} only")
 
 

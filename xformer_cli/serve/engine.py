@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from xformer_cli.decode.direction import model_languages
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.factory import load_engine
 from xformer_cli.decode.search import Wanted
@@ -84,7 +83,7 @@ def load_served_model(
     # Requests choose their beam, so the engine must search as xformer does.
     translator = load_engine(path, engine, precision=precision, device=device, threads=threads, serving=serving,
                              needs=("beam_search",), log=log)
-    languages = served_languages(model_languages(path), source, target, log, path)
+    languages = served_languages(translator.languages, source, target, log, path)  # read with the model
     first_source, first_target = languages.pairs[0]
     if len(languages.pairs) > 1:  # --source / --target: the page's first direction, one the model has
         first_target = languages.target(target, "--target") if target else first_target

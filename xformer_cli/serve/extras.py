@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Optional
 
 from xformer_cli.serve.detect import candidates
-from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, content_disposition, decode_text, download_name,
-                                     file_kind, split_lines)
+from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, content_disposition, decode_text,
+                                     download_name, file_kind, split_lines)
 from xformer_cli.serve.protocol import ApiError, Limits, language_name
 from xformer_cli.serve.reading import Upload, check_api_key, read_fields, read_form
 

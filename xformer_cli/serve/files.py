@@ -96,7 +96,8 @@ class FileStore:
         """Store ``data``; the name to fetch it by. 503 while the store is full."""
         self.expire()
         if len(self._files) >= self.max_files or self.stored_bytes + len(data) > self.max_bytes:
-            raise ApiError(503, "too many translated files wait for their download; retry shortly", {"Retry-After": "10"})
+            raise ApiError(503, "too many translated files wait for their download; retry shortly",
+                           {"Retry-After": "10"})
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="xformer-serve-files-"))
         name = secrets.token_urlsafe(18) + suffix

@@ -105,7 +105,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
             raise ApiError(400, "Invalid request: the form is not UTF-8") from None
         return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
     if not body.strip():
-        raise ApiError(400, "Invalid request: empty body; send JSON like {\"q\": \"Hello\", \"source\": \"en\", \"target\": \"de\"}")
+        raise ApiError(400, "Invalid request: empty body; "
+                            "send JSON like {\"q\": \"Hello\", \"source\": \"en\", \"target\": \"de\"}")
     try:
         fields = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -117,7 +118,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
     try:  # JSON's \ud800 escapes decode to lone surrogates, which no text can hold
         json.dumps(fields, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise ApiError(400, "Invalid request: the JSON holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
+        raise ApiError(400, "Invalid request: the JSON holds a lone surrogate (\\ud800-\\udfff): "
+                            "not valid Unicode") from None
     except RecursionError:
         raise ApiError(400, "Invalid request: the JSON is nested too deeply") from None
     return fields
@@ -197,7 +199,8 @@ def _glossary_field(value: Any) -> tuple:
         try:
             value = json.loads(value)
         except ValueError:
-            raise ApiError(400, "Invalid request: glossary must be a JSON object {\"source term\": \"target term\"}") from None
+            raise ApiError(400, "Invalid request: glossary must be a JSON object "
+                                "{\"source term\": \"target term\"}") from None
     if not isinstance(value, dict) or len(value) > 1000 or not all(
             isinstance(k, str) and isinstance(v, str) and k.strip() and v.strip() and len(k) + len(v) <= 500
             for k, v in value.items()):
@@ -206,7 +209,8 @@ def _glossary_field(value: Any) -> tuple:
     return tuple(sorted((k.strip(), v.strip()) for k, v in value.items()))
 
 
-def translate_response(request: TranslateRequest, outputs: list[Any], detected: Optional[list[dict]] = None) -> dict[str, Any]:
+def translate_response(request: TranslateRequest, outputs: list[Any],
+                       detected: Optional[list[dict]] = None) -> dict[str, Any]:
     """``outputs``: one translation per text: a string, or a ``text.TextResult`` (with
     alternatives); ``detected``: for ``source: "auto"``, each text's {"language", "confidence"}."""
     texts = [getattr(out, "text", out) for out in outputs]

@@ -81,7 +81,8 @@ async def _multipart(request, body: bytes, max_files: int) -> list[tuple[str, An
     except AssertionError:  # python-multipart is missing
         raise ApiError(500, "forms and uploads need python-multipart: pip install 'xformer[serve]'") from None
     except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the client's error
-        raise ApiError(400, f"Invalid request: the form could not be read ({str(getattr(exc, 'detail', exc))[:80]})") from None
+        detail = str(getattr(exc, 'detail', exc))[:80]
+        raise ApiError(400, f"Invalid request: the form could not be read ({detail})") from None
     try:
         return [(key, value if isinstance(value, str) else Upload(value.filename or "", await value.read()))
                 for key, value in form.multi_items()]
@@ -101,7 +102,8 @@ async def read_form(request, limit: int) -> dict[str, Any]:
     """A multipart (or URL-encoded) form of at most ``limit`` bytes, over the query string's
     fields: field name -> a string or an ``Upload``; 400 when the body is not such a form."""
     body = await read_body(request, limit)
-    if _media_type(request.headers.get("content-type", "")) not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    forms = ("multipart/form-data", "application/x-www-form-urlencoded")
+    if _media_type(request.headers.get("content-type", "")) not in forms:
         raise ApiError(400, "Invalid request: send the file as multipart/form-data (fields file, source, target)")
     fields: dict[str, Any] = query_fields(request)
     fields.update(await _multipart(request, body, max_files=1))

@@ -122,7 +122,8 @@ def _matches(text: str, glossary: Optional[Glossary], numbers: bool = False) -> 
     automatic = AUTOMATIC if glossary is not None and glossary.automatic else NUMBER if numbers else None
     if automatic is not None:
         candidates += [(m.start(), m.end(), m.group()) for m in automatic.finditer(text)]
-    candidates += [(m.start(), m.end(), m.group()) for m in re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)]
+    placeholders = re.finditer(rf"(?<!\w){PLACEHOLDER_FOUND.pattern}(?!\w)", text)
+    candidates += [(m.start(), m.end(), m.group()) for m in placeholders]
     taken: list[tuple[int, int, str]] = []
     for start, end, target in candidates:  # first come (longest glossary terms) first served
         if all(end <= s or start >= e for s, e, _ in taken):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from xformer_cli.numerals import Mention, match_numbers, mentions, source_numbers
 
 if TYPE_CHECKING:
+    from xformer_cli.languages import Languages
     from xformer_cli.text.masked import Masked
 
 NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*")  # a number term: what the glossary masks as one
@@ -42,6 +43,16 @@ class NumberCheck:
         chosen = inside[0] if inside else min(self.free, key=lambda m: min(abs(m.start - start), abs(m.end - start)))
         self.free.remove(chosen)
         return chosen.start, chosen.end
+
+
+def numbers_language(asked: Optional[str], languages: Optional["Languages"]) -> str:
+    """The language a translation's number words are read in: the target asked for, else the
+    model's only target; "" when neither is known, and then digits only, as no word of one
+    language is safe to read in another ("set" is Czech 100: number_words.py)."""
+    if asked:
+        return asked
+    targets = languages.targets if languages is not None else []
+    return targets[0] if len(targets) == 1 else ""
 
 
 def number_terms(masked: "Masked") -> set[int]:

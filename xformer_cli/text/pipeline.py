@@ -11,11 +11,11 @@ from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, chunked
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted
-from xformer_cli.text.align import Aligner, AttentionAligner, Position, relative_aligner
+from xformer_cli.text.align import Aligner, AttentionAligner, relative_aligner
 from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
 from xformer_cli.text.long import cut_sentence
-from xformer_cli.text.numbers import check_numbers
-from xformer_cli.text.offsets import Edits, normalize_with_map
+from xformer_cli.text.numbers import check_numbers, numbers_language
+from xformer_cli.text.offsets import normalize_with_map
 from xformer_cli.text.segments import Rendered, Segment
 from xformer_cli.text.sentences import Span, split_spans
 
@@ -36,7 +36,7 @@ class TextOptions:
     aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
     placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
     target_lang: Optional[str] = None  # a multilingual model's target language (else the search options'); also
-    # which number words count for keep_numbers (None = any known language's)
+    # which number words count for keep_numbers (None = the model's only target, else digits only)
 
 
 @dataclass
@@ -44,6 +44,7 @@ class TextResult:
     text: str
     alternatives: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # best, then each alternative: sum over units
+    # (alternatives and scores stop early where the search found fewer translations than asked for)
     sentences: list[tuple[int, int, int, int]] = field(default_factory=list)  # plain text: each source
     # sentence's span -> its translation's span in ``text`` (the best translation)
 
@@ -77,6 +78,7 @@ class Planner:
         self.opts = opts
         self.limit = max_input_len or DEFAULT_MAX_INPUT_LEN
         self.units: list[Masked] = []
+        self.numbers_lang = numbers_language(opts.target_lang, getattr(engine, "languages", None))
 
     def count(self, text: str) -> int:
         return len(self.engine.tokenizer.encode_src([text])[0])
@@ -107,7 +109,7 @@ class Planner:
             begin = at if begin < 0 else begin
             located.append((len(self.units), begin, begin + len(part)))
             self.units.append(mask_terms(part, self.opts.glossary, self.opts.placeholders, self.opts.keep_numbers,
-                                         (self.opts.source_lang, self.opts.target_lang or "")))
+                                         (self.opts.source_lang, self.numbers_lang)))
             at = begin + len(part)
         return _Sentence(start, end, norm_map, located)
 
@@ -162,7 +164,8 @@ def _unit_text(masked: Masked, hyp: Optional[Hypothesis], engine: Engine, aligne
     positions = term_positions + [(offset, side) for _, offset, side in wanted]
     aligned = aligner(masked.text, target, hyp.tokens, positions) if positions else []
     terms = aligned[:len(term_positions)]
-    spots = dict(zip(lost, terms)) if masked.placeholders else {i: (terms[2 * n], terms[2 * n + 1]) for n, i in enumerate(lost)}
+    spots = (dict(zip(lost, terms)) if masked.placeholders
+             else {i: (terms[2 * n], terms[2 * n + 1]) for n, i in enumerate(lost)})
     restored, edits = restore_terms(target, masked, spots, numbers)
     placed = {index: edits.map(at, side) for (index, _, side), at in zip(wanted, aligned[len(term_positions):])}
     return restored, placed
@@ -218,8 +221,24 @@ def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOp
     unit_wanted = None if wanted is None else lambda unit: wanted(owners[unit])
     found = engine.search([unit.text for unit in planner.units], search, unit_wanted) if planner.units else []
     aligner = pick_aligner(engine, opts.aligner, search.target_lang)
-    return [[render(plan, segment, planner.units, found, rank, engine, aligner) for rank in range(ranks)]
-            for plan, segment in zip(plans, segments)]
+    return [[render(plan, segment, planner.units, found, rank, engine, aligner)
+             for rank in range(_ranks_found(plan, found, ranks))] for plan, segment in zip(plans, segments)]
+
+
+def _ranks_found(plan: list, found: list[list[Hypothesis]], ranks: int) -> int:
+    """How many of the ``ranks`` asked for a segment has (at least 1): as many as its unit with
+    the most hypotheses; at a rank the others lack, they give their best (``render``). A rank no
+    unit has is no translation at all, not a copy of the best."""
+    units = [unit for item in plan for unit, _, _ in getattr(item, "parts", ())]
+    return max(1, min(ranks, max((len(found[unit]) for unit in units), default=0)))
+
+
+def _document_ranks(document, outputs: list[list[Rendered]], wanted: int) -> tuple[list[str], list[float]]:
+    """An HTML text's translations and their scores, best first: each rank some segment has (the
+    others give their best there), ``wanted`` at most."""
+    depth = min(wanted, max((len(out) for out in outputs), default=1))
+    picks = [[out[rank] if rank < len(out) else out[0] for out in outputs] for rank in range(depth)]
+    return [document.render(pick) for pick in picks], [sum(r.score for r in pick) for pick in picks]
 
 
 def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOptions] = None,
@@ -247,10 +266,9 @@ def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOpt
         sentences: list[tuple[int, int, int, int]] = []
         if documents:
             outputs = [next(rendered) for _ in documents[index].segments]
-            ranks = [documents[index].render([out[rank] for out in outputs]) for rank in range(opts.alternatives + 1)]
-            scores = [sum(out[rank].score for out in outputs) for rank in range(opts.alternatives + 1)]
+            ranks, scores = _document_ranks(documents[index], outputs, opts.alternatives + 1)
         elif text.strip():
-            out = next(rendered)
+            out = next(rendered)[:opts.alternatives + 1]
             ranks, scores, sentences = [r.text for r in out], [r.score for r in out], out[0].sentences
         else:
             ranks, scores = [""] * (opts.alternatives + 1), [0.0] * (opts.alternatives + 1)
@@ -272,14 +290,24 @@ def translate_text_stream(engine: Engine, lines: Iterable[str], opts: TextOption
 
 
 def result_lines(results: Iterable[TextResult], nbest: int = 1) -> Iterator[str]:
-    """``xformer translate``'s output: one line per text, or ``nbest`` rows per text as
-    ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` (the score summed over its sentences)."""
+    """``xformer translate``'s output: one line per text, or ``nbest_rows`` per text."""
     for line_no, result in enumerate(results, start=1):
         if nbest <= 1:
             yield result.text
-            continue
-        texts = [result.text, *result.alternatives]
-        for rank in range(1, nbest + 1):
-            text = texts[rank - 1] if rank <= len(texts) else ""
-            score = result.scores[rank - 1] if rank <= len(result.scores) else 0.0
-            yield f"{line_no}\t{rank}\t{score:.4f}\t{text}"
+        else:
+            yield from nbest_rows(line_no, [result.text, *result.alternatives], result.scores, nbest)
+
+
+def nbest_rows(line_no: int, texts: Sequence[str], scores: Sequence[float], k: int) -> list[str]:
+    """``--nbest k``'s rows for one input line, best first: exactly k of
+    ``LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`` (1-based), SCORE the length-normalised
+    log-probability summed over the line's sentences. A blank line's translations are empty
+    and score 0 (certain). A rank the search found no translation for (fewer than k, on tiny
+    vocabularies or short length limits) is an empty translation scored -inf: it sorts last,
+    where 0 would outrank every real translation (log-probabilities are at most 0)."""
+    rows = []
+    for rank in range(1, k + 1):
+        found = rank <= min(len(texts), len(scores))
+        text, score = (texts[rank - 1], scores[rank - 1]) if found else ("", float("-inf"))
+        rows.append(f"{line_no}\t{rank}\t{score:.4f}\t{text}")
+    return rows

@@ -96,7 +96,8 @@ def _log_length_penalty(run: RunState, scores: dict, alpha: float, by_target: di
     entry = run.event(length_penalty=alpha, length_penalty_valid_bleu={f"{a:g}": round(s, 2) for a, s in means.items()})
     if several:
         for (source, target) in next(iter(scores.values())):
-            run.log(f"  {source}-{target}: " + ", ".join(f"{a:g}: {by[(source, target)]:.2f}" for a, by in scores.items()))
+            run.log(f"  {source}-{target}: "
+                    + ", ".join(f"{a:g}: {by[(source, target)]:.2f}" for a, by in scores.items()))
         entry["directions"] = {f"{s}-{t}": {"length_penalty_valid_bleu": {f"{a:g}": round(by[(s, t)], 2)
                                                                           for a, by in scores.items()}}
                                for s, t in next(iter(scores.values()))}

@@ -27,14 +27,18 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
 
 
 def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> dict:
-    """Mean of the weights; config and tokenizer from the first. One checkpoint in memory at a time."""
+    """Mean of the weights; config and tokenizer from the first; the step the newest of them
+    reached (as each checkpoint records it: last.pt or best.pt name no step). One checkpoint in
+    memory at a time."""
     if not paths:
         raise XformerError("nothing to average")
     _check_output(paths, Path(output))
     first = load_checkpoint(paths[0])
     total = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    steps = [_step_of(first, paths[0])]
     for path in paths[1:]:
         state = load_checkpoint(path)
+        steps.append(_step_of(state, path))
         if state["model"].keys() != total.keys() or any(
                 _run_of(state, key) != _run_of(first, key) for key in ("model", "tokenizer", "seed")):
             raise XformerError(f"{path} is not of the run {paths[0]} is of (another model, tokenizer or "
@@ -42,14 +46,20 @@ def average_checkpoints(paths: Sequence[str | Path], output: str | Path) -> dict
         for key, value in state["model"].items():
             if value.is_floating_point():
                 total[key] += value.double()
-    averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+                for k, v in total.items()}
     result = {
         "config": first["config"], "tokenizer": first["tokenizer"], "model": averaged,
-        "step": max(checkpoint_step(p) for p in paths), "averaged_from": [str(p) for p in paths],
+        "step": max(steps), "averaged_from": [str(p) for p in paths],
     }
     save_checkpoint(result, output)
     return result
 
+
+def _step_of(state: dict, path: str | Path) -> int:
+    """The step a checkpoint holds; its file name's for one that records none."""
+    step = state.get("step")
+    return int(step) if step is not None else checkpoint_step(path)
 
 
 def _run_of(state: dict, key: str):
@@ -69,4 +79,5 @@ def _check_output(paths: Sequence[str | Path], output: Path) -> None:
         if same_file(output, path):
             raise XformerError(f"--output {output} is one of the checkpoints to average: write it elsewhere")
     if output.name == "last.pt" and (kept_checkpoints(output.parent) or (output.parent / "config.yaml").is_file()):
-        raise XformerError(f"--output {output} is the run's last.pt (what it resumes from): write the average elsewhere")
+        raise XformerError(f"--output {output} is the run's last.pt (what it resumes from): "
+                           "write the average elsewhere")

@@ -1,7 +1,8 @@
 """Which pairs go into each batch of an epoch, and the shape a loaded batch has.
 
 The loop asks a plan for an epoch's batches over the lengths of the pairs the epoch trains on
-(index arrays into those lengths; (seed, epoch) fix them, so a position in the list is resumable) and for each batch's host tensors. ``TokenBudgetPlan``
+(index arrays into those lengths; (seed, epoch) fix them, so a position in the list is resumable)
+and for each batch's host tensors. ``TokenBudgetPlan``
 is the default: batches as wide as their longest pair. ``BucketPlan`` (``train.length_bucket``)
 pads every batch to one of a small declared set of shapes, so compiled code and CUDA graphs
 are built once per shape. ``PackedPlan`` (``train.batching: packed``) gives every batch ONE
@@ -102,7 +103,8 @@ class PackedPlan:
         return [(self.shape.rows, self.shape.src_width, self.shape.tgt_width)]
 
 
-def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int, batching: str = "dynamic") -> BatchPlan:
+def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int,
+             batching: str = "dynamic") -> BatchPlan:
     """The plan the config asks for: packed rows, buckets when ``length_bucket`` > 0, else token budgets."""
     if batching == "packed":
         return PackedPlan(data, max_tokens, seed)

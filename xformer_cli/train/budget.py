@@ -54,12 +54,37 @@ def needs_plan(tc: TrainConfig) -> bool:
 def fit_steps(budget_s: float, step_s: float, valid_s: float, tc: TrainConfig) -> int:
     """The most steps that fit in ``budget_s`` with the validations they bring (``valid_s``
     each): train.validations of them, or one every train.valid_every steps and one at the end."""
-    usable = budget_s * MARGIN
     if tc.validations:
-        steps = (usable - tc.validations * valid_s) / step_s
-    else:
-        steps = (usable - valid_s) / (step_s + valid_s / tc.valid_every)
-    return max(1, min(tc.max_steps, math.floor(steps)))
+        return steps_that_fit(budget_s * MARGIN, step_s, valid_s, lambda n: min(tc.validations, n), tc.max_steps)
+    return steps_that_fit(budget_s * MARGIN, step_s, valid_s, lambda n: validations_to_come(1, n, [], tc.valid_every),
+                          tc.max_steps)
+
+
+def validations_to_come(step: int, end: int, planned: Sequence[int], valid_every: int) -> int:
+    """The validations a run runs from ``step`` on (one due at ``step`` too: the loop looks
+    before it validates) when it ends at ``end``: those of ``planned`` (train.validations), or
+    with ``valid_every`` (train.validations 0) its multiples before ``end`` and the one every
+    run ends with. fit_steps and the BudgetKeeper count them alike, so the keeper reserves
+    what the plan reserved."""
+    if not valid_every:
+        return sum(1 for v in planned if v >= step)
+    return (end - 1) // valid_every - (step - 1) // valid_every + 1 if end >= step else 0
+
+
+def steps_that_fit(seconds: float, step_s: float, valid_s: float, validations: Callable[[int], int],
+                   limit: Optional[int] = None) -> int:
+    """The most steps ``n`` (at least 1, at most ``limit``) whose time and validations fit in
+    ``seconds``: ``n * step_s + valid_s * validations(n) <= seconds``. A binary search: more
+    steps never bring fewer validations, and the count is not a closed form with valid_every."""
+    hi = math.floor(seconds / max(step_s, 1e-9))
+    lo, hi = 1, max(1, hi if limit is None else min(limit, hi))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * step_s + valid_s * validations(mid) <= seconds:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def validation_steps(tc: TrainConfig, planned: int) -> list[int]:
@@ -98,7 +123,8 @@ def planned_train(tc: TrainConfig, measure: Optional[Measure], log: Callable[[st
     step_s, valid_s = measure()
     steps = fit_steps(tc.max_minutes * 60, step_s, valid_s, tc)
     log(f"planned steps: {steps} in {tc.max_minutes:g} minutes ({step_s:.3f} s a step, {valid_s:.1f} s a "
-        f"validation, measured in {time.time() - started:.0f} s)" + (" = train.max_steps" if steps == tc.max_steps else ""))
+        f"validation, measured in {time.time() - started:.0f} s)"
+        + (" = train.max_steps" if steps == tc.max_steps else ""))
     return dataclasses.replace(tc, planned_steps=steps)
 
 
@@ -197,9 +223,13 @@ REVISE_SHARE = 0.01  # the plan moves only for a change of at least 1% of it (no
 class BudgetKeeper:
     """Keeps the planned steps inside the minutes: revised to the recent pace, both ways."""
 
-    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int], max_steps: Optional[int] = None):
+    def __init__(self, deadline: float, valid_s: float, validations: Sequence[int], max_steps: Optional[int] = None,
+                 valid_every: int = 0):
         self.deadline, self.valid_s, self.validations = deadline, valid_s, list(validations)
         self.max_steps = max_steps
+        # train.validations 0: one every valid_every steps and one at the end, which the plan
+        # reserved (fit_steps) and the keeper must too, or each validation cuts the plan
+        self.valid_every = valid_every
         self.marks: list[tuple[int, float]] = []  # (step, time less validations and saves) of the last looks
         self.excluded = 0.0  # seconds spent validating and saving, all told
 
@@ -224,13 +254,14 @@ class BudgetKeeper:
         return paces[len(paces) // 2]
 
     def proposal(self, step: int, planned: int, now: float) -> int:
-        """The planned steps to keep: what fits at the recent pace, at least ``step`` + 1, at
-        most train.max_steps (unchanged for a change under 1% of the plan)."""
+        """The planned steps to keep: what fits at the recent pace with the validations still
+        to come, at least ``step`` + 1, at most train.max_steps (unchanged for a change under 1%
+        of the plan)."""
         step_s = self.step_seconds(step, now)
         if step_s is None or step >= planned:
             return planned
-        left = self.deadline - now - self.valid_s * sum(1 for v in self.validations if v > step)
-        fits = step + max(1, math.floor(left * MARGIN / step_s))
-        if self.max_steps is not None:
-            fits = min(fits, self.max_steps)
+        limit = None if self.max_steps is None else max(1, self.max_steps - step)
+        fits = step + steps_that_fit((self.deadline - now) * MARGIN, step_s, self.valid_s,
+                                     lambda n: validations_to_come(step, step + n, self.validations, self.valid_every),
+                                     limit)
         return fits if abs(fits - planned) >= max(1, planned * REVISE_SHARE) else planned

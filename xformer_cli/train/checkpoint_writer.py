@@ -59,7 +59,8 @@ class CheckpointWriter:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
 
-    def write(self, state: dict, path: Path, also: Sequence[Path] = (), then: Optional[Callable[[], None]] = None) -> None:
+    def write(self, state: dict, path: Path, also: Sequence[Path] = (),
+              then: Optional[Callable[[], None]] = None) -> None:
         """Write ``state`` to ``path`` with ``also`` as other names of it, then call ``then``
         (pruning old files). Raises the error of the previous write, if it had one."""
         self.wait()

@@ -120,7 +120,8 @@ def resume_mismatch(saved: dict, current: dict) -> Optional[str]:
 
 
 def mismatch_error(path: Path, key: str) -> XformerError:
-    return XformerError(f"{path} was trained with a different '{key}'; use another run_dir, or --overwrite to start afresh")
+    return XformerError(f"{path} was trained with a different '{key}'; use another run_dir, "
+                        "or --overwrite to start afresh")
 
 
 # What a checkpoint must hold to continue a run (an averaged or exported model has weights only).

@@ -42,7 +42,8 @@ class Distributed:
 
     @classmethod
     def from_environment(cls) -> "Distributed":
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                   int(os.environ.get("WORLD_SIZE", 1)))
 
     @property
     def enabled(self) -> bool:
@@ -67,7 +68,8 @@ class Distributed:
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and device.type != "cuda":
-            raise XformerError("config key 'train.dist_backend': nccl needs CUDA devices; use gloo (or auto) on this device")
+            raise XformerError("config key 'train.dist_backend': nccl needs CUDA devices; "
+                               "use gloo (or auto) on this device")
         if not dist.is_initialized():
             # torch._dynamo (imported on first use: making a torch.optim optimizer imports it)
             # takes references to the default process group when it is imported after the group

@@ -91,7 +91,8 @@ def take_architecture(config: Config, pretrained: Config, source: str) -> Config
     return resolved
 
 
-def resolve(config: Config, overwrite: bool, log: Callable[[str], None]) -> tuple[Config, Optional[Pretrained], Optional[dict]]:
+def resolve(config: Config, overwrite: bool,
+            log: Callable[[str], None]) -> tuple[Config, Optional[Pretrained], Optional[dict]]:
     """(the config to train with, the pretrained model or None, last.pt's state to resume or
     None). Reads last.pt once; imports the pretrained model only when there is none."""
     last = checkpointing.read_last(config, overwrite)

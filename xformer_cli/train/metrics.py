@@ -16,9 +16,12 @@ class StepStats:
     """Training figures accumulated on the device, so the loop never waits to read them.
     float32: MPS has no float64, and a logging window's sums stay well inside its precision."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, limit: int = 0):
+        self.device, self.limit = device, limit
         self.in_row = torch.zeros((), device=device)  # non-finite updates in a row, across drains
+        # The step at which ``limit`` non-finite updates in a row were reached (0: not yet): kept
+        # on the device, so the loop learns the very step whenever it reads it (``tripped``).
+        self.tripped_at = torch.zeros((), device=device)
         self._reset()
 
     def _reset(self) -> None:
@@ -26,8 +29,8 @@ class StepStats:
         self.loss_sum, self.good_tokens, self.skipped, self.ooms = zero(), zero(), zero(), zero()
         self.max_in_row = self.in_row.clone()
 
-    def add(self, loss: Tensor, nonfinite: Tensor, oom: Tensor, n_tokens: "int | Tensor") -> None:
-        """One step's summed loss; ``nonfinite`` / ``oom``: its update was skipped for that reason."""
+    def add(self, loss: Tensor, nonfinite: Tensor, oom: Tensor, n_tokens: "int | Tensor", step: int = 0) -> None:
+        """Step ``step``'s summed loss; ``nonfinite`` / ``oom``: its update was skipped for that reason."""
         applied = ~(nonfinite | oom)
         self.loss_sum += torch.where(applied, loss, 0.0)
         self.good_tokens += applied.float() * n_tokens
@@ -35,6 +38,14 @@ class StepStats:
         self.ooms += oom.float()
         self.in_row = torch.where(nonfinite, self.in_row + 1, torch.where(applied, 0.0, self.in_row))
         self.max_in_row = torch.maximum(self.max_in_row, self.in_row)
+        if self.limit:
+            reached = (self.in_row >= self.limit) & (self.tripped_at == 0)
+            self.tripped_at = torch.where(reached, float(step), self.tripped_at)
+
+    def tripped(self) -> int:
+        """The step at which ``limit`` non-finite updates in a row were reached (0: not yet).
+        One read of the device: a host sync on an accelerator, none on a CPU."""
+        return int(self.tripped_at.item())
 
     def drain(self) -> tuple[float, float, int, int, int]:
         """(loss sum, tokens of applied updates, non-finite skips, most in a row, out-of-memory

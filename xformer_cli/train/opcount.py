@@ -5,8 +5,9 @@ Every aten op that reaches the backend is (at most) one kernel launch, so the nu
 per step, counted below autograd and autocast with a ``TorchDispatchMode``, tracks the
 kernels per step. ``gpu_code_path`` makes a CPU take the branches CUDA takes (the one-pass
 loss, plain ``F.linear``), and fake tensors make the count cost no arithmetic, so the
-count for the paper's sizes runs in seconds on a CPU. ``cuda_path_step_ops`` counts a whole
-training step that way (scripts/bench_opcount.py, scripts/bench_train.py).
+count for the paper's sizes runs in seconds on a CPU. ``cuda_path_step_ops`` counts the
+trainer's own step (``train/step.py``'s ``TrainStep``) that way, so a change to the step moves
+the count (scripts/bench_opcount.py, scripts/bench_train.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from collections import Counter
 from typing import Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.utils._foreach_utils as foreach_utils
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from xformer_cli.config import TrainConfig
 from xformer_cli.data.batching import Batch
-from xformer_cli.device import autocast
-from xformer_cli.model.linear import HalfWeightCache, plain_products
-from xformer_cli.train.loss import forced_path, label_smoothed_nll
+from xformer_cli.model.linear import plain_products
+from xformer_cli.train.distributed import Distributed
+from xformer_cli.train.forward_loss import forced_half_weights
+from xformer_cli.train.loss import forced_path
+from xformer_cli.train.step import TrainStep
 
 # Metadata-only ops: views and shape queries launch no kernel.
 _NO_KERNEL = frozenset({"view", "_unsafe_view", "reshape", "alias", "t", "transpose", "permute", "expand",
@@ -67,40 +72,43 @@ def count_ops(fn: Callable[[], object]) -> OpCounter:
     return counter
 
 
-def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], epsilon: float,
-                  pad_id: int, precision: str) -> Callable[[], None]:
-    """One optimizer update over ``batches`` as the trainer runs it (forward under autocast,
-    loss, backward per batch; the finite check; the fused optimizer step; zeroed grads)."""
-    device = next(model.parameters()).device
+def cuda_path_step_ops(build: Callable[[], torch.nn.Module], batches: list[Batch], tc: TrainConfig, precision: str,
+                       half_weights: bool, loss_path: str = "one_pass") -> OpCounter:
+    """The aten ops of one update of the trainer's own ``TrainStep`` over ``batches`` on the
+    code path CUDA takes, on fake tensors (no arithmetic): the model ``build`` returns, the
+    step's fused Adam(W), clipping and loss scaler as ``tc`` and ``precision`` ask; the second
+    update is counted (the first creates Adam's state). ``half_weights``: the bf16 weight
+    copies the trainer attaches on CUDA bf16 (``forward_loss.wants_half_weights``), refreshed
+    once per update; ``loss_path``: ``one_pass`` (CUDA's) or ``blocked`` (the CPU's, CUDA's before it)."""
     tokens = sum(b.n_tokens for b in batches)
-
-    def step() -> None:
-        total = torch.zeros((), device=device)
-        for batch in batches:
-            with autocast(device, precision):
-                logits = model(batch.src, batch.tgt_in)
-            loss, _ = label_smoothed_nll(logits, model.scored_targets(batch.tgt_out), epsilon, pad_id)
-            (loss / tokens).backward()
-            total += loss.detach()
-        optimizer.found_inf = (~torch.isfinite(total)).float()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    with FakeTensorMode(allow_non_fake_inputs=True), _StandInReads(), gpu_code_path(), forced_path(loss_path), \
+            forced_half_weights(half_weights), _fake_tensors_take_foreach():
+        # One rank, as on one GPU: with several, the gradient buckets' copies and collectives come on top.
+        step = TrainStep(build().train(), tc, torch.device("cpu"), precision, Distributed(), compile=False)
+        step(batches, tokens)
+        return count_ops(lambda: step(batches, tokens))
 
 
-def cuda_path_step_ops(build: Callable[[], torch.nn.Module], batches: list[Batch], epsilon: float, pad_id: int,
-                       precision: str, half_weights: bool, loss_path: str = "one_pass") -> OpCounter:
-    """The aten ops of one optimizer update over ``batches`` on the code path CUDA takes, on
-    fake tensors (no arithmetic): the model ``build`` returns, fused Adam, the second update
-    (the first creates Adam's state). ``half_weights``: the bf16 weight copies the trainer
-    attaches on CUDA bf16 (``forward_loss.wants_half_weights``), refreshed once per update;
-    ``loss_path``: ``one_pass`` (CUDA's) or ``blocked`` (the CPU's, CUDA's before it)."""
-    with FakeTensorMode(allow_non_fake_inputs=True), gpu_code_path(), forced_path(loss_path):
-        model = build().train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6, fused=True)
-        if half_weights:
-            HalfWeightCache(model, optimizer, torch.bfloat16)
-        step = training_step(model, optimizer, batches, epsilon, pad_id, precision)
-        step()
-        return count_ops(step)
+class _StandInReads(TorchDispatchMode):
+    """Fake tensors hold no values, so a read of one gets a stand-in: the blocked loss reads its
+    gradient scale (a float: 1.0) and compares it with the gradient it is sent, which never
+    matches on CUDA (the CPU's shortcut stands aside: the scaling pass runs, as there)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            return 1.0 if args[0].dtype.is_floating_point else 1
+        if func is torch.ops.aten.equal.default and any(isinstance(a, FakeTensor) for a in args):
+            return False
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _fake_tensors_take_foreach() -> Iterator[None]:
+    """torch takes its foreach kernels (gradient clipping's norms) only for plain tensors, by
+    type: fake ones would fall back to a loop of per-tensor ops that real gradients never run."""
+    supported = foreach_utils._foreach_supported_types
+    supported.append(FakeTensor)
+    try:
+        yield
+    finally:
+        supported.remove(FakeTensor)

@@ -120,8 +120,8 @@ def _planned_steps(config: Config, resume: Optional[dict], data: PreparedData, d
     return dataclasses.replace(config, train=train), measured.get("valid_s", 0.0)
 
 
-def _batch_by_plan(config: Config, given_steps: int, valid_seconds: float, data: PreparedData, device: torch.device, precision: str,
-                   dist: Distributed, log: Callable[[str], None]) -> tuple[Config, float]:
+def _batch_by_plan(config: Config, given_steps: int, valid_seconds: float, data: PreparedData, device: torch.device,
+                   precision: str, dist: Distributed, log: Callable[[str], None]) -> tuple[Config, float]:
     """train.max_tokens as train.max_tokens_by_planned_epochs gives it for the epochs planned at
     the configured size; a new size is planned again (its steps measured at that size). Decided
     on the first plan only: the second one's epochs do not move the batch again."""

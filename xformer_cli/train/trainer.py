@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -42,6 +43,24 @@ from xformer_cli.train.step import TrainStep
 _AGREE_EVERY = 10  # steps between the ranks' agreement on stopping (a signal, the clock)
 
 
+class StopReason(str, Enum):
+    """Why a run stopped. A str: callers and scripts compare it with the plain value."""
+
+    MAX_STEPS = "max_steps"
+    PLANNED_STEPS = "planned steps"  # the plan (train/budget.py) ended before train.max_steps
+    TIME = "time"  # train.max_minutes
+    EPOCHS = "epochs"  # train.max_epochs
+    PATIENCE = "patience"
+    INTERRUPTED = "interrupted"  # SIGINT/SIGTERM: last.pt saved, no passes after training
+    ALREADY_DONE = "already done"  # a resume of a run already at its last step
+
+    def __str__(self) -> str:  # the value, as the bare strings were, in f-strings and logs
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -49,15 +68,15 @@ class TrainResult:
     minutes: float
     best_bleu: Optional[float]
     run_dir: Path
-    # finished | max_steps | planned steps | time | epochs | patience | interrupted | already done
-    stopped_because: str = "finished"
+    stopped_because: StopReason
 
 
 class Trainer:
     """Runs a planned training run; its state (``self.state``) goes whole into every checkpoint,
     so a run continues exactly."""
 
-    def __init__(self, config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True):
+    def __init__(self, config: Config, overwrite: bool = False, log: Callable[[str], None] = print,
+                 progress: bool = True):
         plan = plan_run(config, overwrite, log)
         self.config, self.dist, self.device, self.overwrite = plan.config, plan.dist, plan.device, overwrite
         self.progress = progress and plan.dist.is_main
@@ -68,14 +87,15 @@ class Trainer:
         self.step_fn = self._build_step(plan, model)
         valid = [ValidSet(direction, corpus, plan.data.valid_encoded_sets[direction])
                  for direction, corpus in plan.data.valid_sets.items()]
+        schedule = make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model)
         self.state = RunState(self.config, self.dist, self.device, plan.precision, plan.data.tokenizer, model,
-                              self.step_fn.optimizer, make_schedule(self.step_fn.optimizer, tc, self.config.model.d_model),
+                              self.step_fn.optimizer, schedule,
                               self.step_fn.scaler, MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main),
                               valid, plan.log, writer=CheckpointWriter(writes_in_background(self.device)))
         self.resumed = plan.resume is not None
         if plan.resume is not None:
             checkpointing.restore(self.state, plan.resume)
-        self.stats = StepStats(self.device)
+        self.stats = StepStats(self.device, self.config.train.max_nonfinite)
         self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
         self.keeper: Optional[BudgetKeeper] = None
         self.planned_validations: Optional[list[int]] = None  # train.validations' steps, once the plan is known
@@ -107,7 +127,7 @@ class Trainer:
     def train_step(self, group: list[Batch]) -> int:
         """One optimizer update over ``update_freq`` batches (on every rank); returns the target
         tokens it saw on this rank. Nothing here waits for the accelerator: the figures stay
-        on the device (``self.stats``), read once per ``log_every`` steps (``drain_stats``)."""
+        on the device (``self.stats``), read at the log lines and saves (``drain_stats``)."""
         n_tokens = sum(b.n_tokens for b in group)
         # The loss is normalised by the target tokens of the whole update, over every batch and
         # every rank, and the gradients are summed over ranks (step.py).
@@ -119,7 +139,7 @@ class Trainer:
         if result.oom_here:
             self.state.log(f"step {self.counters.step + 1}: out of memory on a batch of {n_tokens} target tokens; "
                            "the update is skipped (lower train.max_tokens if this repeats)")
-        self.stats.add(result.loss, result.nonfinite, result.oom, all_tokens)
+        self.stats.add(result.loss, result.nonfinite, result.oom, all_tokens, step=self.counters.step + 1)
         self.counters.step += 1
         return n_tokens
 
@@ -127,8 +147,8 @@ class Trainer:
         """Read the device-side figures since the last call (one sync): the summed loss and
         the target tokens (all ranks) of the applied updates. Reports skipped updates and
         stops the run when too many non-finite losses came in a row."""
-        tc, c = self.config.train, self.counters
-        loss_sum, good_tokens, skipped, max_in_row, ooms = self.stats.drain()
+        c = self.counters
+        loss_sum, good_tokens, skipped, _, ooms = self.stats.drain()
         if skipped:
             c.nonfinite_total += skipped
             self.state.log(f"step {c.step}: non-finite loss, update skipped {skipped} time(s) since the last report "
@@ -138,16 +158,28 @@ class Trainer:
             if self.dist.enabled:
                 self.state.log(f"step {c.step}: a rank ran out of memory; {ooms} update(s) skipped on every rank since "
                                f"the last report ({c.oom_total} in all)")
-        if max_in_row >= tc.max_nonfinite:  # read once per log_every steps: it may have run past max_nonfinite
-            last = self.state.run_dir / "last.pt"
-            saved = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was saved before"
-            raise XformerError(f"{max_in_row} non-finite losses in a row before step {c.step}; stopped, {saved} "
-                               "(lower train.lr_scale or set train.clip_norm)")
+        self.stop_if_nonfinite()
         return loss_sum, good_tokens
+
+    def stop_if_nonfinite(self) -> None:
+        """Stop the run once train.max_nonfinite non-finite losses came in a row, at the step
+        they did (StepStats keeps it on the device). Read only where that adds no host sync:
+        after every step on a CPU (its figures are computed when the step returns); on an
+        accelerator at each read of the figures (log lines, the last step, and before every
+        validation or save, so no checkpoint holds a later state) and at the ranks' agreement."""
+        tripped = self.stats.tripped()
+        if not tripped:
+            return
+        c, last = self.counters, self.state.run_dir / "last.pt"
+        seen = f" (read at step {c.step})" if c.step != tripped else ""
+        saved = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was saved before"
+        raise XformerError(f"{self.config.train.max_nonfinite} non-finite losses in a row at step {tripped}{seen}; "
+                           f"stopped, {saved} (lower train.lr_scale or set train.clip_norm)")
 
     def _load_group(self, batches: list, start: int) -> list[Batch]:
         bos = self.config.model.bos_id
-        group = [self.plan.load(idx).with_start_token(bos) for idx in batches[start : start + self.config.train.update_freq]]
+        indices = batches[start : start + self.config.train.update_freq]
+        group = [self.plan.load(idx).with_start_token(bos) for idx in indices]
         if self.device.type == "cuda":
             group = [b.pin() for b in group]
         return [b.to(self.device) for b in group]
@@ -164,9 +196,11 @@ class Trainer:
                       else "raise train.max_steps to train on")
             self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
                            f"planned {planned or '-'}); {onward}")
-            return TrainResult(c.step, c.epoch, 0.0, c.best_bleu, self.state.run_dir, "already done")
+            return TrainResult(c.step, c.epoch, c.train_seconds / 60, c.best_bleu, self.state.run_dir,
+                               StopReason.ALREADY_DONE)
         if tc.max_minutes and self.state.schedule.planned_steps:
-            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(), tc.max_steps)
+            self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(), tc.max_steps,
+                                       valid_every=0 if tc.validations else tc.valid_every)
         self.state.model.train()
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
@@ -181,24 +215,25 @@ class Trainer:
                 raise
             bar.close()
             self.drain_stats()  # count any skipped updates since the last read into the checkpoint
-            if reason == "interrupted":
+            if reason is StopReason.INTERRUPTED:
                 # last.pt alone: no validation (the user wants out now), and no kept step
                 # checkpoint off the save_every grid, which a resumed run would then average
                 checkpointing.save(self.state, kept=False)
                 again = "run the same command without --overwrite" if self.overwrite else "run the same command"
-                self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; {again} to resume")
+                self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; "
+                               f"{again} to resume")
             elif last_validated != c.step:
                 validation.validate(self.state)
         return self.finish(reason)
 
-    def _loop(self, signals: StopSignals, bar: RunProgress) -> tuple[str, int]:
+    def _loop(self, signals: StopSignals, bar: RunProgress) -> tuple[StopReason, int]:
         """Epochs of steps until a stop reason; returns it and the step last validated."""
         tc, c = self.config.train, self.counters
         last_validated = c.step if self.resumed else -1
         while True:
             batches = self.epoch_batches()
             if batches is None:
-                return "epochs", last_validated
+                return StopReason.EPOCHS, last_validated
             starts = range(c.batches_done, len(batches), tc.update_freq)
             for start, group in prefetch(starts, lambda start: self._load_group(batches, start)):
                 c.batches_done = min(start + tc.update_freq, len(batches))
@@ -208,21 +243,23 @@ class Trainer:
                 due_to_save = due_to_validate or bool(tc.save_every and c.step % tc.save_every == 0)
                 if c.step % tc.log_every == 0 or due_to_save or c.step >= self.last_step():
                     self.read_stats()  # the one read of device figures, before anything is logged or saved
+                elif self.device.type == "cpu":
+                    self.stop_if_nonfinite()  # no sync to wait for on a CPU: checked at every step
                 if c.step % tc.log_every == 0:
                     self.log_window(bar)
                 reason = self.stop_reason(signals, due_to_save)
                 started = time.time()
-                if not reason and due_to_validate:
+                if reason is None and due_to_validate:
                     last_validated = c.step
                     if validation.validate(self.state):
-                        reason = "patience"
+                        reason = StopReason.PATIENCE
                     if self.keeper is not None:
                         self.keeper.validated(time.time() - started)
-                elif not reason and due_to_save:
+                elif reason is None and due_to_save:
                     checkpointing.save(self.state)
                     if self.keeper is not None:
                         self.keeper.exclude(time.time() - started)
-                if reason:
+                if reason is not None:
                     return reason, last_validated
 
     def last_step(self) -> int:
@@ -292,8 +329,8 @@ class Trainer:
         """Graphs torch.compile has built for this run's training step so far."""
         return forward_loss.compilations() - self.compiled_before
 
-    def stop_reason(self, signals: StopSignals, due_to_save: bool) -> str:
-        """Why the run stops after this step ("" to go on): interrupted, the step limit or time.
+    def stop_reason(self, signals: StopSignals, due_to_save: bool) -> Optional[StopReason]:
+        """Why the run stops after this step (None to go on): interrupted, the step limit or time.
         Every few steps the budget keeper may also revise the planned steps."""
         tc, step = self.config.train, self.counters.step
         now, planned = time.time(), self.last_step()
@@ -309,13 +346,14 @@ class Trainer:
                 flags = self.dist.sum([float(interrupted), float(out_of_time), float(proposal)], self.device)
                 interrupted, out_of_time = flags[0] > 0, flags[1] > 0
                 proposal = math.floor(flags[2] / self.dist.world_size)
+                self.stop_if_nonfinite()  # the collective has drained the device's queue: a free read
         if proposal != planned:
             self.revise_plan(proposal)
         if interrupted:
-            return "interrupted"
+            return StopReason.INTERRUPTED
         if step >= self.last_step():
-            return "max_steps" if step >= tc.max_steps else "planned steps"
-        return "time" if out_of_time else ""
+            return StopReason.MAX_STEPS if step >= tc.max_steps else StopReason.PLANNED_STEPS
+        return StopReason.TIME if out_of_time else None
 
     def revise_plan(self, steps: int) -> None:
         """The machine's pace has changed: the schedule's cool-down and the validations move."""
@@ -330,29 +368,32 @@ class Trainer:
         if self.bar is not None:
             self.bar.retarget(self.last_step())
 
-    def finish(self, reason: str) -> TrainResult:
+    def finish(self, reason: StopReason) -> TrainResult:
         """After the loop: release the process group, average checkpoints, say how it ended."""
         tc, c, run = self.config.train, self.counters, self.state
         main = self.dist.is_main
         run.writer.wait()  # every checkpoint on disk before anything reads them back
         self.dist.stop()
         run.dist = Distributed()  # rank 0 goes on alone: the passes below communicate with nobody
-        if tc.average_last and main and reason != "interrupted":
+        if tc.average_last and main and reason is not StopReason.INTERRUPTED:
             after_training.average_last(run)
-        if tc.tune_length_penalty and main and reason != "interrupted" and run.valid:
+        if tc.tune_length_penalty and main and reason is not StopReason.INTERRUPTED and run.valid:
             after_training.tune_length_penalty(run)
         run.metrics.close()
         if tc.compile:
-            run.log(f"torch.compile: {self.compilations()} compilations for {len(self.step_fn.shapes_seen)} batch shapes "
-                    f"({'static' if self.plan.static_shapes else 'dynamic'} shapes)")
-        if reason == "patience":
+            shapes = "static" if self.plan.static_shapes else "dynamic"
+            run.log(f"torch.compile: {self.compilations()} compilations for {len(self.step_fn.shapes_seen)} "
+                    f"batch shapes ({shapes} shapes)")
+        if reason is StopReason.PATIENCE:
             run.log(f"early stop: no better validation BLEU for {tc.patience} validations")
         best = c.best_bleu if c.best_bleu is None else round(c.best_bleu, 2)
         run.log(f"done: {c.step} steps, epoch {c.epoch}, {run.minutes():.1f} min; best valid BLEU {best}; "
-                f"checkpoints in {run.run_dir}" + (f"; {c.nonfinite_total} non-finite losses skipped" if c.nonfinite_total else "")
+                f"checkpoints in {run.run_dir}"
+                + (f"; {c.nonfinite_total} non-finite losses skipped" if c.nonfinite_total else "")
                 + (f"; {c.oom_total} updates skipped for lack of memory" if c.oom_total else ""))
         return TrainResult(c.step, c.epoch, run.minutes(), c.best_bleu, run.run_dir, reason)
 
 
-def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = print, progress: bool = True) -> TrainResult:
+def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = print,
+          progress: bool = True) -> TrainResult:
     return Trainer(config, overwrite, log, progress).run()

@@ -3,7 +3,7 @@
 GNMT's penalty ``((5 + |Y|) / 6) ** alpha`` decides how long beam search's outputs are. The
 paper's alpha = 0.6 was tuned for WMT14 and a big model; a small model trained for minutes
 writes shorter sentences, and on Multi30k the valid set favours a larger alpha (figures:
-BENCHMARKS.md, "The length penalty, chosen on valid"). Decoding the valid set once per
+docs/benchmarks/training-recipe.md, "The length penalty, chosen on valid"). Decoding the valid set once per
 candidate alpha with the final weights is cheap next to training, so
 ``train.tune_length_penalty`` does it and stores the winner in best.pt, where `translate`
 and `eval-bleu` read their default from.
@@ -17,25 +17,16 @@ highest mean BLEU over the directions into it (decode.length_penalty_by_target).
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Mapping, Sequence
-
-from ..evaluate import bleu
-
-
-def pick_length_penalty(translate: Callable[[float], list[str]], refs: Sequence[str],
-                        alphas: Sequence[float]) -> tuple[float, dict[float, float]]:
-    """(the alpha with the highest BLEU of ``translate(alpha)`` against ``refs``, every alpha's
-    BLEU). Ties go to the alpha listed first, so list the default first."""
-    scores = {alpha: bleu(translate(alpha), refs).score for alpha in alphas}
-    return max(alphas, key=scores.__getitem__), scores  # max keeps the first of equals
+from typing import Mapping, Sequence
 
 
 def best_alpha(scores: Mapping[float, Mapping[tuple[str, str], float]], directions: Sequence[tuple[str, str]]) -> float:
     """The alpha (key of ``scores``: alpha -> direction -> BLEU) with the highest mean BLEU over
-    ``directions``; ties go to the alpha listed first."""
-    alphas = list(scores)
+    ``directions``; a tie goes to the smallest alpha, whatever the order the alphas are listed
+    in: a larger alpha favours longer outputs, which the tie does not pay for."""
+    alphas = sorted(scores)
     mean = {alpha: statistics.fmean(scores[alpha][d] for d in directions) for alpha in alphas}
-    return max(alphas, key=mean.__getitem__)
+    return max(alphas, key=mean.__getitem__)  # max keeps the first (smallest) of equals
 
 
 def alphas_by_target(scores: Mapping[float, Mapping[tuple[str, str], float]]) -> dict[str, float]:

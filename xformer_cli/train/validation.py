@@ -52,13 +52,6 @@ def validation_sums(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     return sums
 
 
-def validation_loss(model: Transformer, data: EncodedCorpus, max_tokens: int, device: torch.device, eps: float,
-                    precision: str = "fp32") -> tuple[float, float]:
-    """(label-smoothed loss, plain NLL) per target token over the whole set."""
-    loss, nll, tokens = validation_sums(model, data, max_tokens, device, eps, precision).tolist()
-    return loss / tokens, nll / tokens
-
-
 @dataclass
 class DirectionScore:
     loss: float  # label-smoothed, per target token
@@ -78,7 +71,8 @@ class ValidScores:
     def figures(self) -> dict:
         """The metrics.jsonl figures: valid_loss, valid_ppl, valid_bleu as a bilingual run has
         always logged them, and with several directions each one's under ``directions``."""
-        out: dict = {"valid_loss": round(self.loss, 4), "valid_ppl": round(self.ppl, 3), "valid_bleu": round(self.bleu, 2)}
+        out: dict = {"valid_loss": round(self.loss, 4), "valid_ppl": round(self.ppl, 3),
+                     "valid_bleu": round(self.bleu, 2)}
         if len(self.directions) > 1:
             out["directions"] = {name: {"valid_loss": round(d.loss, 4), "valid_ppl": round(d.ppl, 3),
                                         "valid_bleu": round(d.bleu, 2)} for name, d in self.directions.items()}
@@ -117,9 +111,9 @@ def score_valid(run: RunState) -> ValidScores:
     its share). BLEU decodes the way `xformer translate --precision auto` does on this device."""
     tc, dist = run.config.train, run.dist
     assert run.valid
+    shares = [shard(list(range(len(v.encoded.src))), dist.rank, dist.world_size) for v in run.valid]
     sums = torch.stack([validation_sums(run.model, v.encoded, tc.max_tokens, run.device, tc.label_smoothing,
-                                        run.precision, shard(list(range(len(v.encoded.src))), dist.rank, dist.world_size))
-                        for v in run.valid])
+                                        run.precision, share) for v, share in zip(run.valid, shares)])
     sums = dist.all_reduce_sum(sums).tolist()  # (directions, 3): one collective for them all
     hyps = translate_shares(run, tc.valid_beam_size)
     directions = {v.name: DirectionScore(loss / max(tokens, 1.0), _ppl(nll, tokens), bleu(h, v.corpus.tgt).score)

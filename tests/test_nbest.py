@@ -1,0 +1,66 @@
+"""``--nbest``'s rows (text/pipeline.py: ``result_lines``, ``nbest_rows``): one formatter for
+every path, exactly K rows per input line, best first."""
+
+import math
+
+from xformer_cli.text import TextOptions, translate_texts
+from xformer_cli.text.pipeline import nbest_rows, result_lines, translate_text_stream
+
+from text_fakes import FakeEngine
+
+
+class FewEngine(FakeEngine):
+    """A fake engine whose search finds only ``found[word]`` hypotheses for a sentence that
+    starts with ``word`` (as a tiny vocabulary or a short length limit leaves fewer than asked)."""
+
+    def __init__(self, found: dict[str, int]):
+        super().__init__()
+        self.found = found
+
+    def search(self, lines, opts, wanted=None):
+        hyps = super().search(lines, opts, wanted)
+        return [h[:self.found.get(line.split()[0], len(h))] if h else h for line, h in zip(lines, hyps)]
+
+
+def rows(engine, lines: list[str], k: int) -> list[list[str]]:
+    """What ``xformer translate --nbest k`` writes for ``lines``, split at its tabs."""
+    search = engine.options(beam_size=k, nbest=k)
+    results = translate_text_stream(engine, lines, TextOptions(alternatives=k - 1), search)
+    return [row.split("\t") for row in result_lines(results, k)]
+
+
+def test_a_rank_the_search_did_not_find_is_empty_and_scores_minus_infinity():
+    """It used to repeat the best translation with the best score (an n-best list whose
+    scores rose again), and the engine's own formatter wrote -inf where the pipeline's wrote
+    0.0000, the score of a certain translation."""
+    out = rows(FewEngine({"One": 1}), ["One dog.", "Two cats."], 3)
+    assert [(r[0], r[1]) for r in out] == [(str(i), str(k)) for i in (1, 2) for k in (1, 2, 3)]
+    assert out[0][3] == "ONE DOG." and float(out[0][2]) == 0.0
+    assert out[1] == ["1", "2", "-inf", ""] and out[2] == ["1", "3", "-inf", ""]
+    assert [r[3] for r in out[3:]] == ["TWO CATS.", "TWO CATS. ~1", "TWO CATS. ~2"]
+    for line in (out[:3], out[3:]):
+        scores = [float(r[2]) for r in line]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_a_sentence_short_of_a_rank_gives_its_best_when_another_has_it():
+    out = rows(FewEngine({"One": 1}), ["One dog. Two cats."], 3)
+    assert [r[3] for r in out] == ["ONE DOG. TWO CATS.", "ONE DOG. TWO CATS. ~1", "ONE DOG. TWO CATS. ~2"]
+    assert [float(r[2]) for r in out] == [0.0, -1.0, -2.0]
+
+
+def test_a_blank_line_gives_k_empty_rows_scored_zero():
+    assert rows(FakeEngine(), ["", "A dog."], 2)[:2] == [["1", "1", "0.0000", ""], ["1", "2", "0.0000", ""]]
+    assert nbest_rows(7, [], [], 2) == ["7\t1\t-inf\t", "7\t2\t-inf\t"]
+    assert math.isinf(float(nbest_rows(1, ["x"], [-0.5], 2)[1].split("\t")[2]))
+
+
+def test_alternatives_stop_where_the_search_found_fewer():
+    """The server's alternatives and the Python API's: what was found, no padding, no copies."""
+    engine = FewEngine({"One": 2})
+    text = translate_texts(engine, ["One dog."], TextOptions(alternatives=3), engine.options(beam_size=4))[0]
+    assert text.alternatives == ["ONE DOG. ~1"] and text.scores == [0.0, -1.0]
+    html = translate_texts(engine, ["<p>One dog.</p>"], TextOptions(alternatives=3, format="html"),
+                           engine.options(beam_size=4))[0]
+    assert html.alternatives == ["<p>ONE DOG. ~1</p>"] and html.scores == [0.0, -1.0]
+

@@ -1,0 +1,139 @@
+"""`xformer pipeline` end to end on configs/pipeline-smoke.yaml (tiny models, a few hundred
+lines of Multi30k, monolingual stand-ins cut from its training text): every stage runs, a
+second run skips them all, a kill -9 inside the back-translation resumes to the output an
+uninterrupted run wrote, and the back-translation tag reaches the training data only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, head, write_lines
+
+pytestmark = pytest.mark.slow
+
+DYING = """
+import os, signal, sys
+from xformer_cli.pipeline import stages
+real = stages.translate_corpus
+def dying(job, translate, log, progress):
+    def translate_then_die(chunk, index):
+        if index == 1:  # chunk 0 is written: killed while chunk 1 is translated
+            os.kill(os.getpid(), signal.SIGKILL)
+        return translate(chunk, index)
+    return real(job, translate_then_die, log, progress)
+stages.translate_corpus = dying
+from xformer_cli.cli import app
+app(prog_name="xformer")
+"""
+
+
+@pytest.fixture(scope="module")
+def smoke_data(multi30k, tmp_path_factory) -> Path:
+    """A data folder as the smoke config reads it: multi30k/ with train, valid, test2016 and
+    mono.de / mono.en (lines of train.de / train.en that the 600 training pairs do not hold)."""
+    root = tmp_path_factory.mktemp("data")
+    folder = root / "multi30k"
+    folder.mkdir()
+    for split, n in (("train", 600), ("valid", 60), ("test2016", 60)):
+        for lang in ("en", "de"):
+            write_lines(folder / f"{split}.{lang}", head(multi30k / f"{split}.{lang}", n))
+    write_lines(folder / "mono.de", head(multi30k / "train.de", 1000)[600:] + [""])  # an empty line, skipped
+    write_lines(folder / "mono.en", head(multi30k / "train.en", 1400)[1000:])
+    return root
+
+
+def pipeline(data: Path, run_dir: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "XFORMER_DATA": str(data)}
+    command = [sys.executable, "-c", prelude] if prelude else [sys.executable, "-m", "xformer_cli"]
+    return subprocess.run([*command, "pipeline", "-c", "configs/pipeline-smoke.yaml", "--set", f"run_dir={run_dir}",
+                           "--quiet", *args], capture_output=True, cwd=ROOT, env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(smoke_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    run_dir = tmp_path_factory.mktemp("pipeline") / "run"
+    proc = pipeline(smoke_data, run_dir)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return run_dir, proc
+
+
+def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
+    run_dir, proc = smoke_run
+    for stage in ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate"):
+        assert json.loads((run_dir / stage / "stage.json").read_text())["done"] is True
+    assert len((run_dir / "backtranslate" / "synthetic.en").read_text().splitlines()) == 200  # mono.max_lines
+    assert json.loads((run_dir / "backtranslate" / "stage.json").read_text())["dropped"] == {}
+    distilled = (run_dir / "distill" / "distilled.de").read_text().splitlines()
+    assert len(distilled) == 600 + 200  # the training sources and mono.en's first 200 lines
+    rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
+    assert {r["model"] for r in rows} == {"teacher", "student", "student-int8"}
+    for row in rows:
+        assert {"model", "bleu", "chrf", "numbers", "sentences_per_s", "target_tokens_per_s", "size_mb"} <= set(row)
+        assert row["sentences_per_s"] > 0 and row["size_mb"] > 0
+    sizes = {r["model"]: r["size_mb"] for r in rows}
+    assert sizes["student-int8"] < sizes["student"]  # int8 weighs a quarter of float32's bytes, about
+    assert "| student-int8 | test | 1 |" in proc.stderr.decode()
+
+
+def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
+    run_dir, _ = smoke_run
+    proc = pipeline(smoke_data, run_dir)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    said = proc.stderr.decode().splitlines()
+    assert sum("up to date" in line and line.endswith("skipped") for line in said) == 7, said
+
+
+def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):
+    run_dir, _ = smoke_run
+    from xformer_cli.checkpoint import load_model
+
+    _, tokenizer, config = load_model(run_dir / "teacher" / "best.pt")
+    assert [c.tag for c in config.data.train] == [None, "<bt>"]
+    tag = tokenizer.tag_id("<bt>")
+    assert tag not in tokenizer.src.encode("<bt> Ein Mann fährt Rad.")
+    proc = subprocess.run([sys.executable, "-m", "xformer_cli", "translate", "--checkpoint",
+                           str(run_dir / "teacher" / "best.pt")], input="<bt> A man rides a bike.\n".encode(),
+                          capture_output=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() and "<bt>" not in proc.stdout.decode()
+
+
+def test_a_kill_inside_back_translation_resumes_to_the_same_output(smoke_data, smoke_run, tmp_path):
+    run_dir, _ = smoke_run
+    folder = run_dir / "backtranslate"
+    whole = {name: (folder / name).read_bytes() for name in ("synthetic.en", "synthetic.de")}
+    shutil.rmtree(folder)
+    killed = pipeline(smoke_data, run_dir, "--only", "backtranslate", prelude=DYING)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    assert 0 < len((folder / "synthetic.en").read_bytes()) < len(whole["synthetic.en"])
+    resumed = pipeline(smoke_data, run_dir, "--only", "backtranslate")
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert "stage backtranslate: resuming" in resumed.stderr.decode()
+    assert "resuming after line 64" in resumed.stderr.decode()
+    for name, content in whole.items():
+        assert (folder / name).read_bytes() == content
+    # done again, the stages after it are stale: the teacher's inputs changed
+    from xformer_cli.pipeline import Pipeline, load_pipeline_config
+    from xformer_cli.pipeline.stages import fingerprint_teacher
+
+    os.environ["XFORMER_DATA"], before = str(smoke_data), os.environ.get("XFORMER_DATA")
+    try:
+        pipe = Pipeline(load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={run_dir}"]))
+        assert not pipe.record("teacher").done_with(fingerprint_teacher(pipe))
+    finally:
+        os.environ.pop("XFORMER_DATA") if before is None else os.environ.__setitem__("XFORMER_DATA", before)
+
+
+def test_a_reverse_model_of_the_wrong_direction_is_one_line(smoke_data, smoke_run, tmp_path):
+    run_dir, _ = smoke_run
+    proc = pipeline(smoke_data, tmp_path / "other", "--only", "reverse",
+                    "--set", f"reverse.checkpoint={run_dir / 'teacher' / 'best.pt'}")
+    err = proc.stderr.decode().strip()
+    assert proc.returncode == 1 and len(err.splitlines()) == 1, err
+    assert "reverse.checkpoint" in err and "en->de" in err and "not de->en" in err

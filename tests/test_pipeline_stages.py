@@ -1,0 +1,217 @@
+"""`xformer pipeline`'s parts without a corpus: the resumable corpus translation, the stage
+records (skip, resume, redo), the monolingual reader, the config, and the corpus tag."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, write_lines
+from xformer_cli.config import CorpusConfig, load_config
+from xformer_cli.errors import XformerError
+from xformer_cli.pipeline import STAGES, load_pipeline_config
+from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, complete_lines, translate_corpus
+from xformer_cli.pipeline.record import StageRecord
+from xformer_cli.pipeline.runner import _chosen
+from xformer_cli.pipeline.stages import Pipeline
+from xformer_cli.tokenizer import Tokenizer
+
+
+def fake_translate(chunk: list[str], index: int) -> list[str]:
+    """Depends on the chunk's index and on its lines: a resume that cut chunks elsewhere differs."""
+    return [f"{line[::-1]} #{index}/{len(chunk)}" for line in chunk]
+
+
+def job_in(folder: Path, lines: list[str], chunk: int = 3) -> CorpusJob:
+    return CorpusJob(lines, folder / "in.txt", folder / "out.txt", len(lines), chunk)
+
+
+def test_a_killed_translation_resumes_to_the_uninterrupted_output(tmp_path):
+    lines = [f"line {i}" for i in range(11)]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    assert translate_corpus(job_in(whole, lines), fake_translate, lambda _: None, progress=False) == 11
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    calls = []
+
+    def dies_on_third_chunk(chunk, index):
+        calls.append(index)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # killed while chunk 2 is being translated
+        return fake_translate(chunk, index)
+
+    with pytest.raises(KeyboardInterrupt):
+        translate_corpus(job_in(cut, lines), dies_on_third_chunk, lambda _: None, progress=False)
+    # a kill in the middle of a write: half a line in one file, a whole extra chunk in the other
+    with open(cut / "out.txt", "ab") as f:
+        f.write("half a transl".encode())
+    with open(cut / "in.txt", "ab") as f:
+        f.write(b"line 6\nline 7\nline 8\n")
+    said = []
+    assert translate_corpus(job_in(cut, lines), fake_translate, said.append, progress=False) == 11
+    assert said[0].startswith("resuming after line 6")
+    for name in ("in.txt", "out.txt"):
+        assert (cut / name).read_bytes() == (whole / name).read_bytes()
+    assert complete_lines(cut / "out.txt") == len(lines)
+
+
+def test_a_full_disk_mid_translation_is_one_line_and_keeps_the_whole_chunks(tmp_path, monkeypatch):
+    import os
+
+    lines = [f"line {i}" for i in range(7)]
+    syncs = []
+    real_fsync = os.fsync
+
+    def full_from_the_third_sync(fd):  # chunk 0's two files synced, then the disk is full
+        syncs.append(fd)
+        if len(syncs) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_from_the_third_sync)
+    with pytest.raises(XformerError) as failure:
+        translate_corpus(job_in(tmp_path, lines), fake_translate, lambda _: None, progress=False)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert "no space left" in str(failure.value) and "\n" not in str(failure.value)
+    assert "out.txt" in str(failure.value) or "in.txt" in str(failure.value)
+    said = []
+    assert translate_corpus(job_in(tmp_path, lines), fake_translate, said.append, progress=False) == 7
+    assert said[0].startswith("resuming after line 3")  # chunk 0 kept, chunk 1 done again
+    assert (tmp_path / "out.txt").read_text().splitlines() == fake_translate(lines[:3], 0) + \
+        fake_translate(lines[3:6], 1) + fake_translate(lines[6:], 2)
+
+
+def test_translations_with_line_breaks_stay_one_line(tmp_path):
+    job = job_in(tmp_path, ["a", "b"], chunk=2)
+    translate_corpus(job, lambda chunk, i: ["x\ny", "z"], lambda _: None, progress=False)
+    assert (tmp_path / "out.txt").read_text().splitlines() == ["x y", "z"]
+
+
+def test_monolingual_text_skips_empty_lines_and_names_bad_bytes(tmp_path):
+    path = tmp_path / "mono.de"
+    path.write_bytes(b"eins\n\n  \nzwei\n\xff kaputt\ndrei\n")
+    with pytest.raises(XformerError, match=r"mono.de:5: invalid UTF-8.*mono.skip_invalid_utf8"):
+        list(TextLines(path))
+    skipping = TextLines(path, skip_invalid=True)
+    assert list(skipping) == ["eins", "zwei", "drei"]
+    assert skipping.dropped == {"empty": 2, "invalid UTF-8": 1}
+    assert list(TextLines(path, skip_invalid=True, max_lines=2)) == ["eins", "zwei"]
+
+
+def test_a_stage_record_skips_resumes_or_starts_over(tmp_path):
+    record = StageRecord("teacher", tmp_path / "teacher")
+    assert record.begin("a") is False  # nothing there: a fresh start
+    (record.directory / "last.pt").write_text("partial")
+    assert record.begin("a") is True  # same inputs, unfinished: resume, files kept
+    assert (record.directory / "last.pt").exists()
+    record.finish("a", model="m")
+    assert record.done_with("a") and not record.done_with("b")
+    assert record.begin("b") is False  # other inputs: the old folder is gone
+    assert not (record.directory / "last.pt").exists()
+    record.finish("b")
+    assert record.begin("b", fresh=True) is False and not record.done_with("b")
+    record.path.write_text("{ cut")  # a damaged record is a stage to do again
+    assert record.read() is None and not record.done_with("b")
+
+
+def test_from_and_only_choose_the_stages(tmp_path):
+    assert _chosen(None, None) == (list(STAGES), set())
+    assert _chosen("distill", None)[1] == {"distill", "student", "export", "evaluate"}
+    assert _chosen(None, "export") == (["export"], set())
+    with pytest.raises(XformerError, match="--from: unknown stage 'teach'"):
+        _chosen("teach", None)
+
+
+def smoke(tmp_path: Path, *sets: str):
+    return load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path / 'run'}", *sets])
+
+
+def test_the_pipeline_config_names_a_bad_key():
+    with pytest.raises(XformerError, match="unknown config key 'teacher.weight'"):
+        smoke(Path("/tmp"), "teacher.weight=2")
+    with pytest.raises(XformerError, match="config key 'backtranslate.sampling_topk'.*beam_size to 1"):
+        smoke(Path("/tmp"), "backtranslate.sampling_topk=10")
+    with pytest.raises(XformerError, match="config key 'teacher.set'.*mapping"):
+        smoke(Path("/tmp"), "teacher.set=3")
+
+
+def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
+    with pytest.raises(XformerError, match="pipeline stage backtranslate has not finished.*--only backtranslate"):
+        pipe.upstream("teacher")
+
+
+def test_each_model_stage_gets_its_data_and_run_dir(tmp_path):
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
+    reverse = stages.reverse_config(pipe)
+    assert (reverse.data.src_lang, reverse.data.tgt_lang) == ("de", "en")
+    assert reverse.run_dir == str(tmp_path / "run" / "reverse")
+    teacher = stages.teacher_config(pipe)
+    real, synthetic = teacher.data.train
+    assert real.max_pairs == 600 and real.tag is None  # the model_set reached the real corpus
+    assert synthetic.prefix.endswith("backtranslate/synthetic") and synthetic.tag == "<bt>"
+    student = stages.student_config(pipe)
+    assert [c.prefix.split("/")[-1] for c in student.data.train] == ["distilled"]
+    assert (student.model.encoder_layers, student.model.decoder_layers) == (2, 1)
+
+
+def test_a_corpus_tag_is_a_control_piece_no_text_can_produce(tmp_path):
+    sentences = [f"a man rides bike number {i} in the park" for i in range(200)]
+    tok = Tokenizer.train(sentences, [], joint=True, vocab_size=100, control_symbols=["<bt>"])
+    tag = tok.tag_id("<bt>")
+    assert tok.src.id_to_piece(tag) == "<bt>"
+    assert tag not in tok.src.encode("<bt> a man rides <bt>")
+    assert tok.decode_tgt([[tag] + tok.src.encode("a man")]) == ["a man"]
+
+
+def test_a_corpus_tag_must_look_like_one_and_only_on_training_corpora():
+    with pytest.raises(XformerError, match=r"data.train.tag'.*<xxx>"):
+        load_config(ROOT / "configs" / "multi30k.yaml", ["data.train.tag=bt"])
+    with pytest.raises(XformerError, match=r"data.valid.tag'.*only data.train"):
+        load_config(ROOT / "configs" / "multi30k.yaml", ["data.valid.tag=<bt>"])
+
+
+def test_the_tagged_corpus_leads_its_sources_with_the_tag_in_the_cache(tmp_path):
+    from xformer_cli.data.prepare import prepare_data
+
+    real = [f"a man rides bike number {i}" for i in range(60)]
+    write_lines(tmp_path / "real.en", real)
+    write_lines(tmp_path / "real.de", [f"ein Mann fährt Rad {i}" for i in range(60)])
+    write_lines(tmp_path / "bt.en", [f"the dog runs {i}" for i in range(40)])
+    write_lines(tmp_path / "bt.de", [f"der Hund läuft {i}" for i in range(40)])
+    train = json.dumps([{"prefix": str(tmp_path / "real")}, {"prefix": str(tmp_path / "bt"), "tag": "<bt>"}])
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", f"data.train={train}", "data.valid=null", "data.test=null",
+                             "tokenizer.vocab_size=120"])
+    prepared = prepare_data(cfg, lambda _: None)
+    cache, tokenizer = prepared.train, prepared.tokenizer
+    tag = tokenizer.tag_id("<bt>")
+    firsts = [int(cache.src_ids[cache.src_offsets[i]]) for i in range(len(cache))]
+    assert firsts.count(tag) == 40 and all(f == tag for f in firsts[60:])
+    assert CorpusConfig().tag is None
+
+
+def test_overrides_nested_or_dotted_are_the_same():
+    from xformer_cli.pipeline.models import as_overrides
+
+    assert as_overrides({"model": {"d_model": 64}, "train.max_steps": 5}) == ["model.d_model=64", "train.max_steps=5"]
+    rule = {"train.dropout_by_planned_epochs": {16.8: 0.2}}
+    assert as_overrides(rule) == ['train.dropout_by_planned_epochs={"16.8": 0.2}']
+
+
+@pytest.mark.parametrize("name", ["multi30k-pipeline", "multi30k-pipeline-gpu", "pipeline-smoke"])
+def test_the_shipped_pipeline_configs_load_and_derive_every_model(name, tmp_path):
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(load_pipeline_config(ROOT / "configs" / f"{name}.yaml", [f"run_dir={tmp_path}"]))
+    assert pipe.langs == ("en", "de")
+    assert stages.reverse_config(pipe).data.src_lang == "de"
+    assert stages.teacher_config(pipe).data.train[-1].tag == "<bt>"
+    student = stages.student_config(pipe).model
+    assert student.encoder_layers > student.decoder_layers

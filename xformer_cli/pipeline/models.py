@@ -1,0 +1,110 @@
+"""The training configs of the pipeline's models, each the model config with the pipeline's
+overrides, its own run_dir and its data: the reverse model the same config with the
+direction swapped, the teacher the real pairs plus the tagged back-translations, the
+student the distilled pairs (and the real ones when asked). Training is ``xformer train``'s
+loop, unchanged: a killed stage resumes from its last.pt."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from xformer_cli.config import Config, CorpusConfig, apply_overrides, load_config, read_tree
+from xformer_cli.errors import XformerError
+from xformer_cli.pipeline.record import file_stamp
+from xformer_cli.pipeline.settings import PipelineConfig
+
+Edit = Callable[[dict], None]
+
+
+def as_overrides(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """{"model.d_model": 256} -> ["model.d_model=256"] (values as JSON, which YAML reads back).
+    A nested section ({"model": {"d_model": 256}}, what --set model_set.model.d_model=256
+    makes) is the same; a mapping with other keys than names ({16.8: 0.2}) is a value."""
+    found = []
+    for key, value in values.items():
+        if isinstance(value, dict) and value and all(isinstance(k, str) and k.isidentifier() for k in value):
+            found.extend(as_overrides(value, f"{prefix}{key}."))
+        else:
+            found.append(f"{prefix}{key}={json.dumps(value)}")
+    return found
+
+
+def base_config(pc: PipelineConfig) -> Config:
+    """The model config as every stage starts from it (model_set applied), checked."""
+    config = load_config(pc.model_config_path, as_overrides(pc.model_set))
+    if config.data.pairs:
+        raise XformerError(f"config key 'model_config': {pc.model_config_path} has data.pairs; the pipeline "
+                           "trains one direction (src_lang -> tgt_lang)")
+    return config
+
+
+def stage_config(pc: PipelineConfig, stage: str, stage_set: dict[str, Any], edit: Optional[Edit] = None) -> Config:
+    """The model config for ``stage``: its data edited by ``edit``, model_set and the stage's
+    own overrides applied, run_dir <run_dir>/<stage>."""
+    extra = {"run_dir": str(Path(pc.run_dir) / stage)}
+    if pc.threads:
+        extra["train.threads"] = pc.threads
+    overrides = as_overrides(pc.model_set) + as_overrides(stage_set) + as_overrides(extra)
+    try:
+        tree = read_tree(pc.model_config_path)
+        apply_overrides(tree, overrides)  # data.train.max_pairs=... reaches the real corpora before the edit
+        data = tree.setdefault("data", {})
+        if not isinstance(data, dict):
+            raise XformerError(f"{pc.model_config_path}: 'data' must be a mapping")
+        if edit is not None:
+            edit(data)
+        # the rest again through load_config, which lets a key given outright replace a rule's setting
+        return load_config(None, [o for o in overrides if not o.startswith("data.")], base=tree)
+    except XformerError as exc:
+        raise XformerError(f"pipeline stage {stage}: {exc}") from None
+
+
+def _train_list(data: dict) -> list:
+    train = data.get("train") or []
+    return list(train) if isinstance(train, list) else [train]
+
+
+def swapped(base: Config) -> Edit:
+    def edit(data: dict) -> None:
+        data["src_lang"], data["tgt_lang"] = base.data.tgt_lang, base.data.src_lang
+    return edit
+
+
+def with_corpus(prefix: Path, keep_real: bool, **corpus: Any) -> Edit:
+    """data.train: the corpus at ``prefix`` (``corpus``: its weight, tag), after the real
+    corpora when ``keep_real``."""
+    def edit(data: dict) -> None:
+        data["train"] = (_train_list(data) if keep_real else []) + [{"prefix": str(prefix), **corpus}]
+    return edit
+
+
+def config_stamp(config: Config, run_dir: Path) -> dict:
+    """What a training stage's fingerprint takes of its config: every key, and the size and
+    time of each training file outside the pipeline's run_dir (those inside come from upstream
+    stages, whose fingerprints stand for them)."""
+    stamps = []
+    for corpus in config.data.train:
+        stamps.extend(_corpus_files(corpus, config, run_dir))
+    return {"config": asdict(config), "files": stamps}
+
+
+def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path) -> list[str]:
+    from xformer_cli.data.sources import corpus_paths
+
+    if not (corpus.prefix or corpus.src):
+        return []  # a dataset: its name and split are in the config
+    paths = corpus_paths(corpus, config.data.src_lang, config.data.tgt_lang)
+    inside = run_dir.resolve()
+    return [file_stamp(p) for p in paths if p.exists() and inside not in p.resolve().parents]
+
+
+def trained_model(run_dir: Path) -> Path:
+    """The checkpoint a finished training stage hands on: best.pt (averaged and length-penalty
+    tuned when the config asks), else last.pt."""
+    for name in ("best.pt", "last.pt"):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    raise XformerError(f"{run_dir} holds no best.pt or last.pt")

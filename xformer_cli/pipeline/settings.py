@@ -1,0 +1,133 @@
+"""A pipeline config (configs/*-pipeline.yaml): which training config every model starts
+from, the monolingual text, and each stage's settings. Read as train's configs are: YAML,
+``${ENV:-default}``, ``--set key=value`` overrides (``--set run_dir=...`` too), every
+unknown or mistyped key named in one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from xformer_cli.config import apply_overrides, build_section, read_tree, require as _require
+from xformer_cli.errors import XformerError
+
+
+@dataclass
+class MonoConfig:
+    target: str = ""  # target-language text for back-translation (mono.de for en->de)
+    source: str = ""  # source-language text the teacher translates for the student (mono.en)
+    max_lines: int = 0  # the first N usable lines of each; 0 = all
+    skip_invalid_utf8: bool = False  # true: drop undecodable lines (counted) instead of stopping
+
+
+@dataclass
+class ModelStage:
+    """A stage that trains: its overrides of the model config (dotted keys)."""
+
+    set: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReverseStage(ModelStage):
+    checkpoint: Optional[str] = None  # an existing tgt->src model to use instead of training one
+
+
+@dataclass
+class TranslateStage:
+    """A stage that translates a corpus."""
+
+    beam_size: int = 4
+    sampling_topk: int = 0  # > 0 (with beam_size 1): sampled translations (Edunov et al., 2018)
+    temperature: float = 1.0
+    chunk_lines: int = 2000  # lines per engine call, and the unit a killed run resumes by
+    engine: str = "auto"  # auto | xformer | ctranslate2 (decode.factory's rules)
+    precision: str = "auto"
+
+
+@dataclass
+class TeacherStage(ModelStage):
+    tag: str = "<bt>"  # leads every back-translated source (a control piece: user text cannot hold it)
+    synthetic_weight: float = 1.0  # the synthetic corpus's data.train weight (1 = every pair once an epoch)
+
+
+@dataclass
+class DistillStage(TranslateStage):
+    # Checkpoints whose mean translates (an ensemble); "teacher" is the teacher stage's best.pt.
+    teachers: list[str] = field(default_factory=lambda: ["teacher"])
+    mono_source: bool = True  # translate mono.source too, not only the training sources
+
+
+@dataclass
+class StudentStage(ModelStage):
+    real_pairs: bool = False  # train on the real pairs beside the distilled ones
+
+
+@dataclass
+class ExportStage:
+    quantization: str = "int8"  # CTranslate2's: int8, int8_float32, int16, float16, ...
+
+
+@dataclass
+class EvaluateStage:
+    splits: list[str] = field(default_factory=lambda: ["valid", "test"])
+    beam_sizes: list[int] = field(default_factory=lambda: [1, 4])  # each model at each beam size
+    threads: int = 0  # the same for every model; 0 = the engines' rule (decode.factory)
+    max_lines: int = 0  # the first N lines of each split; 0 = all
+    baseline: Optional[str] = None  # a checkpoint to score beside the pipeline's models (the main job's best.pt)
+
+
+@dataclass
+class PipelineConfig:
+    run_dir: str = "runs/pipeline"
+    model_config: str = ""  # the training config every model starts from, relative to this file
+    model_set: dict[str, Any] = field(default_factory=dict)  # overrides for every trained model
+    threads: int = 0  # CPU threads for training and translating (train.threads); 0 = all
+    mono: MonoConfig = field(default_factory=MonoConfig)
+    reverse: ReverseStage = field(default_factory=ReverseStage)
+    backtranslate: TranslateStage = field(default_factory=TranslateStage)
+    teacher: TeacherStage = field(default_factory=TeacherStage)
+    distill: DistillStage = field(default_factory=DistillStage)
+    student: StudentStage = field(default_factory=lambda: StudentStage(
+        set={"model.encoder_layers": 6, "model.decoder_layers": 1}))
+    export: ExportStage = field(default_factory=ExportStage)
+    evaluate: EvaluateStage = field(default_factory=EvaluateStage)
+    base_dir: Path = Path(".")  # the pipeline file's folder (model_config is relative to it)
+
+    @property
+    def model_config_path(self) -> Path:
+        path = Path(self.model_config)
+        return path if path.is_absolute() else self.base_dir / path
+
+
+def load_pipeline_config(path: str | Path, overrides: Optional[list[str]] = None) -> PipelineConfig:
+    """Read a pipeline YAML file, apply ``key=value`` overrides, check it."""
+    tree = read_tree(path)
+    apply_overrides(tree, overrides or [])
+    if "base_dir" in tree:
+        raise XformerError("unknown config key 'base_dir'")
+    config = build_section(PipelineConfig, tree)
+    config.base_dir = Path(path).parent
+    check(config)
+    return config
+
+
+def check(config: PipelineConfig) -> None:
+    """Each key's range, named in one line; files are checked by the stage that reads them."""
+    _require(bool(config.run_dir.strip()), "run_dir", "must not be empty")
+    _require(bool(config.model_config), "model_config", "the training config every model starts from (configs/...)")
+    _require(config.mono.max_lines >= 0, "mono.max_lines", "must be 0 (all) or more")
+    for name in ("backtranslate", "distill"):
+        stage: TranslateStage = getattr(config, name)
+        _require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
+        _require(stage.beam_size >= 1, f"{name}.beam_size", "must be 1 or more")
+        _require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
+                 "sampling draws one translation per sentence: set beam_size to 1")
+        _require(stage.temperature > 0, f"{name}.temperature", "must be positive")
+    _require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
+    _require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
+    _require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
+             "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")
+    _require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
+             "evaluate.splits", "valid, test or both")
+    _require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")

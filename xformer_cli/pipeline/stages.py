@@ -1,0 +1,285 @@
+"""The pipeline's stages, each a call of what xformer already has (``train``'s loop, the engine
+factory, the CTranslate2 exporter, sacreBLEU), importable one by one:
+
+    reverse -> backtranslate -> teacher -> distill -> student -> export -> evaluate
+
+A stage has a fingerprint of its inputs (``fingerprint_*``: settings, files, the upstream
+stages' finished records) and a body (``run_*``) that writes into <run_dir>/<stage>/ and
+returns what its record keeps (the model it made, line counts)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from xformer_cli.config import Config
+from xformer_cli.errors import XformerError
+from xformer_cli.pipeline import models
+from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, translate_corpus
+from xformer_cli.pipeline.record import StageRecord, file_stamp, fingerprint
+from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
+
+STAGES = ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate")
+NEEDS = {"reverse": (), "backtranslate": ("reverse",), "teacher": ("backtranslate",), "distill": ("teacher",),
+         "student": ("distill",), "export": ("student",), "evaluate": ("teacher", "student", "export")}
+
+
+@dataclass
+class Pipeline:
+    """A pipeline config with its run directory's records, and where its lines go."""
+
+    config: PipelineConfig
+    log: Callable[[str], None] = print
+    progress: bool = True
+    _base: Optional[Config] = field(default=None, repr=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run_dir)
+
+    @property
+    def base(self) -> Config:
+        if self._base is None:
+            self._base = models.base_config(self.config)
+        return self._base
+
+    @property
+    def langs(self) -> tuple[str, str]:
+        return self.base.data.src_lang, self.base.data.tgt_lang
+
+    def record(self, stage: str) -> StageRecord:
+        return StageRecord(stage, self.run_dir / stage)
+
+    def finished(self, stage: str) -> dict:
+        """A needed stage's finished record, or one line saying to run it first."""
+        record = self.record(stage).read()
+        if not record or not record.get("done"):
+            raise XformerError(f"pipeline stage {stage} has not finished in {self.run_dir}: run it first "
+                               f"(xformer pipeline -c CONFIG --only {stage}, or without --only)")
+        return record
+
+    def upstream(self, stage: str) -> dict[str, str]:
+        """The needed stages' identities: fingerprint and when it finished (a stage done over
+        with the same inputs still makes the stages after it stale)."""
+        return {need: f"{rec['fingerprint']}@{rec.get('finished', '')}"
+                for need in NEEDS[stage] for rec in [self.finished(need)]}
+
+    def model(self, stage: str) -> Path:
+        return Path(self.finished(stage)["model"])
+
+
+# -- reverse -------------------------------------------------------------------------------
+
+def reverse_config(pipe: Pipeline) -> Config:
+    return models.stage_config(pipe.config, "reverse", pipe.config.reverse.set, models.swapped(pipe.base))
+
+
+def fingerprint_reverse(pipe: Pipeline) -> str:
+    given = pipe.config.reverse.checkpoint
+    if given:  # checked here, before the stage says it starts
+        _check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
+        return fingerprint("reverse", file_stamp(given), pipe.langs)
+    return fingerprint("reverse", models.config_stamp(reverse_config(pipe), pipe.run_dir))
+
+
+def run_reverse(pipe: Pipeline) -> dict:
+    given = pipe.config.reverse.checkpoint
+    if given:
+        return {"model": str(given)}
+    return _train(pipe, reverse_config(pipe))
+
+
+def _check_direction(path: Path, wanted: tuple[str, str], key: str) -> None:
+    from xformer_cli.decode.direction import model_languages
+
+    languages = model_languages(path)
+    if languages is not None and not languages.trained(*wanted):
+        raise XformerError(f"config key '{key}': {path} translates {languages.describe()}, "
+                           f"not {wanted[0]}->{wanted[1]}")
+
+
+def _train(pipe: Pipeline, config: Config) -> dict:
+    from xformer_cli.train.trainer import train
+
+    result = train(config, overwrite=False, log=pipe.log, progress=pipe.progress)
+    if result.stopped_because == "interrupted":
+        raise KeyboardInterrupt
+    return {"model": str(models.trained_model(Path(config.run_dir))), "steps": result.steps,
+            "best_valid_bleu": result.best_bleu}
+
+
+# -- backtranslate ---------------------------------------------------------------------------
+
+def _mono(pipe: Pipeline, side: str) -> TextLines:
+    mono = pipe.config.mono
+    path = getattr(mono, side)
+    if not path:
+        raise XformerError(f"config key 'mono.{side}': the {side}-language text this stage translates")
+    return TextLines(Path(path), mono.skip_invalid_utf8, mono.max_lines)
+
+
+def fingerprint_backtranslate(pipe: Pipeline) -> str:
+    mono = _mono(pipe, "target")
+    return fingerprint("backtranslate", asdict(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
+                       mono.skip_invalid, pipe.upstream("backtranslate"))
+
+
+def run_backtranslate(pipe: Pipeline) -> dict:
+    src, tgt = pipe.langs
+    lines = _mono(pipe, "target")
+    folder = pipe.record("backtranslate").directory
+    job = CorpusJob(lines, folder / f"synthetic.{tgt}", folder / f"synthetic.{src}", _total(lines),
+                    pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
+    written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
+    return {"lines": written, "dropped": dict(lines.dropped), "prefix": str(folder / "synthetic")}
+
+
+def _total(lines: TextLines) -> int:
+    from xformer_cli.textio import count_lines
+
+    total = count_lines(lines.path)
+    return min(total, lines.max_lines) if lines.max_lines else total
+
+
+def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: CorpusJob) -> int:
+    from xformer_cli.decode.factory import load_engine
+
+    sampling = bool(s.sampling_topk)
+    engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=pipe.config.threads,
+                         needs=("sampling_topk", "seed") if sampling else (), log=pipe.log)
+    opts = dict(beam_size=s.beam_size, sampling_topk=s.sampling_topk or None,
+                temperature=s.temperature if sampling else None)
+    engine.options(**opts)  # bad options refused before any line is read
+
+    def translate(chunk: list[str], index: int) -> list[str]:
+        return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
+
+    return translate_corpus(job, translate, pipe.log, pipe.progress)
+
+
+# -- teacher ---------------------------------------------------------------------------------
+
+def teacher_config(pipe: Pipeline) -> Config:
+    t = pipe.config.teacher
+    prefix = pipe.record("backtranslate").directory / "synthetic"
+    return models.stage_config(pipe.config, "teacher", t.set,
+                               models.with_corpus(prefix, True, weight=t.synthetic_weight, tag=t.tag))
+
+
+def fingerprint_teacher(pipe: Pipeline) -> str:
+    return fingerprint("teacher", models.config_stamp(teacher_config(pipe), pipe.run_dir), pipe.upstream("teacher"))
+
+
+def run_teacher(pipe: Pipeline) -> dict:
+    return _train(pipe, teacher_config(pipe))
+
+
+# -- distill ---------------------------------------------------------------------------------
+
+def _teachers(pipe: Pipeline) -> list[Path]:
+    return [pipe.model("teacher") if name == "teacher" else Path(name) for name in pipe.config.distill.teachers]
+
+
+def fingerprint_distill(pipe: Pipeline) -> str:
+    d = pipe.config.distill
+    given = [file_stamp(name) for name in d.teachers if name != "teacher"]
+    mono = [file_stamp(_mono(pipe, "source").path), pipe.config.mono.max_lines] if d.mono_source else []
+    return fingerprint("distill", asdict(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
+                       pipe.upstream("distill"))
+
+
+def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]):
+    """The real training pairs' source side, then the monolingual source text."""
+    from xformer_cli.data.sources import open_sources
+
+    src, tgt = pipe.langs
+    for source in open_sources(pipe.base.data.train, src, tgt, "train", pipe.base.data.skip_invalid_utf8):
+        yield from source.side(0)
+    if mono is not None:
+        yield from mono
+
+
+def run_distill(pipe: Pipeline) -> dict:
+    src, tgt = pipe.langs
+    mono = _mono(pipe, "source") if pipe.config.distill.mono_source else None
+    folder = pipe.record("distill").directory
+    total = sum(1 for _ in _distill_sources(pipe, None)) + (_total(mono) if mono else 0)  # the bar's ETA
+    job = CorpusJob(_distill_sources(pipe, mono), folder / f"distilled.{src}", folder / f"distilled.{tgt}",
+                    total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
+    written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
+    return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": str(folder / "distilled")}
+
+
+# -- student, export -------------------------------------------------------------------------
+
+def student_config(pipe: Pipeline) -> Config:
+    s = pipe.config.student
+    prefix = pipe.record("distill").directory / "distilled"
+    return models.stage_config(pipe.config, "student", s.set, models.with_corpus(prefix, s.real_pairs))
+
+
+def fingerprint_student(pipe: Pipeline) -> str:
+    return fingerprint("student", models.config_stamp(student_config(pipe), pipe.run_dir), pipe.upstream("student"))
+
+
+def run_student(pipe: Pipeline) -> dict:
+    return _train(pipe, student_config(pipe))
+
+
+def fingerprint_export(pipe: Pipeline) -> str:
+    return fingerprint("export", asdict(pipe.config.export), pipe.upstream("export"))
+
+
+def run_export(pipe: Pipeline) -> dict:
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+
+    target = pipe.record("export").directory / f"student-{pipe.config.export.quantization}"
+    export_ctranslate2(pipe.model("student"), target, quantization=pipe.config.export.quantization, force=True)
+    pipe.log(f"exported the student to {target} ({pipe.config.export.quantization})")
+    return {"model": str(target)}
+
+
+# -- evaluate --------------------------------------------------------------------------------
+
+def _evaluated(pipe: Pipeline) -> list[tuple[str, Path]]:
+    found = [("baseline", Path(pipe.config.evaluate.baseline))] if pipe.config.evaluate.baseline else []
+    return found + [("teacher", pipe.model("teacher")), ("student", pipe.model("student")),
+                    (f"student-{pipe.config.export.quantization}", pipe.model("export"))]
+
+
+def fingerprint_evaluate(pipe: Pipeline) -> str:
+    baseline = pipe.config.evaluate.baseline
+    return fingerprint("evaluate", asdict(pipe.config.evaluate), file_stamp(baseline) if baseline else None,
+                       asdict(pipe.base.data), pipe.config.threads, pipe.upstream("evaluate"))
+
+
+def run_evaluate(pipe: Pipeline) -> dict:
+    from xformer_cli.data.directions import eval_sets
+    from xformer_cli.fileio import atomic_file
+    from xformer_cli.pipeline import evaluation
+
+    e = pipe.config.evaluate
+    names = {"valid": "valid", "test": "test"}
+    sets = {}
+    for split in e.splits:
+        found = eval_sets(pipe.base.data, names[split], pipe.log)
+        if not found:
+            raise XformerError(f"config key 'data.{split}' of {pipe.config.model_config_path}: "
+                               f"no {split} set to evaluate on")
+        sets[split] = evaluation.cut(next(iter(found.values())), e.max_lines)
+    rows = []
+    for name, path in _evaluated(pipe):
+        rows.extend(evaluation.score_model(name, path, sets, e.beam_sizes, e.threads or pipe.config.threads,
+                                           pipe.langs, pipe.log))
+    summary = pipe.record("evaluate").directory / "summary.json"
+    with atomic_file(summary, "w", encoding="utf-8") as f:
+        json.dump([row.to_dict() for row in rows], f, indent=2)
+        f.write("\n")
+    pipe.log(evaluation.table(rows))
+    return {"summary": str(summary), "rows": len(rows)}
+
+
+FINGERPRINTS = {name: globals()[f"fingerprint_{name}"] for name in STAGES}
+RUNS = {name: globals()[f"run_{name}"] for name in STAGES}
