@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xformer_cli.checkpoint import save_checkpoint  # noqa: E402
+from xformer_cli.checkpoint_file import save_checkpoint  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
 from xformer_cli.device import pick_device  # noqa: E402
 from xformer_cli.model.transformer import Transformer  # noqa: E402
-from xformer_cli.train.checkpoint_writer import CheckpointWriter  # noqa: E402
+from xformer_cli.train.background_save import CheckpointWriter  # noqa: E402
 from xformer_cli.train.step import make_optimizer  # noqa: E402
 
 BASE = ["model.d_model=512", "model.d_ff=2048", "model.n_heads=8", "model.encoder_layers=6", "model.decoder_layers=6"]

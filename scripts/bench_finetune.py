@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from xformer_cli.checkpoint import build_model, save_checkpoint
+from xformer_cli.checkpoint_file import build_model, save_checkpoint
 from xformer_cli.config import Config, CorpusConfig, DataConfig, TokenizerConfig, load_config
 from xformer_cli.data.prepare import prepare_data
 from xformer_cli.model.transformer import ModelConfig

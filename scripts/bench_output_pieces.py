@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_train import cpu_name, load_batches  # noqa: E402
 from profile_train_step import run_steps  # noqa: E402
 
-from xformer_cli.checkpoint import build_model  # noqa: E402
+from xformer_cli.checkpoint_file import build_model  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
 from xformer_cli.data.sources import load_corpus  # noqa: E402
 from xformer_cli.device import cpu_flags, keep_freed_memory  # noqa: E402

@@ -50,9 +50,9 @@ import torch.nn.functional as F
 from xformer_cli.config import load_config
 from xformer_cli.data.sources import load_corpus
 from xformer_cli.device import autocast, computes_natively, cpu_flags, keep_freed_memory, pick_device, resolve_precision
-from xformer_cli.checkpoint import build_model
+from xformer_cli.checkpoint_file import build_model
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
-from xformer_cli.train.batch_plan import plan_for
+from xformer_cli.train.epoch_batches import plan_for
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.forward_loss import compilations, compile_mode, forward_loss, wants_half_weights
 from xformer_cli.train.opcount import cuda_path_step_ops
@@ -430,7 +430,7 @@ def main() -> None:
         raise SystemExit("error: bench_train needs a number for train.max_tokens (--set train.max_tokens=N), not auto")
     device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention (device.configure_cuda)
     if device.type == "cpu":
-        keep_freed_memory()  # as the trainer runs (train/plan.py); the loops share one process
+        keep_freed_memory()  # as the trainer runs (train/run_plan.py); the loops share one process
     tokenizer, plan, batches = load_batches(cfg, args, device)
     auto, why = resolve_precision("auto", device)
     systems, ours = build_systems(cfg, args, tokenizer, plan, device, auto)

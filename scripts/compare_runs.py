@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xformer_cli.checkpoint import load_checkpoint  # noqa: E402
+from xformer_cli.checkpoint_file import load_checkpoint  # noqa: E402
 
 
 def step_losses(run: Path) -> dict[int, float]:

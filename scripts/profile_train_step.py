@@ -185,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     device = pick_device(args.device)  # on CUDA: TF32 matmuls, no cuDNN attention, as in training
     if device.type == "cpu":
-        keep_freed_memory()  # as the trainer runs (train/plan.py)
+        keep_freed_memory()  # as the trainer runs (train/run_plan.py)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from xformer_cli.checkpoint import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
+from xformer_cli.checkpoint_file import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint, step_checkpoint
 from xformer_cli.config import Config, load_config
-from xformer_cli.train.budget import needs_plan
+from xformer_cli.train.time_budget import needs_plan
 from xformer_cli.train.schedule import make_schedule
 
 # What may differ between a parent and its child: everything else decides the steps themselves.
@@ -35,7 +35,7 @@ def run_config(config_path: Path, sets: dict) -> Config:
 
 
 def with_plan(config: Config) -> Config:
-    """``config`` with train.planned_steps as a max_steps run plans them (train/budget.py)."""
+    """``config`` with train.planned_steps as a max_steps run plans them (train/time_budget.py)."""
     tc = config.train
     planned = tc.max_steps if needs_plan(tc) and not tc.max_minutes and not tc.planned_steps else tc.planned_steps
     return dataclasses.replace(config, train=dataclasses.replace(tc, planned_steps=planned))

@@ -214,7 +214,7 @@ def command(name: str) -> list[str]:
 
 def drop_interrupt_checkpoints(name: str, sets: dict) -> None:
     """An interrupted run (Ctrl-C, SIGTERM) saves a kept checkpoint_STEP.pt at the step it
-    stopped at (train/checkpointing.py, save). Off the save_every / valid_every grid, it would
+    stopped at (train/run_checkpoints.py, save). Off the save_every / valid_every grid, it would
     enter the final average_last where an uninterrupted run has none: it goes, so a resumed
     run's averaged checkpoint is the uninterrupted run's."""
     train = {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("train.")}

@@ -64,7 +64,7 @@ def tiny_overrides(corpus: Path, run_dir: Path) -> list[str]:
         "train.precision=fp32",
         "train.tune_length_penalty=[]",  # its own test (test_tune.py): keeps the other runs short
         # the paper's schedule and valid_every: the budgeted one (cool-down, planned validations)
-        # has its own tests (test_budget.py), which set it as the default config does
+        # has its own tests (test_time_budget.py), which set it as the default config does
         "train.cooldown=0", "train.validations=0",
     ]
     return [arg for s in sets for arg in ("--set", s)]
@@ -98,7 +98,7 @@ def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 10
     real Multi30k pairs for ``steps`` full-batch Adam steps (it memorises them), or, with
     steps=0, its random weights shaken so that no LayerNorm is the identity. ``restrict``: its
     output layer scores only the pieces of those pairs' target side (model.restrict_output)."""
-    from xformer_cli.checkpoint import build_model, save_checkpoint
+    from xformer_cli.checkpoint_file import build_model, save_checkpoint
     from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, TokenizerConfig
     from xformer_cli.model.transformer import ModelConfig
     from xformer_cli.tokenizer import Tokenizer

@@ -53,7 +53,7 @@ def multilingual_checkpoint(corpus: Path, path: Path, pairs=("en-de", "en-fr"), 
                             pre_norm: bool = False) -> Path:
     """A checkpoint of a tiny multilingual model as training writes one: its tokenizer trained
     with the tags, random weights shaken so that the tag changes the output."""
-    from xformer_cli.checkpoint import build_model, save_checkpoint
+    from xformer_cli.checkpoint_file import build_model, save_checkpoint
     from xformer_cli.data.prepare import check_inputs
 
     config = multilingual_config(corpus, path.parent / "unused-run", pairs)

@@ -4,11 +4,11 @@
 import pytest
 import yaml
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.config import TrainConfig
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size
-from xformer_cli.train import plan as plan_module
+from xformer_cli.train import run_plan
 from xformer_cli.train.batch_size import largest_fitting, resolved, split_update, with_headroom
 from xformer_cli.train.memory_probe import probe_shape
 from xformer_cli.train.trainer import train
@@ -70,7 +70,7 @@ def test_auto_probes_once_records_the_value_and_a_resume_reuses_it(small_corpus,
         probes.append(width)
         return lambda: 1000  # "the largest batch that fits": 1000 tokens
 
-    monkeypatch.setattr(plan_module, "gpu_probe", fake_gpu_probe)
+    monkeypatch.setattr(run_plan, "gpu_probe", fake_gpu_probe)
     auto = {"train.max_tokens": "auto", "train.tokens_per_update": 1200, "train.length_bucket": 8}
     lines: list[str] = []
     train(tiny_config(small_corpus, tmp_path / "run", **auto, **{"train.max_steps": 4}), log=lines.append, progress=False)
@@ -86,7 +86,7 @@ def test_auto_probes_once_records_the_value_and_a_resume_reuses_it(small_corpus,
     saved = load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]
     assert (saved["max_tokens"], saved["update_freq"]) == (600, 2)
 
-    monkeypatch.setattr(plan_module, "gpu_probe", lambda *a: pytest.fail("a resume must not probe again"))
+    monkeypatch.setattr(run_plan, "gpu_probe", lambda *a: pytest.fail("a resume must not probe again"))
     resumed = train(tiny_config(small_corpus, tmp_path / "run", **auto, **{"train.max_steps": 6}), log=quiet, progress=False)
     assert resumed.steps == 6 and sorted(losses(tmp_path / "run")) == list(range(1, 7))
     # the same run with the resolved numbers written out trains the same steps
@@ -103,7 +103,7 @@ def test_the_memory_probe_takes_the_real_step_with_everything_it_allocates(small
     import torch
 
     from xformer_cli.data.prepare import prepare_data
-    from xformer_cli.train.batch_plan import PackedPlan, widest_pair
+    from xformer_cli.train.epoch_batches import PackedPlan, widest_pair
     from xformer_cli.train.distributed import Distributed
     from xformer_cli.train.forward_loss import forced_half_weights
     from xformer_cli.train.memory_probe import step_fits

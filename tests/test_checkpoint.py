@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xformer_cli.errors import XformerError
-from xformer_cli.checkpoint import VERSION, load_checkpoint, save_checkpoint, upgrade_checkpoint
+from xformer_cli.checkpoint_file import VERSION, load_checkpoint, save_checkpoint, upgrade_checkpoint
 
 
 def test_round_trip_with_plain_data(tmp_path):
@@ -98,7 +98,7 @@ def test_resume_compares_the_files_a_run_reads_not_how_their_paths_are_spelt(tmp
     another test set or cache folder (neither builds the model nor orders its batches); another
     train or valid corpus, or another pair's corpus, is still refused."""
     from xformer_cli.config import load_config
-    from xformer_cli.train.checkpointing import resume_mismatch
+    from xformer_cli.train.run_checkpoints import resume_mismatch
 
     (tmp_path / "data").mkdir()
     (tmp_path / "work").mkdir()

@@ -127,7 +127,7 @@ def test_target_tag_none_with_several_targets_is_refused_in_configs_and_checkpoi
 
     from multilingual_fixture import multilingual_checkpoint, write_corpus
     from xformer_cli import Translator
-    from xformer_cli.checkpoint import save_checkpoint
+    from xformer_cli.checkpoint_file import save_checkpoint
     from xformer_cli.cli import app
     from xformer_cli.config import config_from_dict
 

@@ -10,7 +10,7 @@ import pytest
 from xformer_cli.data import cache as cache_module
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import disk_full
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 
 from helpers import assert_one_line_error, tiny_overrides, write_lines, xformer
 

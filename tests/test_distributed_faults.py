@@ -5,7 +5,7 @@ than hanging, and by a short train.dist_timeout_minutes."""
 import pytest
 
 from ddp_workers import run_ranks
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 
 pytestmark = pytest.mark.slow  # each starts two training processes on Multi30k
 

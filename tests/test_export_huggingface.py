@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from xformer_cli.checkpoint import load_model
+from xformer_cli.checkpoint_file import load_model
 from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.translator import Translator

@@ -10,7 +10,7 @@ import torch
 
 from xformer_cli import fileio
 from xformer_cli.errors import XformerError
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
 from xformer_cli.fileio import atomic_directory, atomic_file
 from xformer_cli.textio import write_lines
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.checkpoint import load_checkpoint, load_model
+from xformer_cli.checkpoint_file import load_checkpoint, load_model
 from xformer_cli.config import Config, CorpusConfig, TrainConfig, load_config
 from xformer_cli.data.batching import make_batches
 from xformer_cli.data.encoded import encode_corpus

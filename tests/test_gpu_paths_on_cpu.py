@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from xformer_cli.train import forward_loss as forward_loss_module
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.train.trainer import Trainer, train
 
 from helpers import losses, quiet, tiny_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xformer_cli.checkpoint import save_checkpoint
+from xformer_cli.checkpoint_file import save_checkpoint
 from xformer_cli.config import load_config
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_file
@@ -22,7 +22,7 @@ def run_config(run_dir: Path, *sets: str):
 
 
 def test_a_run_directory_without_last_pt_but_with_an_earlier_runs_checkpoints_is_refused(tmp_path):
-    from xformer_cli.train.checkpointing import prepare_run_dir, read_last
+    from xformer_cli.train.run_checkpoints import prepare_run_dir, read_last
 
     run = tmp_path / "run"
     run.mkdir()
@@ -201,7 +201,7 @@ def test_a_glossary_that_is_not_utf8_names_its_line(tmp_path):
 def test_a_foreign_pickle_named_pt_is_one_line_without_torchs_warning(tmp_path, recwarn):
     import pickle
 
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint
 
     foreign = tmp_path / "foreign.pt"
     foreign.write_bytes(pickle.dumps({"a": 1}, protocol=4))
@@ -211,14 +211,14 @@ def test_a_foreign_pickle_named_pt_is_one_line_without_torchs_warning(tmp_path, 
 
 
 def test_a_checkpoint_whose_config_disagrees_with_its_weights_is_one_line(tmp_path):
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
     from xformer_cli.tokenizer import Tokenizer
 
     lines = [f"a dog number {i} runs" for i in range(30)]
     tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
     config = run_config(tmp_path, "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.encoder_layers=1",
                         "model.decoder_layers=1").to_dict()
-    from xformer_cli.checkpoint import build_model
+    from xformer_cli.checkpoint_file import build_model
     from xformer_cli.config import config_from_dict
 
     weights = build_model(config_from_dict(config), tokenizer).state_dict()

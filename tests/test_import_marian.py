@@ -54,7 +54,7 @@ def piece_logits(directory: Path, src_lines: list[str], tgt_lines: list[str]) ->
 
 
 def xformer_logits(checkpoint: Path, src_lines: list[str], tgt_lines: list[str]) -> tuple[torch.Tensor, list[str]]:
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
     from xformer_cli.data.batching import pad
     from xformer_cli.tokenizer import EOS_ID
 
@@ -83,7 +83,7 @@ def test_logits_equal_transformers(marian_dir, imported):
 
 
 def test_checkpoint_holds_the_marian_options(imported):
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
 
     model, tok, cfg = load_model(imported)
     m = cfg.model
@@ -95,7 +95,7 @@ def test_checkpoint_holds_the_marian_options(imported):
 
 
 def test_tokenizer_ids_follow_vocab_json(marian_dir, imported):
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
 
     _, tok, _ = load_model(imported)
     theirs = hf_tokenizer(marian_dir)
@@ -201,7 +201,7 @@ def test_export_ctranslate2_round_trip_keeps_greedy_output(imported, tmp_path):
 
 def native_checkpoint(path: Path, pre_norm: bool = False) -> Path:
     """An xformer checkpoint as training writes one (joint tokenizer, tied, ReLU), random weights."""
-    from xformer_cli.checkpoint import build_model, save_checkpoint
+    from xformer_cli.checkpoint_file import build_model, save_checkpoint
     from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig
     from xformer_cli.model.transformer import ModelConfig
     from xformer_cli.tokenizer import Tokenizer

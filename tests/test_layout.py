@@ -2,7 +2,8 @@
 layers (``LAYERS``, the table ARCHITECTURE.md draws), each importing only from the layers below
 its own, and inside its own layer only from its own package; no torch imported at import time
 from ``config`` down; no import cycle; no function longer than 60 lines unless a comment on
-its ``def`` line says why (``# long: ...``); and no line wider than 120 characters.
+its ``def`` line says why (``# long: ...``); no line wider than 120 characters; and
+ARCHITECTURE.md naming every module, and no file or function that is gone.
 
 Every import counts: relative ones (``from ..evaluate import bleu``), imports inside functions,
 and imports under ``if TYPE_CHECKING:``, since a type hint that names a module above is a
@@ -42,11 +43,11 @@ LAYERS = (
     Layer("text", ("text/",)),
     Layer("engines", ("decode/", "importers/")),
     Layer("formats", ("export/", "data/")),
-    Layer("checkpoint", ("checkpoint.py",)),
+    Layer("checkpoint", ("checkpoint_file.py",)),
     Layer("model", ("model/", "device.py")),
     Layer("config", ("config.py",)),
     Layer("definitions", ("model/config.py", "precisions.py")),
-    Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "numerals.py")),
+    Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "number_matching.py")),
     Layer("base", ("languages.py", "fileio.py", "number_words.py")),
     Layer("root", ("errors.py", "version.py")),
 )
@@ -221,6 +222,50 @@ def test_architecture_md_draws_the_same_layers():
     rows = re.findall(r"^\| `?(\w+)`? \| ((?:`[^`]+`(?:, )?)+) \|", text, flags=re.MULTILINE)
     drawn = [Layer(name, tuple(re.findall(r"`([^`]+)`", members))) for name, members in rows]
     assert drawn == list(LAYERS)
+
+
+def _architecture_files(text: str) -> set[str]:
+    """The files ARCHITECTURE.md names: ``dir/name.py``, ``name.py``, ``name.sh``, ``page.html``."""
+    return set(re.findall(r"(?<![\w./$*-])((?:\w+/)*\w+\.(?:py|sh|html))\b", text))
+
+
+def test_architecture_md_names_only_files_that_exist():
+    """A path exists under xformer_cli/, scripts/ or the repository; a bare name (a package's row:
+    ``marian.py`` in ``importers/``) is a file of the package or of one of its folders."""
+    package_files = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*") if path.is_file()}
+    missing = [name for name in sorted(_architecture_files(ARCHITECTURE.read_text(encoding="utf-8")))
+               if not any((base / name).is_file() for base in (PACKAGE, ROOT / "scripts", ROOT))
+               and not ("/" not in name and any(f.endswith("/" + name) for f in package_files))]
+    assert missing == [], "docs/ARCHITECTURE.md names files that do not exist: " + ", ".join(missing)
+
+
+def test_architecture_md_names_every_module():
+    """By its path under xformer_cli/, or by its bare name where the row is its package's
+    (``pipeline/``: ``settings.py``, ...); a package's ``__init__.py`` by ``*/__init__.py``."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    named = _architecture_files(text)
+    unnamed = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        folder = where.rpartition("/")[0]
+        if where in named or (folder and path.name == "__init__.py" and "*/__init__.py" in text):
+            continue
+        if not (folder and path.name in named and f"{folder}/" in text):
+            unnamed.append(where)
+    assert unnamed == [], "modules missing from docs/ARCHITECTURE.md: " + ", ".join(unnamed)
+
+
+def test_architecture_md_names_only_code_that_exists():
+    """Every snake_case name (``fit_steps``, ``train.max_tokens``'s last part) and CamelCase name
+    (``BudgetKeeper``) it mentions is still a word of the package or of scripts/: a function
+    deleted or renamed leaves no name behind in the page."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    text = re.sub(r"(?:\w+/)*\w+\.(?:py|sh|html|md|yaml|json|jsonl|pt|spm)\b", " ", text)  # files: checked above
+    names = set(re.findall(r"(?<![\w$-])([a-z]\w*_\w+|[A-Z][a-z]+[A-Z]\w*)\b", text))
+    source = "\n".join(path.read_text(encoding="utf-8") for base in (PACKAGE, ROOT / "scripts")
+                       for path in base.rglob("*.py"))
+    words = set(re.findall(r"\w+", source))
+    assert sorted(names - words) == [], "docs/ARCHITECTURE.md names what the code no longer has"
 
 
 def test_no_import_cycle_between_modules():

@@ -80,7 +80,7 @@ def test_language_codes_and_their_tags():
 # -- tags and the tokenizer -----------------------------------------------------------------------
 
 def test_tags_are_single_pieces_and_lead_the_source(checkpoint):
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
 
     _, tokenizer, config = load_model(checkpoint)
     assert config.data.languages().tags == (("de", ">>deu<<"), ("fr", ">>fra<<"))
@@ -249,7 +249,7 @@ def test_the_engine_takes_the_target_language(checkpoint):
 def test_the_validation_engine_decodes_a_direction_given_the_languages(checkpoint):
     """What per-direction validation will call: the in-memory model, the config's languages."""
     from xformer_cli import Translator
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
     from xformer_cli.decode.factory import engine_for_model
 
     model, tokenizer, config = load_model(checkpoint)
@@ -491,7 +491,7 @@ def test_several_pairs_with_temperature_sampling_resume_bit_identically(parallel
     """en->de on 3000 pairs, en->fr on 400 drawn at temperature 3 (so each epoch draws): a run
     stopped mid-epoch and resumed gives the uninterrupted run's losses and weights bit for bit."""
     from helpers import head, losses, write_lines
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint
     from xformer_cli.train.trainer import train
 
     corpus = tmp_path / "m30k"

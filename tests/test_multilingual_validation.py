@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 def run_state(checkpoint: Path, dist=None):
     """What score_valid reads of a RunState: the checkpoint's model and config, the valid set of
     each direction (its text, and its ids led by the tag), the validation engine."""
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
     from xformer_cli.data.directions import eval_sets
     from xformer_cli.data.encoded import encode_corpus
     from xformer_cli.data.prepare import tagged
@@ -191,7 +191,7 @@ def test_a_target_s_own_alpha_applies_unless_an_alpha_is_given(checkpoint):
 def test_the_ctranslate2_export_and_a_reloaded_checkpoint_keep_the_alphas_per_target(checkpoint, tmp_path):
     pytest.importorskip("ctranslate2")
     from xformer_cli import Translator
-    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
     from xformer_cli.export.ctranslate2 import export_ctranslate2
 
@@ -260,7 +260,7 @@ def test_a_bilingual_report_keeps_its_one_bleu_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_multilingual_run_validates_per_direction_and_keeps_best_by_the_mean(corpus, tmp_path, monkeypatch):
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint
     from xformer_cli.train import metrics as metrics_module
     from xformer_cli.train.trainer import train
 

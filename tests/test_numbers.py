@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from text_fakes import FakeEngine
 
-from xformer_cli.numerals import language_of, mentions, number_accuracy, source_numbers
+from xformer_cli.number_matching import language_of, mentions, number_accuracy, source_numbers
 from xformer_cli.text import Glossary, TextOptions, translate_texts
 from xformer_cli.text.glossary import mask_terms
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.decode.translator import Translator
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.train.loss import label_smoothed_nll

@@ -14,8 +14,8 @@ from xformer_cli.data.packing import (PackShape, collate_packed, make_packed_bat
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from xformer_cli.train.checkpointing import resume_mismatch
-from xformer_cli.train.batch_plan import PackedPlan
+from xformer_cli.train.run_checkpoints import resume_mismatch
+from xformer_cli.train.epoch_batches import PackedPlan
 from xformer_cli.train.loss import label_smoothed_nll
 
 

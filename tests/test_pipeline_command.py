@@ -92,7 +92,7 @@ def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
 
 def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):
     run_dir, _ = smoke_run
-    from xformer_cli.checkpoint import load_model
+    from xformer_cli.checkpoint_file import load_model
 
     _, tokenizer, config = load_model(run_dir / "teacher" / "best.pt")
     assert [c.tag for c in config.data.train] == [None, "<bt>"]

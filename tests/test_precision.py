@@ -13,10 +13,10 @@ from xformer_cli.device import (CPU_FLAGS_MASK_ENV, EMULATED_ON_CPU, cpu_flags, 
                                 resolve_decode_precision, resolve_precision)
 from xformer_cli.errors import XformerError
 from xformer_cli.model.dropout import dropout, keep_mask
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli import device as device_module
 from xformer_cli.config import TrainConfig
-from xformer_cli.train import plan
+from xformer_cli.train import run_plan
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.progress import RunProgress
@@ -427,11 +427,11 @@ def test_train_device_cuda_without_an_index_starts(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    monkeypatch.setattr(plan, "resolve_precision", lambda requested, device: ("bf16", "faked"))
+    monkeypatch.setattr(run_plan, "resolve_precision", lambda requested, device: ("bf16", "faked"))
     monkeypatch.setattr(device_module, "configure_cuda", lambda: None)  # process-wide flags: left alone here
     for name, index in (("cuda", 2), ("cuda:1", 1)):
         tc = TrainConfig(device=name, threads=torch.get_num_threads())
-        device, precision = plan.start_device(tc, Distributed(), lambda line: None)
+        device, precision = run_plan.start_device(tc, Distributed(), lambda line: None)
         assert device == torch.device("cuda", index) and set_to[-1] == device and precision == "bf16"
 
 

@@ -16,7 +16,7 @@ import torch
 import torch._dynamo
 import torch._weights_only_unpickler as weights_only_unpickler
 
-from xformer_cli.checkpoint import allow_bytes_in_safe_loads, load_checkpoint, safe_load_reads_bytes, save_checkpoint
+from xformer_cli.checkpoint_file import allow_bytes_in_safe_loads, load_checkpoint, safe_load_reads_bytes, save_checkpoint
 from xformer_cli.errors import XformerError
 from xformer_cli.train import forward_loss
 from xformer_cli.train.forward_loss import compiled, raise_recompile_limits

@@ -13,8 +13,8 @@ from xformer_cli.errors import XformerError
 from xformer_cli.train import metrics as metrics_module
 from xformer_cli.train import forward_loss as forward_loss_module
 from xformer_cli.train.average import average_checkpoints
-from xformer_cli import checkpoint as checkpoint_module
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli import checkpoint_file
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.train.trainer import StopReason, Trainer, TrainResult, train
 
 from helpers import ROOT, assert_one_line_error, losses, quiet, signal_after_step, tiny_config, tiny_overrides, xformer
@@ -53,7 +53,7 @@ def test_an_unversioned_checkpoint_of_the_old_format_upgrades_and_resumes_exactl
     torch.save(old, last)  # written directly, as before versions: save_checkpoint would add one
 
     upgraded = load_checkpoint(last)
-    assert upgraded["version"] == checkpoint_module.VERSION and upgraded["nonfinite_total"] == 0
+    assert upgraded["version"] == checkpoint_file.VERSION and upgraded["nonfinite_total"] == 0
     assert torch.equal(upgraded["rng"]["ranks"][0]["torch"], old["rng"]["torch"])
     lines: list[str] = []
     resumed = train(tiny_config(small_corpus, tmp_path / "b", **{"train.max_steps": 10}), log=lines.append, progress=False)
@@ -61,7 +61,7 @@ def test_an_unversioned_checkpoint_of_the_old_format_upgrades_and_resumes_exactl
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     for step in range(6, 11):
         assert b[step] == pytest.approx(a[step], abs=1e-4), step
-    assert load_checkpoint(tmp_path / "b" / "last.pt")["version"] == checkpoint_module.VERSION
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["version"] == checkpoint_file.VERSION
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.decode.translator import Translator
 from xformer_cli.train.trainer import train
 from xformer_cli.evaluate import bleu

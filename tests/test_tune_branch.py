@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.train.trainer import train
 
 from helpers import ROOT, losses, quiet, tiny_config

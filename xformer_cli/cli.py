@@ -655,7 +655,7 @@ def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[P
     """Each system's number accuracy (docs/evaluation.md#number-accuracy), where the source is
     known (--checkpoint, or --src with --hyp); None otherwise. The languages: the engine's
     (``translator``'s; None with --hyp), else the suffixes of --src and --ref (test.en, test.de)."""
-    from xformer_cli.numerals import number_accuracy
+    from xformer_cli.number_matching import number_accuracy
 
     if source_lines is None and src is None:
         return None
@@ -672,7 +672,7 @@ def _number_languages(languages, src: Optional[Path], refs: List[Path], target_l
     """(source, target) language of the number words: a one-direction model's pair (``languages``:
     the engine's), else --target-lang and the suffixes of --src and --ref (test.en, test.de); "" =
     digits only."""
-    from xformer_cli.numerals import language_of
+    from xformer_cli.number_matching import language_of
 
     if languages is not None and len(languages.pairs) == 1:
         return languages.pairs[0]

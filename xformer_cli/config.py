@@ -209,13 +209,13 @@ class TrainConfig:
     lr: float = 0.0  # peak learning rate of constant and inverse_sqrt; unused by noam (leave it 0)
     lr_scale: float = 1.0  # the Noam formula's factor
     warmup_steps: int = 4000  # noam: must be positive; constant / inverse_sqrt: 0 = no warm-up
-    # > 0: the warm-up is this share of the planned steps instead (train/budget.py), so a
+    # > 0: the warm-up is this share of the planned steps instead (train/time_budget.py), so a
     # 25-minute run warms up for the same share of itself on a slow machine as on a fast one.
     warmup_fraction: float = 0.0
     # > 0: the last cooldown x planned steps bring the rate linearly down to ~0 at the planned
     # last step (train/schedule.py). 0 = the schedule alone (the paper's Noam).
     cooldown: float = 0.0
-    # The steps this run plans to take: 0 = work them out (train/budget.py: from max_minutes,
+    # The steps this run plans to take: 0 = work them out (train/time_budget.py: from max_minutes,
     # by measuring a few steps once, else max_steps) when cooldown, warmup_fraction or
     # validations need them. The run writes the value into config.yaml and resumes with it.
     planned_steps: int = 0
@@ -235,7 +235,7 @@ class TrainConfig:
     # train.max_tokens by the epochs a run plans at train.max_tokens: {10: 2000, 16.8: 3000} gives
     # a run planning 10 to 16.8 epochs 2000-token batches (more, smaller steps), below 10 and from 16.8
     # on the largest threshold's value or train.max_tokens. The run then plans again at the new
-    # size (train/plan.py). Decided once, logged, written to config.yaml; a resume keeps it.
+    # size (train/run_plan.py). Decided once, logged, written to config.yaml; a resume keeps it.
     max_tokens_by_planned_epochs: dict[float, int] = field(default_factory=dict)
     # The passes over the training data the planned steps make (worked out with them; recorded).
     planned_epochs: float = 0.0
@@ -460,7 +460,7 @@ PLANNED_RULES = {"dropout_by_planned_steps": ("model.dropout", "steps"),
                  "label_smoothing_by_planned_steps": ("train.label_smoothing", "steps"),
                  "dropout_by_planned_epochs": ("model.dropout", "epochs"),
                  "label_smoothing_by_planned_epochs": ("train.label_smoothing", "epochs")}
-BATCH_RULE = ("max_tokens_by_planned_epochs", "train.max_tokens")  # applied by train/plan.py, before a second plan
+BATCH_RULE = ("max_tokens_by_planned_epochs", "train.max_tokens")  # applied by train/run_plan.py, before a second plan
 
 
 def rule_choice(rule: dict, planned: float) -> Optional[tuple[float, Any]]:

@@ -1,6 +1,6 @@
 """Number words of German, English, French and Czech: what a spelled-out cardinal or ordinal
 is worth ("zwei" 2, "einundzwanzig" 21, "dritten" 3, "twenty-one" 21, "quatre-vingt-dix" 90,
-"dvacet" 20, "třetí" 3). ``numerals.mentions`` joins a run of them ("deux cents" 200).
+"dvacet" 20, "třetí" 3). ``number_matching.mentions`` joins a run of them ("deux cents" 200).
 Other languages have no words here: their numbers count in digits only, and so do those of
 an unknown language (""): a word is read as a number only in a language known to be the text's.
 Read in all four at once, common words would count (English "set" as Czech 100, "elf" as German

@@ -4,7 +4,7 @@ gets a copy with that number replaced on both sides by the same random digits ("
 "417 Hunde"). Multi30k holds few digits, so a model trained on it alone has rarely seen one
 to copy; these copies show it many, in the sentences it knows.
 
-Which numbers correspond is eval-bleu's rule (``numerals.py``): a mention on each side with a
+Which numbers correspond is eval-bleu's rule (``number_matching.py``): a mention on each side with a
 value in common. Articles that are also the number one (German "ein", French "une") are left
 alone: "ein Mann" is "a man", not "1 man"."""
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-from xformer_cli.numerals import Mention, mentions
+from xformer_cli.number_matching import Mention, mentions
 
 # How many digits a drawn number has: mostly short ones, as numbers in text are, and some
 # longer ones the data lacks (years, house numbers, "1102").

@@ -55,7 +55,7 @@ def model_languages(path: "str | Path") -> Optional[Languages]:
 def _checkpoint_config(path: Path) -> dict:
     import torch
 
-    from xformer_cli.checkpoint import load_checkpoint  # (its import lets torch 2.4 read bytes)
+    from xformer_cli.checkpoint_file import load_checkpoint  # (its import lets torch 2.4 read bytes)
 
     try:  # mmap: the config without reading every weight
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

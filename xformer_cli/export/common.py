@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
-from xformer_cli.checkpoint import load_checkpoint, load_model
+from xformer_cli.checkpoint_file import load_checkpoint, load_model
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, unchanged_or, writing

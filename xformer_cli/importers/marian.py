@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import torch
 
-from xformer_cli.checkpoint import FORMAT, VERSION, build_model, save_checkpoint
+from xformer_cli.checkpoint_file import FORMAT, VERSION, build_model, save_checkpoint
 from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, PairConfig, TokenizerConfig, validate
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import export_languages, read_export_info

@@ -36,7 +36,7 @@ def model_size_mb(path: Path) -> float:
     checkpoint's weights (without an optimizer state it may carry)."""
     if path.is_dir():
         return (path / "model.bin").stat().st_size / 2**20
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint
 
     state = load_checkpoint(path)
     return sum(t.numel() * t.element_size() for t in state["model"].values()) / 2**20
@@ -70,7 +70,7 @@ def _engine_label(said: list[str], fallback: str) -> str:
 
 def _score(engine, corpus: ParallelCorpus, beam: int, langs: tuple[str, str]) -> tuple[float, ...]:
     from xformer_cli.evaluate import score_lines
-    from xformer_cli.numerals import number_accuracy
+    from xformer_cli.number_matching import number_accuracy
 
     opts = engine.options(beam_size=beam)
     engine.search(corpus.src[:8], opts)  # warm the engine (first-call allocations) outside the clock

@@ -7,7 +7,7 @@ the placeholder puts the term where the model wanted it; where the placeholder i
 small model never saw one) the term goes where the aligner (``align.py``) maps the
 placeholder's source position. Either way every listed target term appears once per source
 occurrence, and the rest of the sentence is decoded as usual. Numbers left in the source are
-kept by value (``numbers.py``): one the model spelled out stays as it is. Without a glossary
+kept by value (``keep_numbers.py``): one the model spelled out stays as it is. Without a glossary
 and ``keep_numbers`` nothing is masked: the translation is the engine's. Placeholders were
 chosen over lexically constrained beam search because they work on every engine
 (CTranslate2's included) at the search's usual speed.
@@ -22,7 +22,7 @@ from typing import Mapping, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.text.masked import Masked
-from xformer_cli.text.numbers import NUMBER, NumberCheck
+from xformer_cli.text.keep_numbers import NUMBER, NumberCheck
 from xformer_cli.text.offsets import Edits
 
 # Do-not-translate by pattern: URLs, e-mail addresses, numbers (digits with inner . , : /).

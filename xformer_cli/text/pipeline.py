@@ -14,7 +14,7 @@ from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.text.align import Aligner, AttentionAligner, relative_aligner
 from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
 from xformer_cli.text.long import cut_sentence
-from xformer_cli.text.numbers import check_numbers, numbers_language
+from xformer_cli.text.keep_numbers import check_numbers, numbers_language
 from xformer_cli.text.offsets import normalize_with_map
 from xformer_cli.text.segments import Rendered, Segment
 from xformer_cli.text.sentences import Span, split_spans
@@ -31,7 +31,7 @@ class TextOptions:
     split_sentences: bool = True
     format: str = "text"  # text | html
     glossary: Optional[Glossary] = None  # also turns on do-not-translate for URLs, e-mails, numbers
-    keep_numbers: bool = False  # every source number's value kept (text/numbers.py), without a glossary too
+    keep_numbers: bool = False  # every source number's value kept (text/keep_numbers.py), without a glossary too
     alternatives: int = 0  # extra translations per text, from the n-best lists
     aligner: str = "auto"  # auto (attention where the engine has it) | attention | relative
     placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced

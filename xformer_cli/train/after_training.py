@@ -11,8 +11,8 @@ from typing import Iterator
 
 import torch
 
-from xformer_cli.checkpoint import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
-from xformer_cli.train import checkpointing
+from xformer_cli.checkpoint_file import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
+from xformer_cli.train import run_checkpoints
 from xformer_cli.train.average import average_checkpoints
 from xformer_cli.train.state import RunState
 from xformer_cli.evaluate import bleu
@@ -53,7 +53,7 @@ def average_last(run: RunState) -> None:
         run.metrics.record(run.event(precision=run.precision, averaged_steps=steps, **scores.figures()))
         if better:
             run.counters.best_bleu = scores.bleu
-            save_checkpoint({**checkpointing.state(run), "averaged_steps": steps}, run_dir / "best.pt")
+            save_checkpoint({**run_checkpoints.state(run), "averaged_steps": steps}, run_dir / "best.pt")
 
 
 def tune_length_penalty(run: RunState) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from xformer_cli.checkpoint import (
+from xformer_cli.checkpoint_file import (
     checkpoint_step,
     kept_checkpoints,
     load_checkpoint,

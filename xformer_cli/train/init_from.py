@@ -27,11 +27,11 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
-from xformer_cli.train import checkpointing
+from xformer_cli.train import run_checkpoints
 
 # May differ from the pretrained model's.
 TRAINING_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout", "restrict_output")
@@ -95,13 +95,13 @@ def resolve(config: Config, overwrite: bool,
             log: Callable[[str], None]) -> tuple[Config, Optional[Pretrained], Optional[dict]]:
     """(the config to train with, the pretrained model or None, last.pt's state to resume or
     None). Reads last.pt once; imports the pretrained model only when there is none."""
-    last = checkpointing.read_last(config, overwrite)
+    last = run_checkpoints.read_last(config, overwrite)
     source = config.train.init_from
     if source is None:
-        return config, None, checkpointing.check_resumable(config, last)
+        return config, None, run_checkpoints.check_resumable(config, last)
     if last is not None:
         if last["config"].get("train", {}).get("init_from") != source:
-            raise checkpointing.mismatch_error(Path(config.run_dir) / "last.pt", "train.init_from")
+            raise run_checkpoints.mismatch_error(Path(config.run_dir) / "last.pt", "train.init_from")
         state, weights = last, None
     else:
         state = load_pretrained(source)
@@ -114,7 +114,7 @@ def resolve(config: Config, overwrite: bool,
     tokenizer = tokenizer_from_state(state["tokenizer"])
     if weights is not None:
         log(f"init_from: {source}: its weights, tokenizer and model section; optimizer, schedule and step start afresh")
-    return resolved, Pretrained(source, tokenizer, weights), checkpointing.check_resumable(resolved, last)
+    return resolved, Pretrained(source, tokenizer, weights), run_checkpoints.check_resumable(resolved, last)
 
 
 def for_prepare(config: Config, log: Callable[[str], None]) -> tuple[Config, Optional[Tokenizer]]:

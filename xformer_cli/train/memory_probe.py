@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 
-from xformer_cli.checkpoint import build_model
+from xformer_cli.checkpoint_file import build_model
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch, bucket_shape
-from xformer_cli.train.batch_plan import PackedPlan
+from xformer_cli.train.epoch_batches import PackedPlan
 from xformer_cli.train.batch_size import free_memory, largest_fitting, with_headroom
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.step import TrainStep

@@ -4,7 +4,7 @@ A run ends at ``train.max_steps`` or at ``train.max_minutes``, whichever comes f
 over steps alone shows 0/100000 and thirty hours for a 25-minute run; this one counts
 minutes while the clock will end the run first (judged from the step rate so far), and
 steps once the step limit will come first, so the remaining time it shows is true. A run with
-planned steps (train/budget.py) counts steps toward its plan throughout: the plan is what the
+planned steps (train/time_budget.py) counts steps toward its plan throughout: the plan is what the
 minutes allow, the budget keeper moves it, and a bar judging the two limits itself flipped
 between them at every small change of pace.
 """

@@ -8,14 +8,14 @@ constant and inverse_sqrt (fairseq's name) take the peak learning rate itself: l
 to ``lr``, then ``lr`` (constant) or ``lr * sqrt(warmup / step)`` (inverse_sqrt); a small
 ``lr`` is what fine-tuning a pretrained model wants (config.py, train.schedule).
 
-Cool-down (``train.cooldown``, a share of the planned steps; train/budget.py plans them): over
+Cool-down (``train.cooldown``, a share of the planned steps; train/time_budget.py plans them): over
 the last ``cooldown x planned`` steps the rate is multiplied by a factor falling linearly from 1
 to 1/(length + 1) at the planned last step. A run that stops at its budget then stops at a
 rate near zero, as budgeted training wants (Li, Yumer and Ramanan, ICLR 2020), instead of
 wherever the inverse square root happens to be; the warm-up and the decay before it are the
 schedule's own. With cooldown 0 the schedule is the plain one.
 
-A plan revised inside the cool-down (the machine's pace changed, train/budget.py) never moves
+A plan revised inside the cool-down (the machine's pace changed, train/time_budget.py) never moves
 the rate up or down at once: from the step of the revision the factor goes on from its value
 there and falls in a straight line to the same floor at the new last step. A longer plan then
 cools down more slowly instead of raising the rate again, and a shorter one more steeply.
@@ -71,7 +71,7 @@ def anchored_cooldown_factor(step: int, anchor: tuple[int, float], planned: int,
 class LrSchedule:
     """Sets the optimizer's learning rate for each step from ``formula(step)`` times the
     cool-down factor; its state is the step, the planned steps (which the budget keeper may
-    revise mid-run, train/budget.py) and, after a revision inside the cool-down, its anchor."""
+    revise mid-run, train/time_budget.py) and, after a revision inside the cool-down, its anchor."""
 
     def __init__(self, optimizer, formula: Callable[[int], float], planned_steps: int = 0, cooldown_steps: int = 0):
         self.optimizer, self.formula = optimizer, formula
@@ -139,7 +139,7 @@ def cooldown_steps(train: TrainConfig) -> int:
 
 def make_schedule(optimizer, train: TrainConfig, d_model: int) -> LrSchedule:
     """The schedule ``train.schedule`` names, with its settings and the cool-down over the
-    planned steps (train.planned_steps, worked out before the run by train/budget.py)."""
+    planned steps (train.planned_steps, worked out before the run by train/time_budget.py)."""
     warmup, planned, cooldown = warmup_steps(train), train.planned_steps, cooldown_steps(train)
     if train.schedule == "constant":
         return LrSchedule(optimizer, functools.partial(constant_lr, lr=train.lr, warmup=warmup), planned, cooldown)

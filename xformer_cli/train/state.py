@@ -1,6 +1,6 @@
 """What the training loop and the modules beside it share: one ``RunState``, below them all.
 
-The loop (trainer.py) owns the run; checkpointing.py saves and restores this state,
+The loop (trainer.py) owns the run; run_checkpoints.py saves and restores this state,
 validation.py scores it and after_training.py works on it after the loop. None of them
 imports the trainer: they read and write this object, so the imports of the train package
 go one way.
@@ -19,7 +19,7 @@ from xformer_cli.config import Config
 from xformer_cli.data.encoded import EncodedCorpus
 from xformer_cli.data.sources import ParallelCorpus
 from xformer_cli.decode.factory import engine_for_model
-from xformer_cli.train.checkpoint_writer import CheckpointWriter
+from xformer_cli.train.background_save import CheckpointWriter
 from xformer_cli.tokenizer import Tokenizer
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog

@@ -4,10 +4,10 @@
 ``config.yaml`` (the resolved config), ``tokenizer/``, ``metrics.jsonl``, ``last.pt``
 and ``best.pt`` (highest validation BLEU).
 
-Before the loop, plan.py works out everything once (device, precision, resume, init_from,
+Before the loop, run_plan.py works out everything once (device, precision, resume, init_from,
 data, batch size); the loop receives that plan. Beside the loop: step.py (one optimizer
-update: forward and loss, backward, gradients summed over ranks, the update), batch_plan.py
-(an epoch's batches and their shapes), state.py (what checkpointing.py, validation.py and
+update: forward and loss, backward, gradients summed over ranks, the update), epoch_batches.py
+(an epoch's batches and their shapes), state.py (what run_checkpoints.py, validation.py and
 after_training.py share with the loop), metrics.py, prefetch.py and signals.py.
 """
 
@@ -22,17 +22,17 @@ from typing import Callable, Optional
 
 import torch
 
-from xformer_cli.checkpoint import build_model
+from xformer_cli.checkpoint_file import build_model
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch
 from xformer_cli.errors import XformerError
-from xformer_cli.train import after_training, checkpointing, forward_loss, init_from, validation
-from xformer_cli.train.batch_plan import BatchPlan, epoch_share, plan_for
-from xformer_cli.train.budget import BudgetKeeper, revised_validation_steps, validation_steps
-from xformer_cli.train.checkpoint_writer import CheckpointWriter, writes_in_background
+from xformer_cli.train import after_training, forward_loss, init_from, run_checkpoints, validation
+from xformer_cli.train.epoch_batches import BatchPlan, epoch_share, plan_for
+from xformer_cli.train.time_budget import BudgetKeeper, revised_validation_steps, validation_steps
+from xformer_cli.train.background_save import CheckpointWriter, writes_in_background
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.metrics import MetricsLog, StepStats
-from xformer_cli.train.plan import RunPlan, plan_run
+from xformer_cli.train.run_plan import RunPlan, plan_run
 from xformer_cli.train.prefetch import prefetch
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.schedule import make_schedule
@@ -47,7 +47,7 @@ class StopReason(str, Enum):
     """Why a run stopped. A str: callers and scripts compare it with the plain value."""
 
     MAX_STEPS = "max_steps"
-    PLANNED_STEPS = "planned steps"  # the plan (train/budget.py) ended before train.max_steps
+    PLANNED_STEPS = "planned steps"  # the plan (train/time_budget.py) ended before train.max_steps
     TIME = "time"  # train.max_minutes
     EPOCHS = "epochs"  # train.max_epochs
     PATIENCE = "patience"
@@ -94,7 +94,7 @@ class Trainer:
                               valid, plan.log, writer=CheckpointWriter(writes_in_background(self.device)))
         self.resumed = plan.resume is not None
         if plan.resume is not None:
-            checkpointing.restore(self.state, plan.resume)
+            run_checkpoints.restore(self.state, plan.resume)
         self.stats = StepStats(self.device, self.config.train.max_nonfinite)
         self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
         self.keeper: Optional[BudgetKeeper] = None
@@ -218,7 +218,7 @@ class Trainer:
             if reason is StopReason.INTERRUPTED:
                 # last.pt alone: no validation (the user wants out now), and no kept step
                 # checkpoint off the save_every grid, which a resumed run would then average
-                checkpointing.save(self.state, kept=False)
+                run_checkpoints.save(self.state, kept=False)
                 again = "run the same command without --overwrite" if self.overwrite else "run the same command"
                 self.state.log(f"interrupted at step {c.step}: saved {self.state.run_dir / 'last.pt'}; "
                                f"{again} to resume")
@@ -256,7 +256,7 @@ class Trainer:
                     if self.keeper is not None:
                         self.keeper.validated(time.time() - started)
                 elif reason is None and due_to_save:
-                    checkpointing.save(self.state)
+                    run_checkpoints.save(self.state)
                     if self.keeper is not None:
                         self.keeper.exclude(time.time() - started)
                 if reason is not None:

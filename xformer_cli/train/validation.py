@@ -27,7 +27,7 @@ from xformer_cli.device import autocast
 from xformer_cli.evaluate import bleu
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID
-from xformer_cli.train import checkpointing
+from xformer_cli.train import run_checkpoints
 from xformer_cli.train.distributed import unshard
 from xformer_cli.train.loss import label_smoothed_nll
 from xformer_cli.train.state import RunState
@@ -140,6 +140,6 @@ def validate(run: RunState) -> bool:
             c.bad_validations += 1
     if run.device.type == "cuda":
         entry["max_memory_gib"] = round(torch.cuda.max_memory_allocated(run.device) / 2**30, 3)
-    checkpointing.save(run, best=improved)
+    run_checkpoints.save(run, best=improved)
     run.metrics.record(entry)
     return bool(tc.patience) and c.bad_validations >= tc.patience

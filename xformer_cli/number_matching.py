@@ -2,7 +2,7 @@
 translation may be worth, written in digits or spelled out in the target language.
 
 Used by ``eval-bleu``'s number accuracy (``number_accuracy``) and by ``translate
---keep-numbers`` (``text/numbers.py``). The rules, exactly (docs/evaluation.md#number-accuracy):
+--keep-numbers`` (``text/keep_numbers.py``). The rules, exactly (docs/evaluation.md#number-accuracy):
 
 - A source number is a run of digits, with the grouping and decimal separators of the source
   language between digit groups: English "1,102" is 1102 and "3.5" is 3.5; German "1.102" is

@@ -1,4 +1,4 @@
-"""A schedule that knows its budget: the planned steps (train/budget.py), the cool-down and the
+"""A schedule that knows its budget: the planned steps (train/time_budget.py), the cool-down and the
 warm-up share (train/schedule.py), validations spread over the plan, and a plan that shrinks
 when the machine slows down. Unit tests first; the runs at the end are slow."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.config import TrainConfig, load_config, planned_settings
-from xformer_cli.train.checkpointing import resume_mismatch, resumed_config
-from xformer_cli.train import budget
-from xformer_cli.train.budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
+from xformer_cli.train.run_checkpoints import resume_mismatch, resumed_config
+from xformer_cli.train import time_budget
+from xformer_cli.train.time_budget import BudgetKeeper, fit_steps, planned_train, revised_validation_steps, validation_steps
 from xformer_cli.train.schedule import LrSchedule, cooldown_factor, make_schedule, noam_lr
 
 from helpers import quiet, signal_after_step, tiny_config
@@ -92,7 +92,7 @@ def test_a_plan_revised_inside_the_cool_down_never_moves_the_rate_at_once():
 def test_the_steps_that_fit_leave_time_for_their_validations():
     tc = TrainConfig(validations=5, max_steps=100_000)
     steps = fit_steps(1500, 0.75, 20.0, tc)
-    assert steps == int((1500 * budget.MARGIN - 5 * 20) / 0.75)
+    assert steps == int((1500 * time_budget.MARGIN - 5 * 20) / 0.75)
     assert steps * 0.75 + 5 * 20 <= 1500
     every = TrainConfig(valid_every=500, max_steps=100_000)
     n = fit_steps(1500, 0.75, 20.0, every)
@@ -100,8 +100,8 @@ def test_the_steps_that_fit_leave_time_for_their_validations():
     def seconds(steps: int) -> float:  # the validations at 500, 1000, ... before the end, and the end's own
         return steps * 0.75 + ((steps - 1) // 500 + 1) * 20
 
-    assert seconds(n) <= 1500 * budget.MARGIN < seconds(n + 1)  # the most that fit
-    assert n > 1500 and budget.validations_to_come(1, n, [], 500) == 4  # at 500, 1000, 1500 and the end
+    assert seconds(n) <= 1500 * time_budget.MARGIN < seconds(n + 1)  # the most that fit
+    assert n > 1500 and time_budget.validations_to_come(1, n, [], 500) == 4  # at 500, 1000, 1500 and the end
     assert fit_steps(1500, 0.75, 20.0, TrainConfig(validations=5, max_steps=300)) == 300  # max_steps still caps
 
 
@@ -153,7 +153,7 @@ def test_the_plan_is_measured_once_only_for_a_minutes_bound_run_that_needs_it():
 
     lines: list[str] = []
     timed = planned_train(TrainConfig(max_minutes=10, cooldown=0.3, validations=4), measure, lines.append)
-    assert timed.planned_steps == int((600 * budget.MARGIN - 40) / 0.5) and calls == [1]
+    assert timed.planned_steps == int((600 * time_budget.MARGIN - 40) / 0.5) and calls == [1]
     assert lines[0].startswith(f"planned steps: {timed.planned_steps} in 10 minutes (0.500 s a step, 10.0 s a validation")
     assert planned_train(timed, measure, quiet) is timed and calls == [1]  # given (or resumed): not measured again
     assert planned_train(TrainConfig(max_steps=900, cooldown=0.3), measure, quiet).planned_steps == 900
@@ -178,12 +178,12 @@ def test_the_keeper_shortens_the_plan_when_the_machine_stays_slower():
     keeper = BudgetKeeper(deadline=93.0, valid_s=5.0, validations=[50, 200])
     assert keeper.proposal(0, 200, 0.0) == 200  # the first look only marks the pace's start
     planned, clock = _keep(keeper, 200, range(10, 51, 10), lambda step: 4.0)
-    assert planned == 50 + int(((93 - 20) * budget.MARGIN - 2 * 5.0) / 0.4) == 202  # both validations reserved
+    assert planned == 50 + int(((93 - 20) * time_budget.MARGIN - 2 * 5.0) / 0.4) == 202  # both validations reserved
     keeper.validated(5.0)
     planned, clock = _keep(keeper, planned, range(60, 91, 10), lambda step: 10.0, clock + 5.0)
-    assert planned == 90 + int(((93 - clock) * budget.MARGIN - 5.0) / 0.4)  # four slow paces of nine: not the median yet
+    assert planned == 90 + int(((93 - clock) * time_budget.MARGIN - 5.0) / 0.4)  # four slow paces of nine: not the median yet
     planned, clock = _keep(keeper, planned, [100], lambda step: 10.0, clock)
-    assert planned == 100 + int(((93 - clock) * budget.MARGIN - 5.0) / 1.0) == 112
+    assert planned == 100 + int(((93 - clock) * time_budget.MARGIN - 5.0) / 1.0) == 112
 
 
 def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minutes():
@@ -197,14 +197,14 @@ def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minu
         return BudgetKeeper(deadline=25 * 60, valid_s=7.0, validations=[550, 1100, 1650, 2200], max_steps=100_000)
 
     stalled, _ = _keep(keeper(), 2200, range(0, 301, 10), lambda step: 6.5 + (55.0 if step == 110 else 0.0))
-    assert 2200 - 55 / 0.65 - 22 <= stalled <= 2200 - 55 / 0.65 * budget.MARGIN + 22
+    assert 2200 - 55 / 0.65 - 22 <= stalled <= 2200 - 55 / 0.65 * time_budget.MARGIN + 22
     slower, clock = _keep(keeper(), 2200, range(0, 601, 10), lambda step: 6.5 if step <= 400 else 13.0)
     left = 25 * 60 - clock - 3 * 7.0
-    assert slower == pytest.approx(600 + left * budget.MARGIN / 1.3, rel=budget.REVISE_SHARE) and slower < 1700
+    assert slower == pytest.approx(600 + left * time_budget.MARGIN / 1.3, rel=time_budget.REVISE_SHARE) and slower < 1700
     cooling = keeper()
     _keep(cooling, 2200, range(1000, 1201, 10), lambda step: 6.5, clock=1000 * 0.65)
     longer, clock = _keep(cooling, 2200, range(1210, 1401, 10), lambda step: 3.0, clock=1200 * 0.65)
-    assert longer == pytest.approx(1400 + (25 * 60 - clock - 2 * 7.0) * budget.MARGIN / 0.3, rel=budget.REVISE_SHARE)
+    assert longer == pytest.approx(1400 + (25 * 60 - clock - 2 * 7.0) * time_budget.MARGIN / 0.3, rel=time_budget.REVISE_SHARE)
     capped = BudgetKeeper(deadline=25 * 60, valid_s=0.0, validations=[], max_steps=1000)
     assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
 
@@ -213,11 +213,11 @@ def test_the_validations_to_come_are_the_grid_before_the_end_and_the_end():
     """One count for the plan (fit_steps) and the keeper: with valid_every, its multiples from
     the step the keeper looks at (that step's runs after the look) to before the end, and the
     end's own; with train.validations, the planned ones from that step on."""
-    assert budget.validations_to_come(40, 100, [], 40) == 3  # 40 (after this look), 80, the end
-    assert budget.validations_to_come(41, 100, [], 40) == 2
-    assert budget.validations_to_come(41, 120, [], 40) == 2  # 80, and 120: on the grid and the end at once
-    assert budget.validations_to_come(1, 40, [], 40) == 1
-    assert budget.validations_to_come(50, 300, [50, 200], 0) == 2 and budget.validations_to_come(51, 300, [50, 200], 0) == 1
+    assert time_budget.validations_to_come(40, 100, [], 40) == 3  # 40 (after this look), 80, the end
+    assert time_budget.validations_to_come(41, 100, [], 40) == 2
+    assert time_budget.validations_to_come(41, 120, [], 40) == 2  # 80, and 120: on the grid and the end at once
+    assert time_budget.validations_to_come(1, 40, [], 40) == 1
+    assert time_budget.validations_to_come(50, 300, [50, 200], 0) == 2 and time_budget.validations_to_come(51, 300, [50, 200], 0) == 1
 
 
 def test_a_valid_every_run_on_a_clock_that_spends_its_validations_ends_inside_its_minutes_at_the_floor():
@@ -264,7 +264,7 @@ def test_a_gpu_paced_run_keeps_its_plan_steady_and_its_minutes():
         moves += proposal != planned
         planned = proposal
     assert step >= planned and clock <= deadline
-    assert planned > 0.9 * deadline * budget.MARGIN / 0.025  # the pace it found: ~25 ms a step
+    assert planned > 0.9 * deadline * time_budget.MARGIN / 0.025  # the pace it found: ~25 ms a step
     assert moves <= 12
 
 
@@ -433,13 +433,13 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
     from xformer_cli.train.trainer import Trainer, train
 
     measured = []
-    step_s = (600 * budget.MARGIN - 3 * 1.0) / 24  # 24 steps and 3 validations of 1 s fit in 10 minutes
+    step_s = (600 * time_budget.MARGIN - 3 * 1.0) / 24  # 24 steps and 3 validations of 1 s fit in 10 minutes
 
     def fake_measure(*args):
         measured.append(1)
         return step_s, 1.0
 
-    monkeypatch.setattr(budget, "measure_seconds", fake_measure)
+    monkeypatch.setattr(time_budget, "measure_seconds", fake_measure)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.warmup_fraction": 0.1,
             "train.validations": 3, "train.save_every": 0, "train.dropout_by_planned_steps": "{20: 0.25, 30: 0.4}",
             "train.label_smoothing_by_planned_steps": "{24: 0.2}"}
@@ -477,9 +477,9 @@ def test_a_batch_chosen_by_the_planned_epochs_is_planned_again_recorded_and_resu
 
     def fake_measure(config, *args):
         measured.append(config.train.max_tokens)
-        return (600 * budget.MARGIN - 2 * 1.0) / fits[config.train.max_tokens], 1.0
+        return (600 * time_budget.MARGIN - 2 * 1.0) / fits[config.train.max_tokens], 1.0
 
-    monkeypatch.setattr(budget, "measure_seconds", fake_measure)
+    monkeypatch.setattr(time_budget, "measure_seconds", fake_measure)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.validations": 2,
             "train.save_every": 0, "train.max_tokens_by_planned_epochs": "{0.05: 300}",
             "train.dropout_by_planned_epochs": "{0.1: 0.3}"}
@@ -489,7 +489,7 @@ def test_a_batch_chosen_by_the_planned_epochs_is_planned_again_recorded_and_resu
     assert any(line.startswith("train.max_tokens 600 -> 300: the run plans ") and
                line.endswith("at least 0.05 (train.max_tokens_by_planned_epochs)") for line in lines)
     recorded = yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["train"]
-    epoch_steps = budget.steps_per_epoch(tiny_config(small_corpus, tmp_path / "x", **{"train.max_tokens": 300}),
+    epoch_steps = time_budget.steps_per_epoch(tiny_config(small_corpus, tmp_path / "x", **{"train.max_tokens": 300}),
                                          _prepared(small_corpus, tmp_path))
     assert (recorded["max_tokens"], recorded["planned_steps"]) == (300, 40)
     assert recorded["planned_epochs"] == round(40 / epoch_steps, 2) >= 0.1
@@ -517,10 +517,10 @@ def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp
     resumed run's metrics go on from the minutes trained before, and train.max_minutes counts
     them. Here the checkpoint says the whole budget was spent before the interruption: the
     resumed run stops by the clock after one step, its minutes past the budget's 10."""
-    from xformer_cli.checkpoint import save_checkpoint
+    from xformer_cli.checkpoint_file import save_checkpoint
     from xformer_cli.train.trainer import Trainer, train
 
-    monkeypatch.setattr(budget, "measure_seconds", lambda *args: ((600 * budget.MARGIN - 3) / 24, 1.0))
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *args: ((600 * time_budget.MARGIN - 3) / 24, 1.0))
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.validations": 3,
             "train.save_every": 0, "train.average_last": 0}
     run_dir = tmp_path / "run"
@@ -587,7 +587,7 @@ def test_a_valid_every_run_reserves_its_validations_and_ends_inside_its_minutes_
     trainer gave it none): the plan grew, each validation cut it, and the run stopped by the
     clock with its rate at 0.6 of the peak, or validated past its minutes. It ends at its
     planned step, the rate at the floor, the end's validation inside the 1.5 minutes."""
-    monkeypatch.setattr(budget, "measure_seconds", lambda *a: (0.3, 3.0))
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (0.3, 3.0))
     sets = {"train.max_minutes": 1.5, "train.max_steps": 100_000, "train.validations": 0, "train.valid_every": 40,
             "train.cooldown": 0.5, "train.save_every": 0, "train.log_every": 10}
     trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets),
@@ -603,7 +603,7 @@ def test_a_machine_that_slows_down_mid_run_still_stops_within_its_minutes(small_
     """The plan says 0.05 s a step; from step 10 every step takes 0.35 s. The keeper sees the
     new pace and shortens the plan, so the cool-down and the last validation still come, and the
     run ends inside its 30 seconds. On a fake clock: a busy machine moves no figure here."""
-    monkeypatch.setattr(budget, "measure_seconds", lambda *a: (0.05, 0.5))
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (0.05, 0.5))
     lines: list[str] = []
     sets = {"train.max_minutes": 0.5, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
             "train.save_every": 0}

@@ -4,7 +4,7 @@ In this order: the device, its precision and the process group; resume or a fres
 (last.pt); train.init_from's model and tokenizer sections; the data (every input read and
 checked before the run directory is touched, then the tokenizer and the cache); the batch
 size (train.max_tokens: auto probes GPU memory, tokens_per_update splits the update); the
-planned steps (train/budget.py: a max_minutes run times a few steps once). The config as
+planned steps (train/time_budget.py: a max_minutes run times a few steps once). The config as
 resolved is written to config.yaml once, and a resumed run takes what its checkpoint
 recorded (it never probes or measures again), so the values are worked out in one place and
 the loop only reads them.
@@ -21,8 +21,8 @@ import torch
 from xformer_cli.config import BATCH_RULE, Config, TrainConfig, describe_plan, planned_settings, rule_choice
 from xformer_cli.data.prepare import PreparedData, build_data, check_inputs
 from xformer_cli.device import configure_threads, keep_freed_memory, pick_device, resolve_precision
-from xformer_cli.train import batch_size, budget, checkpointing, init_from, output_pieces
-from xformer_cli.train.batch_plan import widest_pair
+from xformer_cli.train import batch_size, init_from, output_pieces, run_checkpoints, time_budget
+from xformer_cli.train.epoch_batches import widest_pair
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.init_from import Pretrained
 from xformer_cli.train.memory_probe import gpu_probe
@@ -61,11 +61,11 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     config = _batch_size(config, resume, data, device, precision, dist, log)
     given_steps = config.train.planned_steps
     config, valid_seconds = _planned_steps(config, resume, data, device, precision, dist, log)
-    if resume is None:  # a resumed run's comes with its plan (checkpointing.resumed_config)
+    if resume is None:  # a resumed run's comes with its plan (run_checkpoints.resumed_config)
         config, valid_seconds = _batch_by_plan(config, given_steps, valid_seconds, data, device, precision, dist, log)
         config = planned_settings(config, log)
     if dist.is_main:
-        checkpointing.write_config(config, precision)
+        run_checkpoints.write_config(config, precision)
     return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds, pieces)
 
 
@@ -96,7 +96,7 @@ def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distrib
     tokenizer = pretrained.tokenizer if pretrained is not None else None
     if dist.is_main:
         inputs = check_inputs(config, log, tokenizer)
-        checkpointing.prepare_run_dir(config, overwrite)
+        run_checkpoints.prepare_run_dir(config, overwrite)
         prepared = build_data(inputs, log)
         dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
         return prepared
@@ -111,12 +111,12 @@ def _planned_steps(config: Config, resume: Optional[dict], data: PreparedData, d
     measured: dict[str, float] = {}
 
     def measure() -> tuple[float, float]:
-        step_s, measured["valid_s"] = budget.measure_seconds(config, data, device, precision, dist)
+        step_s, measured["valid_s"] = time_budget.measure_seconds(config, data, device, precision, dist)
         return step_s, measured["valid_s"]
 
-    train = budget.planned_train(config.train, None if resume is not None else measure, log)
+    train = time_budget.planned_train(config.train, None if resume is not None else measure, log)
     if resume is None and train.planned_steps and not train.planned_epochs:  # a resumed run's are in its checkpoint
-        train = budget.with_epochs(train, budget.steps_per_epoch(config, data, dist.world_size), log)
+        train = time_budget.with_epochs(train, time_budget.steps_per_epoch(config, data, dist.world_size), log)
     return dataclasses.replace(config, train=train), measured.get("valid_s", 0.0)
 
 
@@ -140,7 +140,7 @@ def _batch_size(config: Config, resume: Optional[dict], data: PreparedData, devi
     """train.max_tokens and update_freq as this run trains with them: a resumed run's from its
     checkpoint; a fresh run's resolved (auto probes GPU memory: every rank, the smallest wins)."""
     if resume is not None:
-        return checkpointing.resumed_config(config, resume)
+        return run_checkpoints.resumed_config(config, resume)
     probe = None
     if config.train.max_tokens == "auto":
         probe = gpu_probe(config, data.tokenizer, data.train, device, precision, dist, widest_pair(data.train))

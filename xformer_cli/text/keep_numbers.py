@@ -3,7 +3,7 @@ glossary's automatic do-not-translate numbers): every source number's value ends
 translation once, in digits or as the word the model chose, never both.
 
 A number term of a unit (the source's digits, left in the source) is kept when the
-translation holds its value (``numerals``: digits in either convention, or a number word of the
+translation holds its value (``number_matching``: digits in either convention, or a number word of the
 target language: "2" -> "zwei" is kept as it is). A lost one replaces a number of the
 translation that no source number claims (the model's wrong copy: "1102" -> "12"), the one
 where the source number aligns or else the nearest; with none, it is inserted where it aligns
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from xformer_cli.numerals import Mention, match_numbers, mentions, source_numbers
+from xformer_cli.number_matching import Mention, match_numbers, mentions, source_numbers
 
 if TYPE_CHECKING:
     from xformer_cli.languages import Languages

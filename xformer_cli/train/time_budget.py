@@ -30,11 +30,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from xformer_cli.checkpoint import build_model
+from xformer_cli.checkpoint_file import build_model
 from xformer_cli.config import Config, TrainConfig
 from xformer_cli.data.prepare import PreparedData
 from xformer_cli.decode.factory import engine_for_model
-from xformer_cli.train.batch_plan import epoch_share, plan_for
+from xformer_cli.train.epoch_batches import epoch_share, plan_for
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.step import TrainStep
 from xformer_cli.train.validation import validation_sums

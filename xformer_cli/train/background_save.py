@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from xformer_cli.checkpoint import save_checkpoint
+from xformer_cli.checkpoint_file import save_checkpoint
 
 
 def writes_in_background(device: torch.device) -> bool:

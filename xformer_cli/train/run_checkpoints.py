@@ -4,7 +4,7 @@ The run directory (``prepare_run_dir``), the training state a checkpoint holds (
 ``restore``), which files are written when (``save``: last.pt, best.pt and the newest
 ``train.keep_checkpoints`` step checkpoints), and which settings a resumed run must share
 with the one it continues (``resume_state``). The file format and its version are
-``xformer_cli.checkpoint``'s: older checkpoints reach ``restore`` already upgraded.
+``xformer_cli.checkpoint_file``'s: older checkpoints reach ``restore`` already upgraded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import yaml
 
-from xformer_cli.checkpoint import kept_checkpoints, load_checkpoint, step_checkpoint
+from xformer_cli.checkpoint_file import kept_checkpoints, load_checkpoint, step_checkpoint
 from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings, with_setting
 from xformer_cli.errors import XformerError
 from xformer_cli.train import batch_size

@@ -7,11 +7,11 @@ import threading
 import pytest
 import torch
 
-from xformer_cli import checkpoint as checkpoint_module
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli import checkpoint_file
+from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
 from xformer_cli.errors import XformerError
-from xformer_cli.train import checkpoint_writer
-from xformer_cli.train.checkpoint_writer import CheckpointWriter, host_copy, writes_in_background
+from xformer_cli.train import background_save
+from xformer_cli.train.background_save import CheckpointWriter, host_copy, writes_in_background
 
 from helpers import losses, quiet, tiny_config
 
@@ -45,14 +45,14 @@ def test_the_background_write_holds_the_state_of_its_step(tmp_path, monkeypatch)
     """The weights change in place right after a save (the next optimizer step); the file
     written later by the thread still holds the saved step's values, and pruning runs after it."""
     release, order = threading.Event(), []
-    real = checkpoint_writer.save_checkpoint
+    real = background_save.save_checkpoint
 
     def slow_save(state, path, also=()):
         release.wait(10)
         real(state, path, also)
         order.append("written")
 
-    monkeypatch.setattr(checkpoint_writer, "save_checkpoint", slow_save)
+    monkeypatch.setattr(background_save, "save_checkpoint", slow_save)
     writer = CheckpointWriter(background=True)
     live = _state(1)
     writer.write(live, tmp_path / "last.pt", [tmp_path / "checkpoint_1.pt"], then=lambda: order.append("pruned"))
@@ -72,7 +72,7 @@ def test_a_failed_background_write_is_raised_at_the_next_save_or_the_end(tmp_pat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     save_checkpoint(_state(1), tmp_path / "last.pt")
-    monkeypatch.setattr(checkpoint_module, "_atomic_save", full_disk)
+    monkeypatch.setattr(checkpoint_file, "_atomic_save", full_disk)
     writer = CheckpointWriter(background=True)
     writer.write(_state(2), tmp_path / "last.pt")
     with pytest.raises(XformerError, match="no space left on device.*previous last.pt there is unchanged"):
