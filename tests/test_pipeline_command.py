@@ -80,6 +80,8 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     sizes = {r["model"]: r["size_mb"] for r in rows}
     assert sizes["student-int8"] < sizes["student"]  # int8 weighs a quarter of float32's bytes, about
     assert "| student-int8 | test | 1 |" in proc.stderr.decode()
+    caches = list((run_dir / "teacher" / "cache").glob("*/meta.json"))
+    assert len(caches) == 1 and json.loads(caches[0].read_text())["number_augmented"] > 0  # data.number_augmentation
 
 
 def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
