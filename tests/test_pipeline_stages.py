@@ -15,7 +15,8 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline import STAGES, load_pipeline_config
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, complete_lines, translate_corpus
 from xformer_cli.pipeline.record import StageRecord
-from xformer_cli.pipeline.runner import _chosen
+from xformer_cli.pipeline import runner
+from xformer_cli.pipeline.runner import _chosen, run_stage
 from xformer_cli.pipeline.stages import Pipeline
 from xformer_cli.tokenizer import Tokenizer
 
@@ -111,12 +112,71 @@ def test_a_stage_record_skips_resumes_or_starts_over(tmp_path):
     assert (record.directory / "last.pt").exists()
     record.finish("a", model="m")
     assert record.done_with("a") and not record.done_with("b")
-    assert record.begin("b") is False  # other inputs: the old folder is gone
-    assert not (record.directory / "last.pt").exists()
+    assert record.begin("b") is False  # other inputs: a fresh folder, the finished one set aside
+    assert not (record.directory / "last.pt").exists() and (record.replaced / "last.pt").exists()
     record.finish("b")
+    record.drop_replaced()
+    assert not record.replaced.exists()
     assert record.begin("b", fresh=True) is False and not record.done_with("b")
     record.path.write_text("{ cut")  # a damaged record is a stage to do again
     assert record.read() is None and not record.done_with("b")
+
+
+class FakeStage:
+    """A stage whose inputs the test sets and whose body writes a file or fails."""
+
+    def __init__(self, monkeypatch, pipe: Pipeline):
+        self.inputs, self.fails = "a", None
+        monkeypatch.setitem(runner.FINGERPRINTS, "reverse", lambda _: self.inputs)
+        monkeypatch.setitem(runner.RUNS, "reverse", self.body)
+        self.folder = pipe.record("reverse").directory
+
+    def body(self, _pipe) -> dict:
+        (self.folder / "made").write_text(f"made of {self.inputs}")
+        if self.fails is not None:
+            raise self.fails
+        return {"model": str(self.folder / "made")}
+
+
+def test_a_redo_that_fails_keeps_the_output_of_the_old_inputs(tmp_path, monkeypatch):
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
+    stage = FakeStage(monkeypatch, pipe)
+    first = run_stage(pipe, "reverse")
+    stage.inputs, stage.fails = "b", XformerError("mono.de:7: invalid UTF-8")
+    with pytest.raises(XformerError, match=r"^mono.de:7: invalid UTF-8 \(stage reverse: the output of its previous"):
+        run_stage(pipe, "reverse")
+    assert pipe.record("reverse").read() == first and (stage.folder / "made").read_text() == "made of a"
+    assert not pipe.record("reverse").replaced.exists()
+    stage.fails = RuntimeError("a bug")  # any failure but an interrupt
+    with pytest.raises(RuntimeError):
+        run_stage(pipe, "reverse")
+    assert pipe.record("reverse").read() == first
+    stage.fails = None
+    assert run_stage(pipe, "reverse")["fingerprint"] == "b"
+    assert (stage.folder / "made").read_text() == "made of b" and not pipe.record("reverse").replaced.exists()
+
+
+def test_an_interrupted_redo_resumes_and_the_old_inputs_get_their_output_back(tmp_path, monkeypatch):
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
+    stage = FakeStage(monkeypatch, pipe)
+    first = run_stage(pipe, "reverse")
+    stage.inputs, stage.fails = "b", KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):  # as a kill would: the new run stays to resume
+        run_stage(pipe, "reverse")
+    assert pipe.record("reverse").read()["fingerprint"] == "b" and pipe.record("reverse").replaced.exists()
+    stage.inputs, stage.fails = "a", AssertionError("a stage up to date is not run")
+    assert run_stage(pipe, "reverse") == first  # the inputs went back: their output came back
+    assert (stage.folder / "made").read_text() == "made of a" and not pipe.record("reverse").replaced.exists()
+
+
+def test_distillation_counts_its_sources_without_reading_them(tmp_path):
+    from xformer_cli.data.sources import PairSource
+
+    write_lines(tmp_path / "c.en", ["one", "", "three", "four"])
+    write_lines(tmp_path / "c.de", ["eins", "zwei", "drei", "vier"])
+    source = PairSource(CorpusConfig(prefix=str(tmp_path / "c")), "en", "de")
+    assert source.line_estimate() == 4 and len(list(source)) == 3  # an estimate: dropped lines count
+    assert PairSource(CorpusConfig(prefix=str(tmp_path / "c"), max_pairs=2), "en", "de").line_estimate() == 2
 
 
 def test_from_and_only_choose_the_stages(tmp_path):

@@ -19,7 +19,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
-from xformer_cli.textio import decode_line
+from xformer_cli.fileio import file_stamp
+from xformer_cli.textio import count_lines, decode_line
 
 DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".tsv": "csv", ".csv": "csv"}
@@ -254,6 +255,19 @@ class PairSource:
             if kept == self.corpus.max_pairs:
                 return
 
+    def line_estimate(self) -> Optional[int]:
+        """About how many pairs iterating gives, without reading them: the source file's lines
+        or the dataset's rows (lines dropped while reading are still counted); None for a
+        streamed dataset. For progress bars."""
+        if self._dataset is not None:
+            try:
+                found = len(self._dataset)
+            except TypeError:
+                return None
+        else:
+            found = count_lines(self.paths[0])
+        return min(found, self.corpus.max_pairs) if self.corpus.max_pairs else found
+
     def lead_tags(self) -> list[str]:
         """The pieces that lead every source line: the target-language tag of a multilingual
         model, then the corpus's own (data.train[i].tag, e.g. <bt> for back-translations)."""
@@ -277,8 +291,7 @@ class PairSource:
             h.update(f"{self.name}|{self._columns}|{self._dataset._fingerprint}".encode())
         else:
             for path in self.paths:
-                stat = path.stat()
-                h.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+                h.update(file_stamp(path).encode())
         h.update(f"{self.src_lang}>{self.tgt_lang}|{self.skip_invalid}".encode())
         if self.corpus.max_pairs:
             h.update(f"|first {self.corpus.max_pairs}".encode())

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from xformer_cli.config import Config, CorpusConfig, apply_overrides, load_config, read_tree
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.record import file_stamp
+from xformer_cli.fileio import file_stamp
 from xformer_cli.pipeline.settings import PipelineConfig
 
 Edit = Callable[[dict], None]

@@ -1,31 +1,23 @@
 """What a stage leaves behind to be skipped or resumed: ``<run_dir>/<stage>/stage.json``
 with the fingerprint of its inputs (settings, data files, upstream stages' fingerprints)
 and whether it finished. Like the token cache: the same fingerprint and done means skip,
-the same fingerprint not done means resume, another fingerprint means start the stage over."""
+the same fingerprint not done means resume, another fingerprint means start the stage over,
+with the finished output of the old inputs set aside (``<stage>.replaced``) until the new
+one finishes, and put back if it fails."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_file
 
 RECORD = "stage.json"
-
-
-def file_stamp(path: "str | Path") -> str:
-    """A file's identity for a fingerprint: resolved path, size and modification time (what the
-    token cache takes too: rewriting a corpus changes it, reading it does not)."""
-    path = Path(path)
-    if not path.is_file():
-        raise XformerError(f"file not found: {path}")
-    stat = path.stat()
-    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
 def fingerprint(*parts: Any) -> str:
@@ -61,18 +53,45 @@ class StageRecord:
         record = self.read()
         return record.get("fingerprint") if record and record.get("done") else None
 
+    @property
+    def replaced(self) -> Path:
+        """Where a finished output waits while its stage is redone with other inputs."""
+        return self.directory.with_name(self.directory.name + ".replaced")
+
     def begin(self, fingerprint: str, fresh: bool = False) -> bool:
         """Make ready to run with ``fingerprint``; True when an unfinished run of the same
-        inputs is there to resume. Another fingerprint's folder (or any, when ``fresh``) is
-        removed first."""
+        inputs is there to resume. A finished output of other inputs (or of these, when
+        ``fresh``) is set aside, to come back if the new run fails (``restore``) and go when it
+        finishes (``drop_replaced``); an unfinished one is removed."""
         record = self.read()
         if not fresh and record is not None and record.get("fingerprint") == fingerprint and not record.get("done"):
             return True
         if self.directory.exists():
-            shutil.rmtree(self.directory)
+            if record is not None and record.get("done"):
+                shutil.rmtree(self.replaced, ignore_errors=True)
+                os.replace(self.directory, self.replaced)
+            else:  # an unfinished run of other inputs: a finished one may already wait aside
+                shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
         self.write({"stage": self.name, "fingerprint": fingerprint, "done": False})
         return False
+
+    def restore(self) -> bool:
+        """Put back the finished output a failed redo set aside; False when none waits."""
+        if not self.replaced.is_dir():
+            return False
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.replace(self.replaced, self.directory)
+        return True
+
+    def restore_if_done_with(self, fingerprint: str) -> bool:
+        """Put back the output set aside when it finished with ``fingerprint`` (a redo was
+        killed, and the inputs are back to what they were)."""
+        aside = StageRecord(self.name, self.replaced).read()
+        return bool(aside and aside.get("done") and aside.get("fingerprint") == fingerprint) and self.restore()
+
+    def drop_replaced(self) -> None:
+        shutil.rmtree(self.replaced, ignore_errors=True)
 
     def finish(self, fingerprint: str, **results: Any) -> None:
         self.write({"stage": self.name, "fingerprint": fingerprint, "done": True, **results})

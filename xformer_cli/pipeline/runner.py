@@ -30,15 +30,25 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     """One stage: skipped when up to date (unless ``redo``), resumed or done; returns its record."""
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
-    if not redo and record.done_with(stamp):
+    if not redo and (record.done_with(stamp) or record.restore_if_done_with(stamp)):
+        record.drop_replaced()
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}
     resuming = record.begin(stamp, fresh=redo)
     pipe.log(f"stage {name}: {'resuming' if resuming else 'starting'} in {record.directory}")
     started = time.time()
-    results = RUNS[name](pipe)
+    try:
+        results = RUNS[name](pipe)
+    except XformerError as exc:
+        if record.restore():
+            raise XformerError(f"{exc} (stage {name}: the output of its previous inputs is kept)") from None
+        raise
+    except Exception:  # not an interrupt: that one keeps the new run to resume
+        record.restore()
+        raise
     minutes = round((time.time() - started) / 60, 2)
     record.finish(stamp, minutes=minutes, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **results)
+    record.drop_replaced()
     pipe.log(f"stage {name}: done in {minutes} min")
     return record.read() or {}
 

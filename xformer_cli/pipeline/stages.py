@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline import models
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, translate_corpus
-from xformer_cli.pipeline.record import StageRecord, file_stamp, fingerprint
+from xformer_cli.fileio import file_stamp
+from xformer_cli.pipeline.record import StageRecord, fingerprint
 from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
 
 STAGES = ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate")
@@ -190,23 +191,30 @@ def fingerprint_distill(pipe: Pipeline) -> str:
                        pipe.upstream("distill"))
 
 
-def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]):
-    """The real training pairs' source side, then the monolingual source text."""
+def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]) -> tuple[Iterator[str], Optional[int]]:
+    """The real training pairs' source side, then the monolingual source text; and about how
+    many lines that is (for the progress bar's ETA; None when a source cannot tell)."""
     from xformer_cli.data.sources import open_sources
 
     src, tgt = pipe.langs
-    for source in open_sources(pipe.base.data.train, src, tgt, "train", pipe.base.data.skip_invalid_utf8):
-        yield from source.side(0)
-    if mono is not None:
-        yield from mono
+    sources = open_sources(pipe.base.data.train, src, tgt, "train", pipe.base.data.skip_invalid_utf8)
+    counts = [source.line_estimate() for source in sources] + ([_total(mono)] if mono is not None else [])
+
+    def lines() -> Iterator[str]:
+        for source in sources:
+            yield from source.side(0)
+        if mono is not None:
+            yield from mono
+
+    return lines(), None if None in counts else sum(counts)
 
 
 def run_distill(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
     mono = _mono(pipe, "source") if pipe.config.distill.mono_source else None
     folder = pipe.record("distill").directory
-    total = sum(1 for _ in _distill_sources(pipe, None)) + (_total(mono) if mono else 0)  # the bar's ETA
-    job = CorpusJob(_distill_sources(pipe, mono), folder / f"distilled.{src}", folder / f"distilled.{tgt}",
+    lines, total = _distill_sources(pipe, mono)
+    job = CorpusJob(lines, folder / f"distilled.{src}", folder / f"distilled.{tgt}",
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
     return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": str(folder / "distilled")}
