@@ -275,3 +275,39 @@ def test_the_shipped_pipeline_configs_load_and_derive_every_model(name, tmp_path
     assert stages.teacher_config(pipe).data.train[-1].tag == "<bt>"
     student = stages.student_config(pipe).model
     assert student.encoder_layers > student.decoder_layers
+
+
+def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from xformer_cli.data.sources import ParallelCorpus
+    from xformer_cli.decode import factory
+    from xformer_cli.pipeline.evaluation import score_model
+
+    asked = []
+
+    class Echo:  # translates by copying: "2 Hunde" scores BLEU 100 against itself
+        name = "fake"
+
+        def options(self, beam_size):
+            return beam_size
+
+        def search(self, lines, opts):
+            return [[SimpleNamespace(tokens=line.split())] for line in lines]
+
+        def detokenize(self, hyp):
+            return " ".join(hyp.tokens)
+
+    def fake_load(paths, threads, needs, log):
+        asked.append(tuple(needs))
+        log(f"precision: auto -> engine {len(asked)} (why), 2 threads")
+        return Echo()
+
+    monkeypatch.setattr(factory, "load_engine", fake_load)
+    (tmp_path / "model.bin").write_bytes(b"\0" * 2**20)
+    lines = ["2 Hunde laufen", "ein Mann mit 3 Katzen"]
+    rows = score_model("student", tmp_path, {"test": ParallelCorpus(lines, lines)}, [1, 4, 5], 2, ("de", "de"),
+                       lambda _: None)
+    assert asked == [(), ("beam_search",)]  # one engine per kind of search, loaded once
+    assert [(r.beam_size, r.engine) for r in rows] == [(1, "engine 1"), (4, "engine 2"), (5, "engine 2")]
+    assert rows[0].bleu == 100.0 and rows[0].numbers == 100.0 and rows[0].size_mb == 1.0

@@ -106,8 +106,8 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
         return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)} as xformer's"
     if not ct2_available:
         return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for faster greedy search"
-    return ("ctranslate2", "float32",
-            "greedy search on a CPU without bf16: CTranslate2 float32 gives fp32's output, faster")
+    return ("ctranslate2", "float32", "a CPU without bf16: CTranslate2 float32 is faster (greedy: fp32's output; "
+            "its beam search ranks otherwise)")
 
 
 def engine_device(engine: str, device: str = "auto") -> str:

@@ -44,17 +44,22 @@ def model_size_mb(path: Path) -> float:
 
 def score_model(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int], threads: int,
                 langs: tuple[str, str], log: Callable[[str], None]) -> list[Row]:
-    """Every split at every beam size for one model (one engine, loaded once)."""
+    """Every split at every beam size for one model, on the engine ``xformer translate`` picks for
+    that search (a beam asks for xformer's beam search, as translate does)."""
     from xformer_cli.decode.factory import load_engine
 
-    said: list[str] = []
-    engine = load_engine([path], threads=threads, log=said.append)
+    engines: dict[bool, tuple] = {}
     size = round(model_size_mb(path), 2)
     rows = []
     for beam in beam_sizes:
+        if (beam > 1) not in engines:
+            said: list[str] = []
+            engine = load_engine([path], threads=threads, needs=("beam_search",) if beam > 1 else (), log=said.append)
+            engines[beam > 1] = engine, _engine_label(said, engine.name)
+        engine, label = engines[beam > 1]
         for split, corpus in sets.items():
             row = _score(engine, corpus, beam, langs)
-            rows.append(Row(name, split, beam, _engine_label(said, engine.name), *row, size, str(path)))
+            rows.append(Row(name, split, beam, label, *row, size, str(path)))
             log(f"evaluate: {name} beam {beam} {split}: BLEU {row[0]:.2f}, chrF2 {row[1]:.2f}, numbers {row[2]:.1f}%, "
                 f"{row[3]:.1f} sentences/s")
     return rows
