@@ -89,7 +89,7 @@ class PipelineConfig:
     teacher: TeacherStage = field(default_factory=TeacherStage)
     distill: DistillStage = field(default_factory=DistillStage)
     student: StudentStage = field(default_factory=lambda: StudentStage(
-        set={"model.encoder_layers": 6, "model.decoder_layers": 1}))
+        set={"model.encoder_layers": 6, "model.decoder_layers": 1, "model.pre_norm": True}))
     export: ExportStage = field(default_factory=ExportStage)
     evaluate: EvaluateStage = field(default_factory=EvaluateStage)
     base_dir: Path = Path(".")  # the pipeline file's folder (model_config is relative to it)
