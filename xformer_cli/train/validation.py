@@ -52,6 +52,30 @@ def validation_sums(model: Transformer, data: EncodedCorpus, max_tokens: int, de
     return sums
 
 
+COLLAPSED_SPREAD = 0.01  # a working encoder's positions differ by about 0.5 a feature (after its LayerNorm)
+
+
+def encoder_spread(model: Transformer, data: EncodedCorpus, device: torch.device, sentences: int = 16) -> float:
+    """How much the encoder's outputs differ between the positions of a sentence: the standard
+    deviation across its positions, averaged over features and over the first ``sentences``
+    valid sentences of two pieces or more. Near 0 when every position gets the same vector: a
+    collapsed encoder (a deep post-norm stack can do that at a short warm-up), whose source the
+    decoder cannot read, while the training loss still falls like a language model's."""
+    picked = [i for i in range(len(data.src)) if len(data.src[i]) > 1][:sentences]
+    if not picked:
+        return math.nan
+    src = data.batch(picked).src.to(device)
+    model.eval()
+    with torch.no_grad():
+        memory = model.encode(src).float()
+    model.train()
+    real = (src != PAD_ID).unsqueeze(-1).float()
+    count = real.sum(dim=1, keepdim=True)
+    mean = (memory * real).sum(dim=1, keepdim=True) / count
+    variance = ((memory - mean) ** 2 * real).sum(dim=1, keepdim=True) / (count - 1)
+    return variance.sqrt().mean().item()
+
+
 @dataclass
 class DirectionScore:
     loss: float  # label-smoothed, per target token
@@ -132,6 +156,12 @@ def validate(run: RunState) -> bool:
         scores = score_valid(run)
         entry.update(scores.figures())
         run.log(f"step {c.step}: {scores.describe()}")
+        spread = encoder_spread(run.model, run.valid[0].encoded, run.device)
+        entry["encoder_spread"] = round(spread, 4)
+        if spread < COLLAPSED_SPREAD:
+            run.log(f"step {c.step}: warning: the encoder gives every source position the same vector (it "
+                    "collapsed; translations ignore the source): try model.pre_norm: true or a longer "
+                    "train.warmup_steps")
         improved = c.best_bleu is None or scores.bleu > c.best_bleu
         if improved:
             c.best_bleu = scores.bleu
