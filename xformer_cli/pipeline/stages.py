@@ -16,9 +16,9 @@ from typing import Callable, Iterator, Optional
 
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import file_stamp
 from xformer_cli.pipeline import models
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, translate_corpus
-from xformer_cli.fileio import file_stamp
 from xformer_cli.pipeline.record import StageRecord, fingerprint
 from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
 

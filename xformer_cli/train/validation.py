@@ -157,7 +157,8 @@ def validate(run: RunState) -> bool:
         entry.update(scores.figures())
         run.log(f"step {c.step}: {scores.describe()}")
         spread = encoder_spread(run.model, run.valid[0].encoded, run.device)
-        entry["encoder_spread"] = round(spread, 4)
+        if not math.isnan(spread):  # metrics.jsonl stays strict JSON (no NaN)
+            entry["encoder_spread"] = round(spread, 4)
         if spread < COLLAPSED_SPREAD:
             run.log(f"step {c.step}: warning: the encoder gives every source position the same vector (it "
                     "collapsed; translations ignore the source): try model.pre_norm: true or a longer "
