@@ -464,15 +464,16 @@ def two_direction_config(corpus: Path, run_dir: Path, steps: int, **more):
 
 @pytest.mark.slow
 def test_a_model_trained_on_two_directions_answers_in_the_language_asked_for(parallel_corpus, tmp_path):
-    """300 steps of en->de and en->fr (a minute or two on a CPU): on 100 test2016 lines of each
-    direction, under 10% of the outputs are in another language than the one asked for."""
+    """200 steps of en->de and en->fr (under a minute on a CPU): on 100 test2016 lines of each
+    direction, under 10% of the outputs are in another language than the one asked for (4% and 0%
+    when written; 7% at 150 steps, too near the bound)."""
     from xformer_cli import Translator
     from xformer_cli.data.prepare import checkpoint_test_sets
     from xformer_cli.decode.direction_scores import score_directions
     from xformer_cli.train.trainer import train
 
-    result = train(two_direction_config(parallel_corpus, tmp_path / "run", 300), log=quiet, progress=False)
-    assert result.steps == 300
+    result = train(two_direction_config(parallel_corpus, tmp_path / "run", 200), log=quiet, progress=False)
+    assert result.steps == 200
     best = tmp_path / "run" / "best.pt"
     sets = {d: corpus for d, corpus in checkpoint_test_sets(best, log=quiet).items()}
     for corpus in sets.values():

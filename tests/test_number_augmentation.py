@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import random
 import re
+from decimal import Decimal
 
 import pytest
 
 from helpers import write_lines
 from xformer_cli.config import load_config
-from xformer_cli.data.number_augmentation import augmented_pair, corresponding, random_digits, with_augmented
+from xformer_cli.data.number_augmentation import (DrawnNumber, augmented_pair, copies_of, corresponding, draw_number,
+                                                  with_augmented)
+from xformer_cli.number_matching import mentions, source_numbers
 from xformer_cli.errors import XformerError
 
 PAIRS = [("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."),
@@ -21,14 +24,24 @@ PAIRS = [("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."),
          ("A man is riding a bicycle.", "Ein Mann fährt Fahrrad.")]
 
 
-def test_shared_numbers_become_the_same_digits_on_both_sides():
-    rng = random.Random(3)
-    for src, tgt in PAIRS[:3]:
-        new_src, new_tgt = augmented_pair(src, tgt, "en", "de", rng)
-        digits_src, digits_tgt = re.findall(r"\d+", new_src), re.findall(r"\d+", new_tgt)
-        assert sorted(digits_src) == sorted(digits_tgt) and digits_src
-        assert len(digits_src) == len(corresponding(src, tgt, "en", "de"))
+def test_shared_numbers_become_the_same_values_on_both_sides():
+    for seed in range(60):  # enough draws for grouped, long and decimal numbers
+        for src, tgt in PAIRS[:3]:
+            new_src, new_tgt = augmented_pair(src, tgt, "en", "de", random.Random(seed))
+            numbers = source_numbers(new_src, "en")
+            assert len(numbers) == len(corresponding(src, tgt, "en", "de"))
+            target_values = [m.values for m in mentions(new_tgt, "de") if not m.article]
+            assert all(any(n.value in values for values in target_values) for n in numbers), (new_src, new_tgt)
     assert augmented_pair(*PAIRS[0], "en", "de", random.Random(1))[0].endswith(" dogs play in the snow.")
+
+
+def test_a_drawn_number_is_written_as_each_language_writes_it():
+    number = DrawnNumber("1250000", "5", grouped=True)
+    assert (number.written("en"), number.written("de"), number.written("fr")) == ("1,250,000.5", "1.250.000,5",
+                                                                                  "1 250 000,5")
+    assert DrawnNumber("1102").written("de") == "1102" and DrawnNumber("12000", grouped=True).written("cs") == "12 000"
+    for lang in ("en", "de", "fr"):  # eval-bleu reads each back as its value
+        assert source_numbers(number.written(lang), lang)[0].value == Decimal("1250000.5")
 
 
 def test_articles_and_pairs_without_a_shared_number_are_left_alone():
@@ -37,10 +50,11 @@ def test_articles_and_pairs_without_a_shared_number_are_left_alone():
     assert re.fullmatch(r"(\d+) chiens\. \1 Hunde\.", " ".join(augmented_pair(*PAIRS[3], "fr", "de", random.Random(1))))
 
 
-def test_random_digits_have_no_leading_zero_and_vary_in_length():
-    drawn = [random_digits(random.Random(i)) for i in range(400)]
-    assert all(d == "0" or not d.startswith("0") for d in drawn)
-    assert {len(d) for d in drawn} == {1, 2, 3, 4}
+def test_drawn_numbers_have_no_leading_zero_and_vary_in_length_and_form():
+    drawn = [draw_number(random.Random(i)) for i in range(600)]
+    assert all(d.whole == "0" or not d.whole.startswith("0") for d in drawn)
+    assert {len(d.whole) for d in drawn} == set(range(1, 8))
+    assert any(d.grouped for d in drawn) and any(d.fraction for d in drawn) and any(not d.grouped for d in drawn)
 
 
 def test_the_rate_draws_copies_and_keeps_the_originals():
@@ -52,6 +66,15 @@ def test_the_rate_draws_copies_and_keeps_the_originals():
     half, some = with_augmented(pairs, 0.5, "en", "de", random.Random(1))
     assert 0.3 * added < some < 0.7 * added
     assert with_augmented(pairs, 0.5, "en", "de", random.Random(1)) == (half, some)  # seeded: the same copies
+    more, three = with_augmented(pairs, 3.0, "en", "de", random.Random(1))
+    assert three == 3 * added and len(set(more[len(pairs):])) > 0.9 * three  # each copy its own digits
+
+
+def test_a_rate_above_one_is_whole_copies_and_a_chance_of_one_more():
+    rng = random.Random(5)
+    counts = [copies_of(2.25, rng) for _ in range(2000)]
+    assert set(counts) == {2, 3} and 0.2 < counts.count(3) / len(counts) < 0.3
+    assert {copies_of(1.0, rng) for _ in range(50)} == {1} and {copies_of(0.0, rng) for _ in range(50)} == {0}
 
 
 def test_the_cache_adds_the_copies_and_rebuilds_when_the_rate_changes(tmp_path):
@@ -67,4 +90,8 @@ def test_the_cache_adds_the_copies_and_rebuilds_when_the_rate_changes(tmp_path):
     assert not more.cache_reused and len(more.train) == len(plain) + 3 * 20
     assert more.train.meta["number_augmented"] == 60 and any("random digits" in line for line in said)
     with pytest.raises(XformerError, match="data.number_augmentation"):
-        load_config(None, sets + ["data.number_augmentation=2"])
+        load_config(None, sets + ["data.number_augmentation=9"])
+    with pytest.raises(XformerError, match="data.number_augmentation"):
+        load_config(None, sets + ["data.number_augmentation=-0.5"])
+    twice = prepare_data(load_config(None, sets + ["data.number_augmentation=2"]), lambda _: None)
+    assert not twice.cache_reused and len(twice.train) == len(plain) + 2 * 3 * 20

@@ -101,6 +101,7 @@ class PairConfig:
 
 TARGET_TAGS = ("auto", "source", "none")
 CORPUS_TAG = re.compile(r"<[A-Za-z0-9_-]+>")  # data.train[i].tag: a control piece such as <bt>
+MAX_NUMBER_COPIES = 8  # data.number_augmentation: more copies would crowd out the sentences without numbers
 
 
 @dataclass
@@ -127,8 +128,9 @@ class DataConfig:
     max_len: int = 256  # training pairs with a side longer than this (in pieces) are dropped
     max_len_ratio: float = 0.0  # drop training pairs whose longer side exceeds this times the shorter; 0 = off
     dedup: bool = False  # drop exact duplicate training pairs
-    # The share of training pairs with a number on both sides that get a copy with it replaced
-    # by the same random digits on both (numbers the model learns to copy; docs/pipeline.md).
+    # Copies, on average, of each training pair with a number on both sides, the number replaced
+    # by the same random digits on both (numbers the model learns to copy; docs/pipeline.md):
+    # 0.3 = a copy of 30% of them, 2 = two copies of each.
     number_augmentation: float = 0.0
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
@@ -696,8 +698,8 @@ def _check_data(d: DataConfig) -> None:
     _require(d.max_len > 0, "data.max_len", "must be positive")
     _require(d.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0 (0 = the whole valid set)")
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
-    _require(0 <= d.number_augmentation <= 1, "data.number_augmentation",
-             f"a share of the pairs with numbers, 0 (off) to 1, got {d.number_augmentation}")
+    _require(0 <= d.number_augmentation <= MAX_NUMBER_COPIES, "data.number_augmentation",
+             f"copies of each pair with numbers, 0 (off) to {MAX_NUMBER_COPIES}, got {d.number_augmentation}")
     if not d.pairs:
         _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         _require(len(d.train) > 0, "data.train", "needs at least one corpus")

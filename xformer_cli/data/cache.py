@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from xformer_cli.data.batching import Batch, collate_flat
-from xformer_cli.data.number_augmentation import with_augmented
+from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -54,10 +54,12 @@ class Filters:
 
     def key(self) -> dict:
         """What the fingerprint takes: without augmentation, the fields a cache always had (so
-        caches built before it are still found)."""
+        caches built before it are still found); with it, the version of its drawing."""
         fields = asdict(self)
         if not self.number_augmentation:
             del fields["number_augmentation"], fields["seed"]
+        else:
+            fields["number_augmentation_version"] = AUGMENTATION_VERSION
         return fields
 
 

@@ -2,7 +2,9 @@
 whose two sides hold the same number, in digits or spelled out ("Two dogs" / "Zwei Hunde"),
 gets a copy with that number replaced on both sides by the same random digits ("417 dogs" /
 "417 Hunde"). Multi30k holds few digits, so a model trained on it alone has rarely seen one
-to copy; these copies show it many, in the sentences it knows.
+to copy; these copies show it many, in the sentences it knows: ``rate`` copies of each such
+pair on average, each with its own digits, written as each language writes them ("12,000" /
+"12.000").
 
 Which numbers correspond is eval-bleu's rule (``number_matching.py``): a mention on each side with a
 value in common. Articles that are also the number one (German "ein", French "une") are left
@@ -11,19 +13,47 @@ alone: "ein Mann" is "a man", not "1 man"."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Optional
 
-from xformer_cli.number_matching import Mention, mentions
+from xformer_cli.number_matching import DECIMAL_POINT, Mention, mentions
 
-# How many digits a drawn number has: mostly short ones, as numbers in text are, and some
-# longer ones the data lacks (years, house numbers, "1102").
-DIGIT_COUNTS = (1, 1, 1, 2, 2, 2, 3, 3, 4, 4)
+AUGMENTATION_VERSION = 2  # in the token cache's key: 2 drew 1-7 digits, grouped and with fractions
+
+# How many digits a drawn number has: mostly short ones, as numbers in text are, and the longer
+# ones the data lacks (years, house numbers, "1102", "12,000", "2,500,000").
+DIGIT_COUNTS = (1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 6, 7)
+GROUPED_SHARE = {4: 0.2, 5: 0.7, 6: 0.7, 7: 0.7}  # how often a long number is written in groups of three
+DECIMAL_SHARE = 0.1  # how often a number gets a fraction ("3.5" / "3,5")
+# Languages that group thousands with a space ("12 000"); the rest of the decimal-comma ones use "."
+SPACE_GROUPED = frozenset({"fr", "cs", "sk", "pl", "ru", "uk", "sv", "fi", "nb", "no", "et", "lv", "lt", "hu", "bg"})
 
 
-def random_digits(rng: random.Random) -> str:
-    """A number of 1-4 digits without a leading zero."""
+@dataclass(frozen=True)
+class DrawnNumber:
+    """A random number, written in each language's own way: "12,000.5" in English is
+    "12.000,5" in German and "12 000,5" in French (the conventions eval-bleu reads)."""
+
+    whole: str
+    fraction: str = ""
+    grouped: bool = False
+
+    def written(self, lang: str) -> str:
+        point = lang.lower() in DECIMAL_POINT
+        grouping, decimal = (",", ".") if point else (" " if lang.lower() in SPACE_GROUPED else ".", ",")
+        whole = self.whole
+        if self.grouped:
+            head = len(whole) % 3 or 3
+            whole = grouping.join([whole[:head]] + [whole[i:i + 3] for i in range(head, len(whole), 3)])
+        return whole + (decimal + self.fraction if self.fraction else "")
+
+
+def draw_number(rng: random.Random) -> DrawnNumber:
+    """A number of 1-7 digits without a leading zero, sometimes grouped, sometimes with a fraction."""
     count = rng.choice(DIGIT_COUNTS)
-    return str(rng.randrange(10 ** (count - 1) if count > 1 else 0, 10 ** count))
+    whole = str(rng.randrange(10 ** (count - 1) if count > 1 else 0, 10 ** count))
+    fraction = str(rng.randrange(1, 10)) if count <= 3 and rng.random() < DECIMAL_SHARE else ""
+    return DrawnNumber(whole, fraction, rng.random() < GROUPED_SHARE.get(count, 0.0))
 
 
 def corresponding(src: str, tgt: str, src_lang: str, tgt_lang: str) -> list[tuple[Mention, Mention]]:
@@ -54,20 +84,28 @@ def augmented_pair(src: str, tgt: str, src_lang: str, tgt_lang: str, rng: random
     shared = corresponding(src, tgt, src_lang, tgt_lang)
     if not shared:
         return None
-    drawn = [random_digits(rng) for _ in shared]
-    return (_replaced(src, [(s.start, s.end, d) for (s, _), d in zip(shared, drawn)]),
-            _replaced(tgt, [(t.start, t.end, d) for (_, t), d in zip(shared, drawn)]))
+    drawn = [draw_number(rng) for _ in shared]
+    return (_replaced(src, [(s.start, s.end, d.written(src_lang)) for (s, _), d in zip(shared, drawn)]),
+            _replaced(tgt, [(t.start, t.end, d.written(tgt_lang)) for (_, t), d in zip(shared, drawn)]))
+
+
+def copies_of(rate: float, rng: random.Random) -> int:
+    """How many copies a pair gets at ``rate`` copies a pair on average: its whole part, and
+    one more with the probability of its fraction (0.3: a copy for 30% of the pairs; 2.5: two
+    for every pair and a third for half of them)."""
+    whole = int(rate)
+    return whole + (rng.random() < rate - whole)
 
 
 def with_augmented(pairs: list[tuple[str, str]], rate: float, src_lang: str, tgt_lang: str,
                    rng: random.Random) -> tuple[list[tuple[str, str]], int]:
-    """``pairs`` followed by an augmented copy of each pair that shares a number, drawn with
-    probability ``rate``; and how many copies were added."""
+    """``pairs`` followed by augmented copies of each pair that shares a number, ``rate`` of
+    them a pair on average, each with digits of its own; and how many copies were added."""
     added = []
     for src, tgt in pairs:
-        if rng.random() >= rate:
-            continue
-        copy = augmented_pair(src, tgt, src_lang, tgt_lang, rng)
-        if copy is not None:
+        for _ in range(copies_of(rate, rng)):
+            copy = augmented_pair(src, tgt, src_lang, tgt_lang, rng)
+            if copy is None:
+                break
             added.append(copy)
     return pairs + added, len(added)
