@@ -74,6 +74,7 @@ class EvaluateStage:
     beam_sizes: list[int] = field(default_factory=lambda: [1, 4])  # each model at each beam size
     threads: int = 0  # the same for every model; 0 = the engines' rule (decode.factory)
     max_lines: int = 0  # the first N lines of each split; 0 = all
+    timed_passes: int = 2  # each row's speed is its fastest pass: another process's burst slows one, not all
     baseline: Optional[str] = None  # a checkpoint to score beside the pipeline's models (the main job's best.pt)
 
 
@@ -131,3 +132,4 @@ def check(config: PipelineConfig) -> None:
     _require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
              "evaluate.splits", "valid, test or both")
     _require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
+    _require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")

@@ -280,7 +280,7 @@ def run_evaluate(pipe: Pipeline) -> dict:
     rows = []
     for name, path in _evaluated(pipe):
         rows.extend(evaluation.score_model(name, path, sets, e.beam_sizes, e.threads or pipe.config.threads,
-                                           pipe.langs, pipe.log))
+                                           pipe.langs, pipe.log, e.timed_passes))
     summary = pipe.record("evaluate").directory / "summary.json"
     with atomic_file(summary, "w", encoding="utf-8") as f:
         json.dump([row.to_dict() for row in rows], f, indent=2)
