@@ -331,8 +331,12 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
 
     def fake_load(paths, threads, needs, log):
         asked.append(tuple(needs))
-        log(f"precision: auto -> engine {len(asked)} (why), 2 threads")
-        return Echo()
+        if needs:
+            log(f"precision: auto -> engine {len(asked)} (why), 2 threads")
+            return Echo()
+        log("precision: auto -> ctranslate2 default on cpu (the export's own weights), 2 threads")
+        return SimpleNamespace(**{name: getattr(Echo(), name) for name in ("options", "search", "detokenize")},
+                               name="ctranslate2", precision="int8")  # an int8 export's compute type
 
     monkeypatch.setattr(factory, "load_engine", fake_load)
     (tmp_path / "model.bin").write_bytes(b"\0" * 2**20)
@@ -340,5 +344,5 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
     rows = score_model("student", tmp_path, {"test": ParallelCorpus(lines, lines)}, [1, 4, 5], 2, ("de", "de"),
                        lambda _: None)
     assert asked == [(), ("beam_search",)]  # one engine per kind of search, loaded once
-    assert [(r.beam_size, r.engine) for r in rows] == [(1, "engine 1"), (4, "engine 2"), (5, "engine 2")]
+    assert [(r.beam_size, r.engine) for r in rows] == [(1, "ctranslate2 int8 on cpu"), (4, "engine 2"), (5, "engine 2")]
     assert rows[0].bleu == 100.0 and rows[0].numbers == 100.0 and rows[0].size_mb == 1.0

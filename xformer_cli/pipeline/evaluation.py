@@ -56,7 +56,7 @@ def score_model(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_siz
         if (beam > 1) not in engines:
             said: list[str] = []
             engine = load_engine([path], threads=threads, needs=("beam_search",) if beam > 1 else (), log=said.append)
-            engines[beam > 1] = engine, _engine_label(said, engine.name)
+            engines[beam > 1] = engine, _engine_label(said, engine)
         engine, label = engines[beam > 1]
         for split, corpus in sets.items():
             row = _score(engine, corpus, beam, langs, timed_passes)
@@ -66,12 +66,13 @@ def score_model(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_siz
     return rows
 
 
-def _engine_label(said: list[str], fallback: str) -> str:
-    """"ctranslate2 float32 on cpu" out of the factory's line ("precision: auto -> ... (why), N threads")."""
+def _engine_label(said: list[str], engine) -> str:
+    """"ctranslate2 int8 on cpu" out of the factory's line ("precision: auto -> ... (why), N
+    threads"), with the compute type an export's "default" turned out to be."""
     if not said:
-        return fallback
-    chosen = said[0].split("->", 1)[-1]
-    return chosen.split("(")[0].split(",")[0].strip()
+        return engine.name
+    label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
+    return label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
 
 
 def _score(engine, corpus: ParallelCorpus, beam: int, langs: tuple[str, str], passes: int = 1) -> tuple[float, ...]:
