@@ -78,11 +78,17 @@ def read_digits(token: str, grouping: str, decimal: str) -> Optional[Decimal]:
     return _decimal("".join(whole) + ("." + fraction[0] if fraction else ""))
 
 
+def separators(lang: str) -> tuple[str, str]:
+    """``lang``'s (grouping, decimal) separators: "," and "." for English ("1,102.5"), "." and ","
+    for the rest ("1.102,5")."""
+    return (",", ".") if lang.lower() in DECIMAL_POINT else (".", ",")
+
+
 def source_numbers(text: str, lang: str = "en") -> list[Mention]:
     """The numbers a source sentence holds in digits, each with its one value (see the module
     docstring for the rules)."""
     point = lang.lower() in DECIMAL_POINT
-    grouping, decimal = (",", ".") if point else (".", ",")
+    grouping, decimal = separators(lang)
     found = []
     for match in DIGITS.finditer(text):
         token, start = match.group(), match.start()

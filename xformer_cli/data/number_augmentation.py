@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from xformer_cli.number_matching import DECIMAL_POINT, Mention, mentions
+from xformer_cli.number_matching import Mention, mentions, separators
 
 AUGMENTATION_VERSION = 2  # in the token cache's key: 2 drew 1-7 digits, grouped and with fractions
 
@@ -39,8 +39,8 @@ class DrawnNumber:
     grouped: bool = False
 
     def written(self, lang: str) -> str:
-        point = lang.lower() in DECIMAL_POINT
-        grouping, decimal = (",", ".") if point else (" " if lang.lower() in SPACE_GROUPED else ".", ",")
+        grouping, decimal = separators(lang)
+        grouping = " " if lang.lower() in SPACE_GROUPED else grouping  # eval-bleu reads "12 000" as 12000 too
         whole = self.whole
         if self.grouped:
             head = len(whole) % 3 or 3
@@ -82,8 +82,11 @@ def augmented_pair(src: str, tgt: str, src_lang: str, tgt_lang: str, rng: random
     """The pair with each shared number replaced by the same random digits on both sides; None
     when the sides share no number."""
     shared = corresponding(src, tgt, src_lang, tgt_lang)
-    if not shared:
-        return None
+    return _with_drawn(src, tgt, shared, src_lang, tgt_lang, rng) if shared else None
+
+
+def _with_drawn(src: str, tgt: str, shared: list[tuple[Mention, Mention]], src_lang: str, tgt_lang: str,
+                rng: random.Random) -> tuple[str, str]:
     drawn = [draw_number(rng) for _ in shared]
     return (_replaced(src, [(s.start, s.end, d.written(src_lang)) for (s, _), d in zip(shared, drawn)]),
             _replaced(tgt, [(t.start, t.end, d.written(tgt_lang)) for (_, t), d in zip(shared, drawn)]))
@@ -103,9 +106,8 @@ def with_augmented(pairs: list[tuple[str, str]], rate: float, src_lang: str, tgt
     them a pair on average, each with digits of its own; and how many copies were added."""
     added = []
     for src, tgt in pairs:
-        for _ in range(copies_of(rate, rng)):
-            copy = augmented_pair(src, tgt, src_lang, tgt_lang, rng)
-            if copy is None:
-                break
-            added.append(copy)
+        copies = copies_of(rate, rng)
+        shared = corresponding(src, tgt, src_lang, tgt_lang) if copies else []  # found once for all its copies
+        if shared:
+            added.extend(_with_drawn(src, tgt, shared, src_lang, tgt_lang, rng) for _ in range(copies))
     return pairs + added, len(added)
