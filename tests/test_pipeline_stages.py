@@ -277,35 +277,49 @@ def test_the_shipped_pipeline_configs_load_and_derive_every_model(name, tmp_path
     assert student.encoder_layers > student.decoder_layers
 
 
-def test_evaluate_times_the_fastest_of_its_passes(monkeypatch):
-    """A burst of another process slows one pass, not the engine: the row's speed is the
-    fastest pass, and the output (hence BLEU) is the same whichever pass gave it."""
+def test_evaluate_times_the_fastest_of_its_passes_taken_in_turns(tmp_path, monkeypatch):
+    """A burst of another process slows one pass, not the engine: a row's speed is its fastest
+    pass, and the output (hence BLEU) is the same whichever pass gave it. The passes go in
+    turns over the models, so a slow spell (here the first two passes) does not fall on one
+    model's every pass."""
     from types import SimpleNamespace
 
     from xformer_cli.data.sources import ParallelCorpus
+    from xformer_cli.decode import factory
     from xformer_cli.pipeline import evaluation
 
-    clock = SimpleNamespace(now=0.0, passes=iter([4.0, 1.0, 2.0]))  # seconds each timed pass takes
+    clock = SimpleNamespace(now=0.0, passes=iter([4.0, 4.0, 1.0, 2.0]), order=[])  # seconds each timed pass takes
 
     class Timed:
+        def __init__(self, name):
+            self.name = name
+
         def options(self, beam_size):
             return beam_size
 
         def search(self, lines, opts):
             if len(lines) == 10:  # a timed pass over the whole split (the warm-up reads 8 lines)
                 clock.now += next(clock.passes)
+                clock.order.append(self.name)
             return [[SimpleNamespace(tokens=line.split())] for line in lines]
 
         def detokenize(self, hyp):
             return " ".join(hyp.tokens)
 
     monkeypatch.setattr(evaluation.time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(factory, "load_engine", lambda paths, threads, needs, log: Timed(paths[0].name))
+    monkeypatch.setattr(evaluation, "model_size_mb", lambda path: 1.0)
     lines = ["a dog runs on the grass", "two men play", "a cat", "the 3 children sing", "one"] * 2
-    slow = evaluation._score(Timed(), ParallelCorpus(lines, lines), 1, ("de", "de"), passes=1)
-    clock.passes = iter([4.0, 1.0, 2.0])
-    fastest = evaluation._score(Timed(), ParallelCorpus(lines, lines), 1, ("de", "de"), passes=3)
-    assert slow[3] == 2.5 and fastest[3] == 10.0  # 10 sentences in 4 s, then in 1 s
-    assert fastest[:3] == slow[:3] == (100.0, 100.0, 100.0)  # BLEU, chrF2, numbers
+    models = [("teacher", tmp_path / "teacher"), ("student", tmp_path / "student")]
+    rows = evaluation.score_models(models, {"test": ParallelCorpus(lines, lines)}, [1], 2, ("de", "de"),
+                                   lambda _: None, timed_passes=2)
+    assert clock.order == ["teacher", "student", "teacher", "student"]
+    assert [r.sentences_per_s for r in rows] == [10.0, 5.0]  # 10 sentences in 4 then 1 s; in 4 then 2 s
+    assert [(r.bleu, r.chrf, r.numbers) for r in rows] == [(100.0, 100.0, 100.0)] * 2
+    clock.passes = iter([4.0, 4.0])
+    once = evaluation.score_models(models, {"test": ParallelCorpus(lines, lines)}, [1], 2, ("de", "de"),
+                                   lambda _: None, timed_passes=1)
+    assert [r.sentences_per_s for r in once] == [2.5, 2.5]
 
 
 def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, monkeypatch):
@@ -313,7 +327,7 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
 
     from xformer_cli.data.sources import ParallelCorpus
     from xformer_cli.decode import factory
-    from xformer_cli.pipeline.evaluation import score_model
+    from xformer_cli.pipeline.evaluation import score_models
 
     asked = []
 
@@ -341,7 +355,7 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
     monkeypatch.setattr(factory, "load_engine", fake_load)
     (tmp_path / "model.bin").write_bytes(b"\0" * 2**20)
     lines = ["2 Hunde laufen", "ein Mann mit 3 Katzen"]
-    rows = score_model("student", tmp_path, {"test": ParallelCorpus(lines, lines)}, [1, 4, 5], 2, ("de", "de"),
+    rows = score_models([("student", tmp_path)], {"test": ParallelCorpus(lines, lines)}, [1, 4, 5], 2, ("de", "de"),
                        lambda _: None)
     assert asked == [(), ("beam_search",)]  # one engine per kind of search, loaded once
     assert [(r.beam_size, r.engine) for r in rows] == [(1, "ctranslate2 int8 on cpu"), (4, "engine 2"), (5, "engine 2")]

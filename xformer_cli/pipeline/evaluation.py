@@ -6,9 +6,9 @@ with a beam)."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from xformer_cli.data.sources import ParallelCorpus
 
@@ -42,28 +42,84 @@ def model_size_mb(path: Path) -> float:
     return sum(t.numel() * t.element_size() for t in state["model"].values()) / 2**20
 
 
-def score_model(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int], threads: int,
-                langs: tuple[str, str], log: Callable[[str], None], timed_passes: int = 1) -> list[Row]:
-    """Every split at every beam size for one model, on the engine ``xformer translate`` picks for
-    that search (a beam asks for xformer's beam search, as translate does); the speeds are the
-    fastest of ``timed_passes`` passes."""
+@dataclass
+class _Measured:
+    """One row in the making: a model's engine for one search on one split, its output and its
+    fastest timed pass so far."""
+
+    name: str
+    path: Path
+    engine: Any
+    label: str
+    beam: int
+    split: str
+    corpus: ParallelCorpus
+    size_mb: float
+    found: list = field(default_factory=list)
+    seconds: float = float("inf")
+
+    def warm(self) -> None:
+        """First-call allocations outside the clock."""
+        self.engine.search(self.corpus.src[:8], self.engine.options(beam_size=self.beam))
+
+    def timed_pass(self) -> None:
+        opts = self.engine.options(beam_size=self.beam)
+        started = time.perf_counter()
+        self.found = self.engine.search(self.corpus.src, opts)  # the same output each pass
+        self.seconds = min(self.seconds, max(time.perf_counter() - started, 1e-9))
+
+    def row(self, langs: tuple[str, str]) -> Row:
+        from xformer_cli.evaluate import score_lines
+        from xformer_cli.number_matching import number_accuracy
+
+        outputs = [self.engine.detokenize(hyps[0]) if hyps else "" for hyps in self.found]
+        tokens = sum(len(hyps[0].tokens) + 1 for hyps in self.found if hyps)  # eos counted, as training counts it
+        bleu, chrf = score_lines(outputs, [self.corpus.tgt], ("bleu", "chrf"), allow_empty=True)
+        numbers = number_accuracy(self.corpus.src, outputs, langs[0], langs[1])
+        return Row(self.name, self.split, self.beam, self.label, round(bleu.score, 2), round(chrf.score, 2),
+                   round(100 * numbers.share, 2), round(len(self.corpus.src) / self.seconds, 1),
+                   round(tokens / self.seconds, 1), self.size_mb, str(self.path))
+
+
+def score_models(models: Sequence[tuple[str, Path]], sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
+                 threads: int, langs: tuple[str, str], log: Callable[[str], None],
+                 timed_passes: int = 1) -> list[Row]:
+    """Every model at every beam size on every split, on the engine ``xformer translate`` picks
+    for that search (a beam asks for xformer's beam search, as translate does). A row's speed is
+    the fastest of ``timed_passes`` passes, taken in turns (every row's first pass, then every
+    row's second): a slow spell of a shared machine then falls on every model alike, not on
+    whichever was running in it, so the speeds compare."""
+    measured = [m for name, path in models for m in _measured(name, path, sets, beam_sizes, threads)]
+    for m in measured:
+        m.warm()
+    passes = max(timed_passes, 1)
+    for done in range(passes):
+        log(f"evaluate: timed pass {done + 1} of {passes} over {len(measured)} rows")
+        for m in measured:
+            m.timed_pass()
+    rows = [m.row(langs) for m in measured]
+    for row in rows:
+        log(f"evaluate: {row.model} beam {row.beam_size} {row.split}: BLEU {row.bleu:.2f}, chrF2 {row.chrf:.2f}, "
+            f"numbers {row.numbers:.1f}%, {row.sentences_per_s:.1f} sentences/s")
+    return rows
+
+
+def _measured(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
+              threads: int) -> list[_Measured]:
+    """One model's rows, with one engine per kind of search (greedy or beam), loaded once."""
     from xformer_cli.decode.factory import load_engine
 
     engines: dict[bool, tuple] = {}
     size = round(model_size_mb(path), 2)
-    rows = []
+    found = []
     for beam in beam_sizes:
         if (beam > 1) not in engines:
             said: list[str] = []
             engine = load_engine([path], threads=threads, needs=("beam_search",) if beam > 1 else (), log=said.append)
             engines[beam > 1] = engine, _engine_label(said, engine)
         engine, label = engines[beam > 1]
-        for split, corpus in sets.items():
-            row = _score(engine, corpus, beam, langs, timed_passes)
-            rows.append(Row(name, split, beam, label, *row, size, str(path)))
-            log(f"evaluate: {name} beam {beam} {split}: BLEU {row[0]:.2f}, chrF2 {row[1]:.2f}, numbers {row[2]:.1f}%, "
-                f"{row[3]:.1f} sentences/s")
-    return rows
+        found.extend(_Measured(name, path, engine, label, beam, split, corpus, size) for split, corpus in sets.items())
+    return found
 
 
 def _engine_label(said: list[str], engine) -> str:
@@ -73,25 +129,6 @@ def _engine_label(said: list[str], engine) -> str:
         return engine.name
     label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
     return label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
-
-
-def _score(engine, corpus: ParallelCorpus, beam: int, langs: tuple[str, str], passes: int = 1) -> tuple[float, ...]:
-    from xformer_cli.evaluate import score_lines
-    from xformer_cli.number_matching import number_accuracy
-
-    opts = engine.options(beam_size=beam)
-    engine.search(corpus.src[:8], opts)  # warm the engine (first-call allocations) outside the clock
-    seconds = float("inf")
-    for _ in range(max(passes, 1)):  # the same output each pass; the fastest is the engine's speed
-        started = time.perf_counter()
-        found = engine.search(corpus.src, opts)
-        seconds = min(seconds, max(time.perf_counter() - started, 1e-9))
-    outputs = [engine.detokenize(hyps[0]) if hyps else "" for hyps in found]
-    tokens = sum(len(hyps[0].tokens) + 1 for hyps in found if hyps)  # eos counted, as training counts it
-    bleu, chrf = score_lines(outputs, [corpus.tgt], ("bleu", "chrf"), allow_empty=True)
-    numbers = number_accuracy(corpus.src, outputs, langs[0], langs[1])
-    return (round(bleu.score, 2), round(chrf.score, 2), round(100 * numbers.share, 2),
-            round(len(corpus.src) / seconds, 1), round(tokens / seconds, 1))
 
 
 def table(rows: Sequence[Row]) -> str:

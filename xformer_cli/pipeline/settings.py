@@ -74,7 +74,8 @@ class EvaluateStage:
     beam_sizes: list[int] = field(default_factory=lambda: [1, 4])  # each model at each beam size
     threads: int = 0  # the same for every model; 0 = the engines' rule (decode.factory)
     max_lines: int = 0  # the first N lines of each split; 0 = all
-    timed_passes: int = 2  # each row's speed is its fastest pass: another process's burst slows one, not all
+    timed_passes: int = 2  # each row's speed is its fastest pass, the rows' passes taken in turns: a burst of
+                           # another process slows one pass, not one model
     baseline: Optional[str] = None  # a checkpoint to score beside the pipeline's models (the main job's best.pt)
 
 

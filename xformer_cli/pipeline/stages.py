@@ -277,10 +277,8 @@ def run_evaluate(pipe: Pipeline) -> dict:
             raise XformerError(f"config key 'data.{split}' of {pipe.config.model_config_path}: "
                                f"no {split} set to evaluate on")
         sets[split] = evaluation.cut(next(iter(found.values())), e.max_lines)
-    rows = []
-    for name, path in _evaluated(pipe):
-        rows.extend(evaluation.score_model(name, path, sets, e.beam_sizes, e.threads or pipe.config.threads,
-                                           pipe.langs, pipe.log, e.timed_passes))
+    rows = evaluation.score_models(_evaluated(pipe), sets, e.beam_sizes, e.threads or pipe.config.threads,
+                                   pipe.langs, pipe.log, e.timed_passes)
     summary = pipe.record("evaluate").directory / "summary.json"
     with atomic_file(summary, "w", encoding="utf-8") as f:
         json.dump([row.to_dict() for row in rows], f, indent=2)
