@@ -79,7 +79,8 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
         assert row["sentences_per_s"] > 0 and row["size_mb"] > 0
     sizes = {r["model"]: r["size_mb"] for r in rows}
     assert sizes["student-int8"] < sizes["student"]  # int8 weighs a quarter of float32's bytes, about
-    assert "| student-int8 | test | 1 |" in proc.stderr.decode()
+    assert "| student-int8 | test | 1 | ctranslate2 int8 on cpu, shortlist |" in proc.stderr.decode()
+    assert (run_dir / "export" / "student-int8" / "vmap.txt").is_file()  # export.shortlist
     caches = list((run_dir / "teacher" / "cache").glob("*/meta.json"))
     assert len(caches) == 1 and json.loads(caches[0].read_text())["number_augmented"] > 0  # data.number_augmentation
 

@@ -198,6 +198,8 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "backtranslate.sampling_topk=10")
     with pytest.raises(XformerError, match="config key 'teacher.set'.*mapping"):
         smoke(Path("/tmp"), "teacher.set=3")
+    with pytest.raises(XformerError, match="config key 'export.shortlist_per_source'"):
+        smoke(Path("/tmp"), "export.shortlist=true", "export.shortlist_per_source=0")
 
 
 def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):
@@ -350,7 +352,8 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
             return Echo()
         log("precision: auto -> ctranslate2 default on cpu (the export's own weights), 2 threads")
         return SimpleNamespace(**{name: getattr(Echo(), name) for name in ("options", "search", "detokenize")},
-                               name="ctranslate2", precision="int8")  # an int8 export's compute type
+                               name="ctranslate2", precision="int8", shortlist=True)  # an int8 export's
+                                                                                    # compute type, its shortlist
 
     monkeypatch.setattr(factory, "load_engine", fake_load)
     (tmp_path / "model.bin").write_bytes(b"\0" * 2**20)
@@ -358,5 +361,6 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
     rows = score_models([("student", tmp_path)], {"test": ParallelCorpus(lines, lines)}, [1, 4, 5], 2, ("de", "de"),
                        lambda _: None)
     assert asked == [(), ("beam_search",)]  # one engine per kind of search, loaded once
-    assert [(r.beam_size, r.engine) for r in rows] == [(1, "ctranslate2 int8 on cpu"), (4, "engine 2"), (5, "engine 2")]
+    assert [(r.beam_size, r.engine) for r in rows] == [(1, "ctranslate2 int8 on cpu, shortlist"), (4, "engine 2"),
+                                                      (5, "engine 2")]
     assert rows[0].bleu == 100.0 and rows[0].numbers == 100.0 and rows[0].size_mb == 1.0

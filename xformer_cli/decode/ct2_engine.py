@@ -21,6 +21,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.export.ctranslate2 import import_ctranslate2
 from xformer_cli.export.format import (EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, export_languages,
                                        piece_list)
+from xformer_cli.export.shortlist import VMAP_FILE
 from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 
@@ -46,8 +47,10 @@ class CTranslate2Translator(Engine):
     unsupported = ("sampling_topk", "temperature", "seed", "use_cache")
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
-                 precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None):
+                 precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None,
+                 shortlist: bool = False):
         self.translator = translator
+        self.shortlist = shortlist  # each step scores only the batch's shortlist candidates (export/shortlist.py)
         self.languages = languages
         self.precision = precision  # the compute type it runs in
         self.tokenizer = tokenizer
@@ -88,8 +91,9 @@ class CTranslate2Translator(Engine):
             raise XformerError(f"{path}: cannot load the CTranslate2 model "
                                f"({type(exc).__name__}: {str(exc).strip()[:160]})") from None
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
+        shortlist = bool(info.get("shortlist")) and (path / VMAP_FILE).is_file()
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
-                   int(info.get("bos_id", BOS_ID)), export_languages(info))
+                   int(info.get("bos_id", BOS_ID)), export_languages(info), shortlist)
 
     def search(self, lines: Sequence[str], opts: SearchOptions,
                wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
@@ -131,6 +135,7 @@ class CTranslate2Translator(Engine):
             min_decoding_length=min_len,  # pieces before eos, as xformer counts them
             max_input_length=self.max_positions - 1,  # one position left for the added eos
             suppress_sequences=self.suppress,  # xformer never emits pad or bos either
+            use_vmap=self.shortlist,
             return_scores=True,
         )
         return [self._ranked(result, limit, alpha) for result, limit in zip(out, limits)]

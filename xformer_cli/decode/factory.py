@@ -272,13 +272,17 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
     from xformer_cli.export.common import load_for_export
     from xformer_cli.export.ctranslate2 import export_ctranslate2
+    from xformer_cli.export.shortlist import VMAP_FILE
 
     _default_waits_for_ctranslate2()
     kind, _, index = choice.device.partition(":")
     load = lambda directory: CTranslate2Translator.from_directory(  # noqa: E731
         directory, device=kind, device_index=int(index or 0), compute_type=choice.precision, threads=threads)
     if path.is_dir():
-        return load(path)
+        built = load(path)
+        if getattr(built, "shortlist", False) and log is not None:
+            log(f"shortlist: each step scores only the candidates of the batch's source pieces ({path}/{VMAP_FILE})")
+        return built
     if log is not None:
         log(f"exporting {path} for CTranslate2 (a temporary directory, removed once loaded)")
     loaded = load_for_export(path, "CTranslate2")  # read once: the export and the engine's config

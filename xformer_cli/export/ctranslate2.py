@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from xformer_cli.errors import XformerError
 from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
 from xformer_cli.export.format import EXPORT_INFO, JOINT_SPM, MIN_POSITIONS, SOURCE_SPM, TARGET_SPM, piece_list
+from xformer_cli.export.shortlist import VMAP_FILE, Shortlist, write_vmap
 from xformer_cli.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -48,14 +49,15 @@ def import_ctranslate2() -> Any:
 
 def export_ctranslate2(
     checkpoint: str | Path, output_dir: str | Path, quantization: Optional[str] = None, force: bool = False,
-    loaded: Optional[tuple[Transformer, Tokenizer, Config]] = None,
+    loaded: Optional[tuple[Transformer, Tokenizer, Config]] = None, shortlist: Optional[Shortlist] = None,
 ) -> Path:
     """Write ``checkpoint`` as a CTranslate2 model directory at ``output_dir``; returns it.
 
     An existing non-empty ``output_dir`` is refused unless ``force``. The model is built in
     a temporary sibling directory and renamed into place, so an interrupted export never
     leaves a half-written model where a good one was. ``loaded``: the checkpoint as
-    ``load_for_export`` gives it, when the caller has read it already.
+    ``load_for_export`` gives it, when the caller has read it already. ``shortlist``: a lexical
+    shortlist (``export/shortlist.py``, built with the checkpoint's tokenizer) goes with it.
     """
     import_ctranslate2()
     output = output_directory(output_dir, force)
@@ -70,6 +72,9 @@ def export_ctranslate2(
     def write(staging: Path) -> None:
         spec.save(str(staging))
         _write_extras(staging, tokenizer, config, quantization, model.cfg)
+        if shortlist is not None:
+            write_vmap(staging / VMAP_FILE, shortlist, tokenizer)
+            _record_shortlist(staging, shortlist)
 
     return write_directory(output, write)
 
@@ -175,6 +180,13 @@ def _set_decoder(spec, model, positions) -> None:
         _set_ffn(layer_spec.ffn, layer.ffn, layer.sub_ffn.norm)
     if model.cfg.pre_norm:
         _set_layer_norm(spec.layer_norm, model.decoder_norm)
+
+
+def _record_shortlist(directory: Path, shortlist: Shortlist) -> None:
+    """The shortlist's settings in ``xformer_export.json``: what tells the engine to use it."""
+    info = json.loads((directory / EXPORT_INFO).read_text(encoding="utf-8"))
+    info["shortlist"] = {**asdict(shortlist.settings), "pairs": shortlist.pairs, "file": VMAP_FILE}
+    (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
 def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: Optional[str], model_cfg) -> None:

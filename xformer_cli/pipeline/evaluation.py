@@ -124,11 +124,13 @@ def _measured(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_sizes
 
 def _engine_label(said: list[str], engine) -> str:
     """"ctranslate2 int8 on cpu" out of the factory's line ("precision: auto -> ... (why), N
-    threads"), with the compute type an export's "default" turned out to be."""
+    threads"), with the compute type an export's "default" turned out to be (and ", shortlist"
+    where the export's shortlist restricts the search)."""
     if not said:
         return engine.name
     label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
-    return label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
+    label = label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
+    return label + (", shortlist" if getattr(engine, "shortlist", False) else "")
 
 
 def table(rows: Sequence[Row]) -> str:

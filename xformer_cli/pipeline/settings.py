@@ -66,6 +66,9 @@ class StudentStage(ModelStage):
 @dataclass
 class ExportStage:
     quantization: str = "int8"  # CTranslate2's: int8, int8_float32, int16, float16, ...
+    shortlist: bool = False  # a lexical shortlist from the student's training pairs (export/shortlist.py)
+    shortlist_per_source: int = 20  # target candidates per source piece
+    shortlist_frequent: int = 100  # the most frequent target pieces, candidates in every batch
 
 
 @dataclass
@@ -134,3 +137,5 @@ def check(config: PipelineConfig) -> None:
              "evaluate.splits", "valid, test or both")
     _require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
     _require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
+    _require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
+    _require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")

@@ -241,12 +241,31 @@ def fingerprint_export(pipe: Pipeline) -> str:
 
 
 def run_export(pipe: Pipeline) -> dict:
+    from xformer_cli.export.common import load_for_export
     from xformer_cli.export.ctranslate2 import export_ctranslate2
 
-    target = pipe.record("export").directory / f"student-{pipe.config.export.quantization}"
-    export_ctranslate2(pipe.model("student"), target, quantization=pipe.config.export.quantization, force=True)
-    pipe.log(f"exported the student to {target} ({pipe.config.export.quantization})")
+    e = pipe.config.export
+    target = pipe.record("export").directory / f"student-{e.quantization}"
+    loaded = load_for_export(pipe.model("student"), "CTranslate2")
+    shortlist = _student_shortlist(pipe, loaded[1], loaded[2]) if e.shortlist else None
+    export_ctranslate2(pipe.model("student"), target, quantization=e.quantization, force=True, loaded=loaded,
+                       shortlist=shortlist)
+    pipe.log(f"exported the student to {target} ({e.quantization}{', with its shortlist' if shortlist else ''})")
     return {"model": str(target)}
+
+
+def _student_shortlist(pipe: Pipeline, tokenizer, config):
+    """The lexical shortlist counted on the pairs the student trained on."""
+    from xformer_cli.data.directions import train_sources
+    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist
+
+    e = pipe.config.export
+    settings = ShortlistSettings(per_source=e.shortlist_per_source, frequent=e.shortlist_frequent)
+    pairs = (pair for source in train_sources(config.data, pipe.log) for pair in source)
+    found = build_shortlist(tokenizer, pairs, settings)
+    pipe.log(f"shortlist: {len(found.by_source)} source pieces, up to {settings.per_source} candidates each, "
+             f"{len(found.frequent)} in every batch, counted on {found.pairs} training pairs")
+    return found
 
 
 # -- evaluate --------------------------------------------------------------------------------
