@@ -104,3 +104,22 @@ def test_an_export_with_a_shortlist_searches_only_its_candidates(multi30k, tmp_p
         assert set(hyp.tokens) <= allowed
         changed += engine.detokenize(hyp) != before
     assert changed > 0  # one candidate a source piece is too few for these sentences
+
+
+@pytest.mark.slow
+def test_xformer_export_shortlist_counts_the_checkpoints_training_data(multi30k, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from helpers import xformer
+
+    checkpoint = tiny_checkpoint(multi30k, tmp_path / "last.pt", pairs=30, steps=0)
+    proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "ct2", "--shortlist", "--shortlist-per-source", "5")
+    assert proc.returncode == 0, proc.stderr.decode()
+    info = json.loads((tmp_path / "ct2" / "xformer_export.json").read_text())
+    pairs = sum(1 for line in (multi30k / "train.en").read_text(encoding="utf-8").splitlines() if line.strip())
+    assert info["shortlist"]["per_source"] == 5 and info["shortlist"]["pairs"] == min(pairs, 1_000_000)
+    assert (tmp_path / "ct2" / VMAP_FILE).is_file() and "shortlist:" in proc.stderr.decode()
+    for args, said in ((["--format", "huggingface", "--shortlist"], "--shortlist is for --format ctranslate2"),
+                       (["--shortlist", "--shortlist-per-source", "0"], "per_source >= 1")):
+        proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "refused", *args)
+        assert proc.returncode != 0 and said in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+        assert not (tmp_path / "refused").exists()

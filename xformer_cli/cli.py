@@ -441,6 +441,13 @@ def export(
                                                help="CTranslate2 weight type: int8, "
                                                     "int8_float16, float16, bfloat16 ..."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+    shortlist: bool = typer.Option(False, "--shortlist",
+                                   help="CTranslate2: add a lexical shortlist counted on the checkpoint's training "
+                                        "data (its config's data.train): each step then scores only the batch's "
+                                        "candidate pieces, faster, with output that can differ."),
+    shortlist_per_source: int = typer.Option(20, "--shortlist-per-source", help="Candidates per source piece."),
+    shortlist_frequent: int = typer.Option(100, "--shortlist-frequent",
+                                           help="The most frequent target pieces, candidates in every batch."),
 ) -> None:
     """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate
     --engine ctranslate2 uses it; or, with --format huggingface, for Hugging Face transformers
@@ -449,16 +456,34 @@ def export(
     if format == "ctranslate2":
         from xformer_cli.export.ctranslate2 import export_ctranslate2
 
-        written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+        listed = _shortlist(checkpoint, shortlist_per_source, shortlist_frequent) if shortlist else None
+        written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force,
+                                     loaded=listed[0] if listed else None, shortlist=listed[1] if listed else None)
     elif format == "huggingface":
-        if quantization is not None:
-            raise XformerError("--quantization is for --format ctranslate2")
+        if quantization is not None or shortlist:
+            raise XformerError(f"--{'quantization' if quantization is not None else 'shortlist'} is for "
+                               "--format ctranslate2")
         from xformer_cli.export.huggingface import export_huggingface
 
         written = export_huggingface(checkpoint, output, force=force)
     else:
         raise XformerError(f"--format must be ctranslate2 or huggingface, not {format!r}")
     typer.echo(f"exported {checkpoint} -> {written}", err=True)
+
+
+def _shortlist(checkpoint: Path, per_source: int, frequent: int):
+    """The checkpoint, loaded for export, and its shortlist counted on its training data."""
+    from xformer_cli.data.directions import training_pairs
+    from xformer_cli.export.common import load_for_export
+    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist, describe
+
+    loaded = load_for_export(checkpoint, "CTranslate2")
+    settings = ShortlistSettings(per_source=per_source, frequent=frequent)
+    settings.check("--shortlist-per-source / --shortlist-frequent")
+    listed = build_shortlist(loaded[1], training_pairs(loaded[2].data, lambda line: typer.echo(line, err=True)),
+                             settings)
+    typer.echo(describe(listed), err=True)
+    return loaded, listed
 
 
 @app.command("import")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Callable, Iterable, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from xformer_cli.config import DataConfig
 from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
@@ -36,6 +36,13 @@ def train_sources(d: DataConfig, log: Callable[[str], None]) -> list[PairSource]
                 log(source.notice)
         sources.extend(opened)
     return sources
+
+
+def training_pairs(d: DataConfig, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
+    """Every training pair of every direction, as training reads them (cleaned, in order),
+    without their tags: what a model learned from (``export/shortlist.py`` counts them)."""
+    for source in train_sources(d, log):
+        yield from source
 
 
 def eval_sets(d: DataConfig, role: str, log: Optional[Callable[[str], None]] = None) -> dict[Direction, ParallelCorpus]:

@@ -111,6 +111,11 @@ def _ranked(codes: np.ndarray, together: np.ndarray, src_counts: np.ndarray, tgt
     return {int(src[a]): [int(t) for t in tgt[a:min(b, a + per_source)]] for a, b in zip(starts, ends)}
 
 
+def describe(shortlist: Shortlist) -> str:
+    return (f"shortlist: {len(shortlist.by_source)} source pieces, up to {shortlist.settings.per_source} candidates "
+            f"each, {len(shortlist.frequent)} in every batch, counted on {shortlist.pairs} training pairs")
+
+
 def write_vmap(path: Path, shortlist: Shortlist, tokenizer: Tokenizer) -> None:
     """CTranslate2's format: ``source n-gram<TAB>candidates`` a line; the empty source's
     candidates are in every batch's list."""

@@ -256,15 +256,13 @@ def run_export(pipe: Pipeline) -> dict:
 
 def _student_shortlist(pipe: Pipeline, tokenizer, config):
     """The lexical shortlist counted on the pairs the student trained on."""
-    from xformer_cli.data.directions import train_sources
-    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist
+    from xformer_cli.data.directions import training_pairs
+    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist, describe
 
     e = pipe.config.export
     settings = ShortlistSettings(per_source=e.shortlist_per_source, frequent=e.shortlist_frequent)
-    pairs = (pair for source in train_sources(config.data, pipe.log) for pair in source)
-    found = build_shortlist(tokenizer, pairs, settings)
-    pipe.log(f"shortlist: {len(found.by_source)} source pieces, up to {settings.per_source} candidates each, "
-             f"{len(found.frequent)} in every batch, counted on {found.pairs} training pairs")
+    found = build_shortlist(tokenizer, training_pairs(config.data, pipe.log), settings)
+    pipe.log(describe(found))
     return found
 
 
