@@ -57,6 +57,9 @@ def test_max_pairs_bounds_what_is_counted_and_bad_settings_are_refused(tokenizer
         build_shortlist(tokenizer, _pairs(10), ShortlistSettings(per_source=0))
     with pytest.raises(XformerError, match="no training pairs"):
         build_shortlist(tokenizer, [], ShortlistSettings())
+    # A side that encodes to no pieces counts as a pair with nothing to list.
+    assert build_shortlist(tokenizer, _pairs(20) + [("dog", ""), ("", "Hund")], ShortlistSettings()).pairs == 22
+    assert build_shortlist(tokenizer, [("", "")], ShortlistSettings()).by_source == {}
 
 
 def test_the_vocabulary_map_is_ctranslate2s_format(tokenizer, tmp_path):
@@ -123,3 +126,15 @@ def test_xformer_export_shortlist_counts_the_checkpoints_training_data(multi30k,
         proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "refused", *args)
         assert proc.returncode != 0 and said in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
         assert not (tmp_path / "refused").exists()
+
+
+def test_the_training_pairs_take_turns_between_corpora(tmp_path):
+    from xformer_cli.config import CorpusConfig, DataConfig
+    from xformer_cli.data.directions import training_pairs
+
+    for name, n in (("big", 5), ("small", 2)):
+        (tmp_path / f"{name}.en").write_text("".join(f"{name} {i}\n" for i in range(n)))
+        (tmp_path / f"{name}.de").write_text("".join(f"{name} {i} de\n" for i in range(n)))
+    data = DataConfig(train=[CorpusConfig(prefix=str(tmp_path / "big")), CorpusConfig(prefix=str(tmp_path / "small"))])
+    got = [s for s, _ in training_pairs(data, lambda _: None)]
+    assert got == ["big 0", "small 0", "big 1", "small 1", "big 2", "big 3", "big 4"]  # a cap keeps both corpora

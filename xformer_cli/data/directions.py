@@ -39,10 +39,17 @@ def train_sources(d: DataConfig, log: Callable[[str], None]) -> list[PairSource]
 
 
 def training_pairs(d: DataConfig, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
-    """Every training pair of every direction, as training reads them (cleaned, in order),
-    without their tags: what a model learned from (``export/shortlist.py`` counts them)."""
-    for source in train_sources(d, log):
-        yield from source
+    """Every training pair of every corpus, as training reads them (cleaned), without their
+    tags: what a model learned from (``export/shortlist.py`` counts them). The corpora take
+    turns, a pair each, so that the first N pairs sample every corpus and direction."""
+    streams = [iter(source) for source in train_sources(d, log)]
+    while streams:
+        for stream in list(streams):
+            pair = next(stream, None)
+            if pair is None:
+                streams.remove(stream)
+            else:
+                yield pair
 
 
 def eval_sets(d: DataConfig, role: str, log: Optional[Callable[[str], None]] = None) -> dict[Direction, ParallelCorpus]:

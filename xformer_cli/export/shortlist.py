@@ -22,7 +22,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 VMAP_FILE = "vmap.txt"  # the name CTranslate2 loads next to model.bin
-CHUNK_PAIRS = 20_000  # pairs counted at once: memory bounded by the chunk, not the corpus
+CHUNK_PAIRS = 20_000  # pairs encoded and merged into the counts at once
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,31 @@ class Shortlist:
 
 
 def build_shortlist(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], settings: ShortlistSettings) -> Shortlist:
-    """Count which target pieces come with each source piece (once a pair) and rank them."""
+    """Count which target pieces come with each source piece (once a pair) and rank them. The
+    pair counts are merged chunk by chunk: memory grows with the distinct (source, target)
+    piece pairs, not with the corpus."""
     settings.check("the shortlist")
     src_vocab, tgt_vocab = tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size()
     src_counts, tgt_counts = np.zeros(src_vocab, np.int64), np.zeros(tgt_vocab, np.int64)
     tgt_tokens = np.zeros(tgt_vocab, np.int64)  # every occurrence, for the frequent list
-    codes, counts, seen = [], [], 0
+    codes, together, seen = np.zeros(0, np.int64), np.zeros(0, np.int64), 0
     for chunk in _chunks(pairs, settings.max_pairs):
         seen += len(chunk)
-        sources = [np.unique(ids) for ids in tokenizer.encode_src([s for s, _ in chunk])]
-        targets_all = tokenizer.encode_tgt([t for _, t in chunk])
+        sources = [np.unique(np.asarray(ids, np.int64)) for ids in tokenizer.encode_src([s for s, _ in chunk])]
+        targets_all = [np.asarray(ids, np.int64) for ids in tokenizer.encode_tgt([t for _, t in chunk])]
         targets = [np.unique(ids) for ids in targets_all]
         for s, t, t_all in zip(sources, targets, targets_all):
             src_counts[s] += 1
             tgt_counts[t] += 1
             np.add.at(tgt_tokens, t_all, 1)
-        pair_codes = np.concatenate([np.add.outer(s * tgt_vocab, t).ravel() for s, t in zip(sources, targets)
-                                     if len(s) and len(t)] or [np.zeros(0, np.int64)])
-        unique, count = np.unique(pair_codes, return_counts=True)
-        codes.append(unique)
-        counts.append(count)
+        chunk_codes = [np.add.outer(s * tgt_vocab, t).ravel() for s, t in zip(sources, targets) if len(s) and len(t)]
+        codes, inverse = np.unique(np.concatenate([codes, *chunk_codes]), return_inverse=True)
+        weights = np.concatenate([together, np.ones(len(inverse) - len(together), np.int64)])
+        together = np.bincount(inverse.ravel(), weights=weights, minlength=len(codes)).astype(np.int64)
     if not seen:
         raise XformerError("the shortlist has no training pairs to count")
-    unique, inverse = np.unique(np.concatenate(codes), return_inverse=True)
-    together = np.bincount(inverse, weights=np.concatenate(counts))
     return Shortlist(settings, _frequent(tgt_tokens, settings.frequent),
-                     _ranked(unique, together, src_counts, tgt_counts, tgt_vocab, settings.per_source), seen)
+                     _ranked(codes, together, src_counts, tgt_counts, tgt_vocab, settings.per_source), seen)
 
 
 def _chunks(pairs: Iterable[tuple[str, str]], max_pairs: int) -> Iterator[list[tuple[str, str]]]:
@@ -100,6 +99,8 @@ def _ranked(codes: np.ndarray, together: np.ndarray, src_counts: np.ndarray, tgt
             tgt_vocab: int, per_source: int) -> dict[int, list[int]]:
     """Each source piece's ``per_source`` target pieces of the highest Dice coefficient,
     2 * count(both) / (count(source) + count(target)), ties by piece id."""
+    if not len(codes):
+        return {}
     src, tgt = codes // tgt_vocab, codes % tgt_vocab
     keep = ~np.isin(tgt, NEVER_CANDIDATES)
     src, tgt, together = src[keep], tgt[keep], together[keep]
@@ -120,10 +121,13 @@ def write_vmap(path: Path, shortlist: Shortlist, tokenizer: Tokenizer) -> None:
     """CTranslate2's format: ``source n-gram<TAB>candidates`` a line; the empty source's
     candidates are in every batch's list."""
     src_piece, tgt_piece = tokenizer.src.id_to_piece, tokenizer.tgt.id_to_piece
+    plain = lambda piece: not any(c.isspace() for c in piece)  # noqa: E731  (a space would split the line's fields)
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\t" + " ".join(tgt_piece(t) for t in shortlist.frequent) + "\n")
+        f.write("\t" + " ".join(p for p in map(tgt_piece, shortlist.frequent) if plain(p)) + "\n")
         for s in sorted(shortlist.by_source):
-            f.write(src_piece(s) + "\t" + " ".join(tgt_piece(t) for t in shortlist.by_source[s]) + "\n")
+            if plain(src_piece(s)):
+                f.write(src_piece(s) + "\t" + " ".join(p for p in map(tgt_piece, shortlist.by_source[s]) if plain(p))
+                        + "\n")
 
 
 def candidates(shortlist: Shortlist, source_ids: Sequence[int]) -> set[int]:

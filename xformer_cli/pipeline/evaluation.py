@@ -88,7 +88,8 @@ def score_models(models: Sequence[tuple[str, Path]], sets: dict[str, ParallelCor
     for that search (a beam asks for xformer's beam search, as translate does). A row's speed is
     the fastest of ``timed_passes`` passes, taken in turns (every row's first pass, then every
     row's second): a slow spell of a shared machine then falls on every model alike, not on
-    whichever was running in it, so the speeds compare."""
+    whichever was running in it, so the speeds compare. Every row's engine is held until the
+    last pass: the memory of all the models' engines at once."""
     measured = [m for name, path in models for m in _measured(name, path, sets, beam_sizes, threads)]
     for m in measured:
         m.warm()
