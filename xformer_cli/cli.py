@@ -454,11 +454,13 @@ def export(
     (pip install 'xformer[hf]'): MarianMTModel (Pegasus for a pre-norm model: AutoModelForSeq2SeqLM)
     and MarianTokenizer load it."""
     if format == "ctranslate2":
+        from xformer_cli.export.common import load_for_export
         from xformer_cli.export.ctranslate2 import export_ctranslate2
 
-        listed = _shortlist(checkpoint, shortlist_per_source, shortlist_frequent) if shortlist else None
-        written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force,
-                                     loaded=listed[0] if listed else None, shortlist=listed[1] if listed else None)
+        loaded = load_for_export(checkpoint, "CTranslate2") if shortlist else None  # read once for both
+        listed = _shortlist(loaded, shortlist_per_source, shortlist_frequent) if loaded else None
+        written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force, loaded=loaded,
+                                     shortlist=listed)
     elif format == "huggingface":
         if quantization is not None or shortlist:
             raise XformerError(f"--{'quantization' if quantization is not None else 'shortlist'} is for "
@@ -471,19 +473,15 @@ def export(
     typer.echo(f"exported {checkpoint} -> {written}", err=True)
 
 
-def _shortlist(checkpoint: Path, per_source: int, frequent: int):
-    """The checkpoint, loaded for export, and its shortlist counted on its training data."""
+def _shortlist(loaded, per_source: int, frequent: int):
+    """The shortlist counted on the loaded checkpoint's training data."""
     from xformer_cli.data.directions import training_pairs
-    from xformer_cli.export.common import load_for_export
-    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist, describe
+    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist
 
-    loaded = load_for_export(checkpoint, "CTranslate2")
     settings = ShortlistSettings(per_source=per_source, frequent=frequent)
     settings.check("--shortlist-per-source / --shortlist-frequent")
-    listed = build_shortlist(loaded[1], training_pairs(loaded[2].data, lambda line: typer.echo(line, err=True)),
-                             settings)
-    typer.echo(describe(listed), err=True)
-    return loaded, listed
+    say = lambda line: typer.echo(line, err=True)  # noqa: E731
+    return build_shortlist(loaded[1], training_pairs(loaded[2].data, say), settings, say)
 
 
 @app.command("import")

@@ -71,10 +71,7 @@ def export_ctranslate2(
 
     def write(staging: Path) -> None:
         spec.save(str(staging))
-        _write_extras(staging, tokenizer, config, quantization, model.cfg)
-        if shortlist is not None:
-            write_vmap(staging / VMAP_FILE, shortlist, tokenizer)
-            _record_shortlist(staging, shortlist)
+        _write_extras(staging, tokenizer, config, quantization, model.cfg, shortlist)
 
     return write_directory(output, write)
 
@@ -182,15 +179,10 @@ def _set_decoder(spec, model, positions) -> None:
         _set_layer_norm(spec.layer_norm, model.decoder_norm)
 
 
-def _record_shortlist(directory: Path, shortlist: Shortlist) -> None:
-    """The shortlist's settings in ``xformer_export.json``: what tells the engine to use it."""
-    info = json.loads((directory / EXPORT_INFO).read_text(encoding="utf-8"))
-    info["shortlist"] = {**asdict(shortlist.settings), "pairs": shortlist.pairs, "file": VMAP_FILE}
-    (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-
-
-def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: Optional[str], model_cfg) -> None:
-    """The sentencepiece model(s) and ``xformer_export.json`` next to CTranslate2's files."""
+def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: Optional[str], model_cfg,
+                  shortlist: Optional[Shortlist] = None) -> None:
+    """The sentencepiece model(s), the shortlist's ``vmap.txt`` and ``xformer_export.json`` next
+    to CTranslate2's files."""
     from xformer_cli.version import __version__
 
     languages = config.data.languages()
@@ -213,4 +205,7 @@ def _write_extras(directory: Path, tokenizer: Tokenizer, config, quantization: O
     }
     if tokenizer.vocab is not None:  # pieces numbered by a vocabulary (an imported MarianMT model)
         info["vocabularies"] = {"vocab": tokenizer.vocab, "tgt_vocab": tokenizer.tgt_vocab}
+    if shortlist is not None:  # what tells the engine to use it
+        write_vmap(directory / VMAP_FILE, shortlist, tokenizer)
+        info["shortlist"] = {**asdict(shortlist.settings), "pairs": shortlist.pairs, "file": VMAP_FILE}
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,10 +44,11 @@ class Shortlist:
     pairs: int  # training pairs counted
 
 
-def build_shortlist(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], settings: ShortlistSettings) -> Shortlist:
-    """Count which target pieces come with each source piece (once a pair) and rank them. The
-    pair counts are merged chunk by chunk: memory grows with the distinct (source, target)
-    piece pairs, not with the corpus."""
+def build_shortlist(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], settings: ShortlistSettings,
+                    log: Callable[[str], None] = lambda _: None) -> Shortlist:
+    """Count which target pieces come with each source piece (once a pair) and rank them; ``log``
+    gets one line of what was found. The pair counts are merged chunk by chunk: memory grows
+    with the distinct (source, target) piece pairs, not with the corpus."""
     settings.check("the shortlist")
     src_vocab, tgt_vocab = tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size()
     src_counts, tgt_counts = np.zeros(src_vocab, np.int64), np.zeros(tgt_vocab, np.int64)
@@ -68,8 +69,11 @@ def build_shortlist(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], sett
         together = np.bincount(inverse.ravel(), weights=weights, minlength=len(codes)).astype(np.int64)
     if not seen:
         raise XformerError("the shortlist has no training pairs to count")
-    return Shortlist(settings, _frequent(tgt_tokens, settings.frequent),
-                     _ranked(codes, together, src_counts, tgt_counts, tgt_vocab, settings.per_source), seen)
+    found = Shortlist(settings, _frequent(tgt_tokens, settings.frequent),
+                      _ranked(codes, together, src_counts, tgt_counts, tgt_vocab, settings.per_source), seen)
+    log(f"shortlist: {len(found.by_source)} source pieces, up to {settings.per_source} candidates each, "
+        f"{len(found.frequent)} in every batch, counted on {seen} training pairs")
+    return found
 
 
 def _chunks(pairs: Iterable[tuple[str, str]], max_pairs: int) -> Iterator[list[tuple[str, str]]]:
@@ -110,11 +114,6 @@ def _ranked(codes: np.ndarray, together: np.ndarray, src_counts: np.ndarray, tgt
     starts = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])
     ends = np.r_[starts[1:], len(src)]
     return {int(src[a]): [int(t) for t in tgt[a:min(b, a + per_source)]] for a, b in zip(starts, ends)}
-
-
-def describe(shortlist: Shortlist) -> str:
-    return (f"shortlist: {len(shortlist.by_source)} source pieces, up to {shortlist.settings.per_source} candidates "
-            f"each, {len(shortlist.frequent)} in every batch, counted on {shortlist.pairs} training pairs")
 
 
 def write_vmap(path: Path, shortlist: Shortlist, tokenizer: Tokenizer) -> None:

@@ -257,13 +257,11 @@ def run_export(pipe: Pipeline) -> dict:
 def _student_shortlist(pipe: Pipeline, tokenizer, config):
     """The lexical shortlist counted on the pairs the student trained on."""
     from xformer_cli.data.directions import training_pairs
-    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist, describe
+    from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist
 
     e = pipe.config.export
     settings = ShortlistSettings(per_source=e.shortlist_per_source, frequent=e.shortlist_frequent)
-    found = build_shortlist(tokenizer, training_pairs(config.data, pipe.log), settings)
-    pipe.log(describe(found))
-    return found
+    return build_shortlist(tokenizer, training_pairs(config.data, pipe.log), settings, pipe.log)
 
 
 # -- evaluate --------------------------------------------------------------------------------
