@@ -126,6 +126,9 @@ def test_xformer_export_shortlist_counts_the_checkpoints_training_data(multi30k,
         proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "refused", *args)
         assert proc.returncode != 0 and said in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
         assert not (tmp_path / "refused").exists()
+    proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "ct2", "--shortlist")  # not empty: refused first
+    assert proc.returncode != 0 and "is not empty" in proc.stderr.decode() and "shortlist:" not in proc.stderr.decode()
+    assert (tmp_path / "ct2" / VMAP_FILE).is_file()  # the earlier export is untouched
 
 
 def test_the_training_pairs_take_turns_between_corpora(tmp_path):

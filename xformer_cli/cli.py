@@ -454,9 +454,11 @@ def export(
     (pip install 'xformer[hf]'): MarianMTModel (Pegasus for a pre-norm model: AutoModelForSeq2SeqLM)
     and MarianTokenizer load it."""
     if format == "ctranslate2":
-        from xformer_cli.export.common import load_for_export
+        from xformer_cli.export.common import load_for_export, output_directory
         from xformer_cli.export.ctranslate2 import export_ctranslate2
 
+        if shortlist:
+            output_directory(output, force)  # a refused output directory before the count, not after it
         loaded = load_for_export(checkpoint, "CTranslate2") if shortlist else None  # read once for both
         listed = _shortlist(loaded, shortlist_per_source, shortlist_frequent) if loaded else None
         written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force, loaded=loaded,
