@@ -364,3 +364,59 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
     assert [(r.beam_size, r.engine) for r in rows] == [(1, "ctranslate2 int8 on cpu, shortlist"), (4, "engine 2"),
                                                       (5, "engine 2")]
     assert rows[0].bleu == 100.0 and rows[0].numbers == 100.0 and rows[0].size_mb == 1.0
+
+
+def test_evaluate_adds_the_distillation_teacher_when_it_is_another_model(tmp_path):
+    from xformer_cli.pipeline import stages
+
+    def finished(*sets):
+        pipe = Pipeline(smoke(tmp_path, *sets), log=lambda _: None)
+        for stage, model in (("teacher", "t.pt"), ("student", "s.pt"), ("export", "s-int8")):
+            record = pipe.record(stage)
+            record.begin(f"fp-{stage}")
+            record.finish(f"fp-{stage}", model=str(tmp_path / model))
+        return [(name, [p.name for p in paths]) for name, paths in stages._evaluated(pipe)]
+
+    plain = [("teacher", ["t.pt"]), ("student", ["s.pt"]), ("student-int8", ["s-int8"])]
+    assert finished() == plain  # the pipeline's own teacher distilled: no second row of it
+    assert finished(f"evaluate.baseline={tmp_path / 'main.pt'}", f"distill.teachers=[{tmp_path / 'main.pt'}]") == \
+        [("baseline", ["main.pt"])] + plain  # the baseline distilled: one row of it
+    assert finished(f"distill.teachers=[teacher, {tmp_path / 'other.pt'}]") == \
+        plain[:1] + [("distillation teacher", ["t.pt", "other.pt"])] + plain[1:]
+
+
+def test_evaluate_scores_an_ensemble_as_one_row(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from xformer_cli.data.sources import ParallelCorpus
+    from xformer_cli.decode import factory
+    from xformer_cli.pipeline import evaluation
+
+    loaded = []
+
+    class Echo:
+        name = "xformer"
+
+        def options(self, beam_size):
+            return beam_size
+
+        def search(self, lines, opts):
+            return [[SimpleNamespace(tokens=line.split())] for line in lines]
+
+        def detokenize(self, hyp):
+            return " ".join(hyp.tokens)
+
+    def fake_load(paths, threads, needs, log):
+        loaded.append([p.name for p in paths])
+        log("precision: auto -> xformer fp32 on cpu (why), 2 threads")
+        return Echo()
+
+    monkeypatch.setattr(factory, "load_engine", fake_load)
+    monkeypatch.setattr(evaluation, "model_size_mb", lambda path: {"a.pt": 1.5, "b.pt": 2.0}[path.name])
+    lines = ["zwei Hunde", "ein Mann"]
+    rows = evaluation.score_models([("teachers", [tmp_path / "a.pt", tmp_path / "b.pt"])],
+                                   {"test": ParallelCorpus(lines, lines)}, [4], 2, ("de", "de"), lambda _: None)
+    assert loaded == [["a.pt", "b.pt"]]  # one engine over both checkpoints
+    (row,) = rows
+    assert (row.engine, row.size_mb) == ("xformer fp32 on cpu, ensemble of 2", 3.5)
+    assert row.path == f"{tmp_path / 'a.pt'}, {tmp_path / 'b.pt'}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from xformer_cli.data.sources import ParallelCorpus
 
@@ -48,7 +48,7 @@ class _Measured:
     fastest timed pass so far."""
 
     name: str
-    path: Path
+    path: str  # the model's files (an ensemble's, comma-separated)
     engine: Any
     label: str
     beam: int
@@ -78,10 +78,13 @@ class _Measured:
         numbers = number_accuracy(self.corpus.src, outputs, langs[0], langs[1])
         return Row(self.name, self.split, self.beam, self.label, round(bleu.score, 2), round(chrf.score, 2),
                    round(100 * numbers.share, 2), round(len(self.corpus.src) / self.seconds, 1),
-                   round(tokens / self.seconds, 1), self.size_mb, str(self.path))
+                   round(tokens / self.seconds, 1), self.size_mb, self.path)
 
 
-def score_models(models: Sequence[tuple[str, Path]], sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
+ModelPaths = Union[Path, Sequence[Path]]  # a checkpoint or an export directory, or several checkpoints: an ensemble
+
+
+def score_models(models: Sequence[tuple[str, ModelPaths]], sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
                  threads: int, langs: tuple[str, str], log: Callable[[str], None],
                  timed_passes: int = 1) -> list[Row]:
     """Every model at every beam size on every split, on the engine ``xformer translate`` picks
@@ -89,7 +92,8 @@ def score_models(models: Sequence[tuple[str, Path]], sets: dict[str, ParallelCor
     the fastest of ``timed_passes`` passes, taken in turns (every row's first pass, then every
     row's second): a slow spell of a shared machine then falls on every model alike, not on
     whichever was running in it, so the speeds compare. Every row's engine is held until the
-    last pass: the memory of all the models' engines at once."""
+    last pass: the memory of all the models' engines at once. A model given as several
+    checkpoints is their ensemble (its size: all of them)."""
     measured = [m for name, path in models for m in _measured(name, path, sets, beam_sizes, threads)]
     for m in measured:
         m.warm()
@@ -105,33 +109,36 @@ def score_models(models: Sequence[tuple[str, Path]], sets: dict[str, ParallelCor
     return rows
 
 
-def _measured(name: str, path: Path, sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
+def _measured(name: str, model: ModelPaths, sets: dict[str, ParallelCorpus], beam_sizes: Sequence[int],
               threads: int) -> list[_Measured]:
     """One model's rows, with one engine per kind of search (greedy or beam), loaded once."""
     from xformer_cli.decode.factory import load_engine
 
+    paths = [Path(model)] if isinstance(model, (str, Path)) else [Path(p) for p in model]
+    shown = ", ".join(map(str, paths))
     engines: dict[bool, tuple] = {}
-    size = round(model_size_mb(path), 2)
+    size = round(sum(model_size_mb(path) for path in paths), 2)
     found = []
     for beam in beam_sizes:
         if (beam > 1) not in engines:
             said: list[str] = []
-            engine = load_engine([path], threads=threads, needs=("beam_search",) if beam > 1 else (), log=said.append)
-            engines[beam > 1] = engine, _engine_label(said, engine)
+            engine = load_engine(paths, threads=threads, needs=("beam_search",) if beam > 1 else (), log=said.append)
+            engines[beam > 1] = engine, _engine_label(said, engine, len(paths))
         engine, label = engines[beam > 1]
-        found.extend(_Measured(name, path, engine, label, beam, split, corpus, size) for split, corpus in sets.items())
+        found.extend(_Measured(name, shown, engine, label, beam, split, corpus, size) for split, corpus in sets.items())
     return found
 
 
-def _engine_label(said: list[str], engine) -> str:
+def _engine_label(said: list[str], engine, models: int = 1) -> str:
     """"ctranslate2 int8 on cpu" out of the factory's line ("precision: auto -> ... (why), N
     threads"), with the compute type an export's "default" turned out to be (and ", shortlist"
-    where the export's shortlist restricts the search)."""
-    if not said:
-        return engine.name
-    label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
-    label = label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
-    return label + (", shortlist" if getattr(engine, "shortlist", False) else "")
+    where the export's shortlist restricts the search, ", ensemble of N" for several models)."""
+    label = engine.name
+    if said:
+        label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
+        label = label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
+    label += ", shortlist" if getattr(engine, "shortlist", False) else ""
+    return label + (f", ensemble of {models}" if models > 1 else "")
 
 
 def table(rows: Sequence[Row]) -> str:

@@ -266,10 +266,17 @@ def _student_shortlist(pipe: Pipeline, tokenizer, config):
 
 # -- evaluate --------------------------------------------------------------------------------
 
-def _evaluated(pipe: Pipeline) -> list[tuple[str, Path]]:
-    found = [("baseline", Path(pipe.config.evaluate.baseline))] if pipe.config.evaluate.baseline else []
-    return found + [("teacher", pipe.model("teacher")), ("student", pipe.model("student")),
-                    (f"student-{pipe.config.export.quantization}", pipe.model("export"))]
+def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
+    """The baseline (when given), the teacher, the distillation teacher where it is another
+    model (checkpoints given by path, or an ensemble), the student and its export."""
+    baseline = [Path(pipe.config.evaluate.baseline)] if pipe.config.evaluate.baseline else []
+    teacher, distilling = [pipe.model("teacher")], _teachers(pipe)
+    found = [("baseline", baseline)] if baseline else []
+    found.append(("teacher", teacher))
+    if distilling not in (teacher, baseline):
+        found.append(("distillation teacher", distilling))
+    return found + [("student", [pipe.model("student")]),
+                    (f"student-{pipe.config.export.quantization}", [pipe.model("export")])]
 
 
 def fingerprint_evaluate(pipe: Pipeline) -> str:
