@@ -140,3 +140,44 @@ def test_a_reverse_model_of_the_wrong_direction_is_one_line(smoke_data, smoke_ru
     err = proc.stderr.decode().strip()
     assert proc.returncode == 1 and len(err.splitlines()) == 1, err
     assert "reverse.checkpoint" in err and "en->de" in err and "not de->en" in err
+
+
+def test_sampled_back_translation_resumes_to_the_lines_of_an_uninterrupted_run(smoke_data, smoke_run, tmp_path,
+                                                                                monkeypatch):
+    from xformer_cli.pipeline import Pipeline, load_pipeline_config, stages
+    from xformer_cli.pipeline.corpus_translation import CorpusJob
+
+    run_dir, _ = smoke_run
+    reverse = run_dir / "reverse" / "best.pt"
+    lines = head(smoke_data / "multi30k" / "mono.de", 40)
+
+    def back_translate(name: str, *sets: str) -> bytes:
+        pipe = Pipeline(load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path}", *sets]),
+                        log=lambda _: None, progress=False)
+        job = CorpusJob(lines, tmp_path / f"{name}.de", tmp_path / f"{name}.en", len(lines), chunk_lines=10)
+        stages._translate(pipe, [reverse], pipe.config.backtranslate, job)
+        return job.outputs_path.read_bytes()
+
+    sampled = ("backtranslate.beam_size=1", "backtranslate.sampling_topk=10")
+    whole = back_translate("whole", *sampled)
+    assert whole != back_translate("greedy", "backtranslate.beam_size=1")  # it samples
+    real = stages.translate_corpus
+
+    class Killed(Exception):
+        pass
+
+    def dying(job, translate, log, progress):
+        def translate_then_die(chunk, index):
+            if index == 2:
+                raise Killed
+            return translate(chunk, index)
+        return real(job, translate_then_die, log, progress)
+
+    monkeypatch.setattr(stages, "translate_corpus", dying)
+    with pytest.raises(Killed):
+        back_translate("resumed", *sampled)
+    with (tmp_path / "resumed.en").open("ab") as cut:
+        cut.write(b"half a li")  # a write the kill cut short
+    monkeypatch.setattr(stages, "translate_corpus", real)
+    assert back_translate("resumed", *sampled) == whole
+    assert len(whole.decode().splitlines()) == 40
