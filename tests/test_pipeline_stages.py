@@ -279,6 +279,24 @@ def test_the_shipped_pipeline_configs_load_and_derive_every_model(name, tmp_path
     assert student.encoder_layers > student.decoder_layers
 
 
+class EchoEngine:
+    """An engine that translates by copying: "2 Hunde" scores BLEU 100 against itself."""
+
+    def __init__(self, name: str = "fake"):
+        self.name = name
+
+    def options(self, beam_size):
+        return beam_size
+
+    def search(self, lines, opts):
+        from types import SimpleNamespace
+
+        return [[SimpleNamespace(tokens=line.split())] for line in lines]
+
+    def detokenize(self, hyp):
+        return " ".join(hyp.tokens)
+
+
 def test_evaluate_times_the_fastest_of_its_passes_taken_in_turns(tmp_path, monkeypatch):
     """A burst of another process slows one pass, not the engine: a row's speed is its fastest
     pass, and the output (hence BLEU) is the same whichever pass gave it. The passes go in
@@ -332,18 +350,7 @@ def test_evaluate_scores_a_beam_on_the_engine_translate_would_pick(tmp_path, mon
     from xformer_cli.pipeline.evaluation import score_models
 
     asked = []
-
-    class Echo:  # translates by copying: "2 Hunde" scores BLEU 100 against itself
-        name = "fake"
-
-        def options(self, beam_size):
-            return beam_size
-
-        def search(self, lines, opts):
-            return [[SimpleNamespace(tokens=line.split())] for line in lines]
-
-        def detokenize(self, hyp):
-            return " ".join(hyp.tokens)
+    Echo = EchoEngine
 
     def fake_load(paths, threads, needs, log):
         asked.append(tuple(needs))
@@ -386,30 +393,16 @@ def test_evaluate_adds_the_distillation_teacher_when_it_is_another_model(tmp_pat
 
 
 def test_evaluate_scores_an_ensemble_as_one_row(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
     from xformer_cli.data.sources import ParallelCorpus
     from xformer_cli.decode import factory
     from xformer_cli.pipeline import evaluation
 
     loaded = []
 
-    class Echo:
-        name = "xformer"
-
-        def options(self, beam_size):
-            return beam_size
-
-        def search(self, lines, opts):
-            return [[SimpleNamespace(tokens=line.split())] for line in lines]
-
-        def detokenize(self, hyp):
-            return " ".join(hyp.tokens)
-
     def fake_load(paths, threads, needs, log):
         loaded.append([p.name for p in paths])
         log("precision: auto -> xformer fp32 on cpu (why), 2 threads")
-        return Echo()
+        return EchoEngine("xformer")
 
     monkeypatch.setattr(factory, "load_engine", fake_load)
     monkeypatch.setattr(evaluation, "model_size_mb", lambda path: {"a.pt": 1.5, "b.pt": 2.0}[path.name])
