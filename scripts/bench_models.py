@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from xformer_cli.config import load_config  # noqa: E402
-from xformer_cli.data.directions import eval_sets  # noqa: E402
-from xformer_cli.pipeline.evaluation import score_models, table  # noqa: E402
+from xformer_cli.errors import XformerError  # noqa: E402
+from xformer_cli.pipeline.evaluation import score_models, split_sets, table  # noqa: E402
 
 
 def parse_model(text: str) -> tuple[str, list[Path]]:
@@ -48,12 +48,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     data = load_config(args.config).data
-    sets = {}
-    for split in args.splits:
-        found = eval_sets(data, split)
-        if not found:
-            raise SystemExit(f"{args.config}: no {split} set")
-        sets[split] = next(iter(found.values()))
+    try:
+        sets = split_sets(data, args.splits, args.config, lambda _: None)
+    except XformerError as exc:
+        raise SystemExit(str(exc)) from None
     rows = score_models(args.model, sets, args.beam, args.threads, (data.src_lang, data.tgt_lang),
                         lambda line: print(line, file=sys.stderr, flush=True), args.passes)
     print(table(rows))

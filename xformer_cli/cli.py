@@ -457,10 +457,11 @@ def export(
         from xformer_cli.export.common import load_for_export, output_directory
         from xformer_cli.export.ctranslate2 import export_ctranslate2
 
+        loaded = listed = None
         if shortlist:
             output_directory(output, force)  # a refused output directory before the count, not after it
-        loaded = load_for_export(checkpoint, "CTranslate2") if shortlist else None  # read once for both
-        listed = _shortlist(loaded, shortlist_per_source, shortlist_frequent) if loaded else None
+            loaded = load_for_export(checkpoint, "CTranslate2")  # read once for the count and the export
+            listed = _shortlist(loaded, shortlist_per_source, shortlist_frequent)
         written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force, loaded=loaded,
                                      shortlist=listed)
     elif format == "huggingface":

@@ -151,6 +151,22 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def split_sets(data, splits: Sequence[str], config_path: str, log: Callable[[str], None],
+               max_lines: int = 0) -> dict[str, ParallelCorpus]:
+    """The config's valid and/or test set (``data``: its DataConfig), each cut to ``max_lines``;
+    a split the config has no set for is one line naming its key."""
+    from xformer_cli.data.directions import eval_sets
+    from xformer_cli.errors import XformerError
+
+    sets = {}
+    for split in splits:
+        found = eval_sets(data, split, log)
+        if not found:
+            raise XformerError(f"config key 'data.{split}' of {config_path}: no {split} set to evaluate on")
+        sets[split] = cut(next(iter(found.values())), max_lines)
+    return sets
+
+
 def cut(corpus: ParallelCorpus, max_lines: int) -> ParallelCorpus:
     if not max_lines:
         return corpus

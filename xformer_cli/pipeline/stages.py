@@ -286,19 +286,11 @@ def fingerprint_evaluate(pipe: Pipeline) -> str:
 
 
 def run_evaluate(pipe: Pipeline) -> dict:
-    from xformer_cli.data.directions import eval_sets
     from xformer_cli.fileio import atomic_file
     from xformer_cli.pipeline import evaluation
 
     e = pipe.config.evaluate
-    names = {"valid": "valid", "test": "test"}
-    sets = {}
-    for split in e.splits:
-        found = eval_sets(pipe.base.data, names[split], pipe.log)
-        if not found:
-            raise XformerError(f"config key 'data.{split}' of {pipe.config.model_config_path}: "
-                               f"no {split} set to evaluate on")
-        sets[split] = evaluation.cut(next(iter(found.values())), e.max_lines)
+    sets = evaluation.split_sets(pipe.base.data, e.splits, str(pipe.config.model_config_path), pipe.log, e.max_lines)
     rows = evaluation.score_models(_evaluated(pipe), sets, e.beam_sizes, e.threads or pipe.config.threads,
                                    pipe.langs, pipe.log, e.timed_passes)
     summary = pipe.record("evaluate").directory / "summary.json"
