@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -31,6 +33,33 @@ def is_timeout(exc: BaseException) -> bool:
     """Whether a collective's error is its timeout (gloo: 'Timed out', NCCL's watchdog: 'Timeout')."""
     text = str(exc).lower()
     return "timed out" in text or "timeout" in text
+
+
+def _gloo_thread_count() -> int:
+    """Live gloo threads in this process (Linux names them; 0 where /proc is absent)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    count = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                count += comm.read().startswith("gloo")
+        except OSError:  # the thread ended while we looked
+            continue
+    return count
+
+
+def _wait_for_gloo_threads_to_end(seconds: float = 5.0) -> None:
+    """After destroy_process_group the last references to gloo's context can be dropped a moment
+    later (a reference cycle, or a worker still releasing its finished work); its threads must be
+    gone before the interpreter's shutdown, where tearing one down can abort the rank."""
+    deadline = time.monotonic() + seconds
+    gc.collect()
+    while _gloo_thread_count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+        gc.collect()
 
 
 @dataclass
@@ -88,6 +117,7 @@ class Distributed:
             with self.waiting("the end of training"):
                 dist.barrier()
             dist.destroy_process_group()
+            _wait_for_gloo_threads_to_end()
 
     @contextlib.contextmanager
     def waiting(self, what: str) -> Iterator[None]:
