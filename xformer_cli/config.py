@@ -102,6 +102,7 @@ class PairConfig:
 TARGET_TAGS = ("auto", "source", "none")
 CORPUS_TAG = re.compile(r"<[A-Za-z0-9_-]+>")  # data.train[i].tag: a control piece such as <bt>
 MAX_NUMBER_COPIES = 8  # data.number_augmentation: more copies would crowd out the sentences without numbers
+MAX_JOINED_COPIES = 2  # data.concat_augmentation: more would make long pairs the bulk of the data
 
 
 @dataclass
@@ -132,6 +133,9 @@ class DataConfig:
     # by the same random digits on both (numbers the model learns to copy; docs/pipeline.md):
     # 0.3 = a copy of 30% of them, 2 = two copies of each.
     number_augmentation: float = 0.0
+    # Copies, on average, of each training pair joined with another pair of its corpus (longer
+    # inputs whose translation the model knows; data/concatenation.py): 0.3 = 30% of the pairs.
+    concat_augmentation: float = 0.0
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
     cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache
@@ -700,6 +704,8 @@ def _check_data(d: DataConfig) -> None:
     _require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
     _require(0 <= d.number_augmentation <= MAX_NUMBER_COPIES, "data.number_augmentation",
              f"copies of each pair with numbers, 0 (off) to {MAX_NUMBER_COPIES}, got {d.number_augmentation}")
+    _require(0 <= d.concat_augmentation <= MAX_JOINED_COPIES, "data.concat_augmentation",
+             f"joined copies of each pair, 0 (off) to {MAX_JOINED_COPIES}, got {d.concat_augmentation}")
     if not d.pairs:
         _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         _require(len(d.train) > 0, "data.train", "needs at least one corpus")

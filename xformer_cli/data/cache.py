@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from xformer_cli.data.batching import Batch, collate_flat
+from xformer_cli.data.concatenation import CONCATENATION_VERSION, with_concatenated
 from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
@@ -50,17 +51,35 @@ class Filters:
     max_len_ratio: float = 0.0  # 0 = off
     dedup: bool = False
     number_augmentation: float = 0.0  # data.number_augmentation (data/number_augmentation.py)
-    seed: int = 1  # which pairs it copies and the digits it draws
+    seed: int = 1  # which pairs it copies, joins, and the digits it draws
+    concat_augmentation: float = 0.0  # data.concat_augmentation (data/concatenation.py)
 
     def key(self) -> dict:
         """What the fingerprint takes: without augmentation, the fields a cache always had (so
         caches built before it are still found); with it, the version of its drawing."""
         fields = asdict(self)
+        if not self.concat_augmentation:
+            del fields["concat_augmentation"]
+        else:
+            fields["concatenation_version"] = CONCATENATION_VERSION
         if not self.number_augmentation:
-            del fields["number_augmentation"], fields["seed"]
+            del fields["number_augmentation"]
         else:
             fields["number_augmentation_version"] = AUGMENTATION_VERSION
+        if not (self.number_augmentation or self.concat_augmentation):
+            del fields["seed"]
         return fields
+
+    def augmented(self, chunk: list[tuple[str, str]], src_lang: str, tgt_lang: str,
+                  rng: random.Random) -> tuple[list[tuple[str, str]], Counter]:
+        """The chunk with its number copies, then its joined copies (which may join number
+        copies: long lines with numbers); and how many of each were added."""
+        added: Counter = Counter()
+        if self.number_augmentation:
+            chunk, added["numbers"] = with_augmented(chunk, self.number_augmentation, src_lang, tgt_lang, rng)
+        if self.concat_augmentation:
+            chunk, added["joined"] = with_concatenated(chunk, self.concat_augmentation, rng)
+        return chunk, added
 
 
 def fingerprint(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Filters) -> str:
@@ -207,7 +226,8 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
     seen: set[int] = set()
     src_lens: list[np.ndarray] = []
     tgt_lens: list[np.ndarray] = []
-    read = augmented = 0
+    read = 0
+    augmented: Counter = Counter()
     source_pairs: list[int] = []
     with open(out / "src.bin", "wb") as fs, open(out / "tgt.bin", "wb") as ft:
         for index, source in enumerate(sources):
@@ -217,10 +237,9 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
                 read += len(chunk)
                 if filters.dedup:
                     chunk = _drop_duplicates(chunk, seen, dropped, " ".join(source.lead_tags()) or None)
-                if filters.number_augmentation:
-                    chunk, added = with_augmented(chunk, filters.number_augmentation, source.src_lang,
-                                                  source.tgt_lang, random.Random(f"{filters.seed}:{index}:{number}"))
-                    augmented += added
+                chunk, added = filters.augmented(chunk, source.src_lang, source.tgt_lang,
+                                                 random.Random(f"{filters.seed}:{index}:{number}"))
+                augmented.update(added)
                 src = tokenizer.src.encode([s for s, _ in chunk], num_threads=threads)
                 if tag is not None:
                     src = [tag + ids if ids else ids for ids in src]
@@ -251,10 +270,21 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
         "sources": [s.name for s in sources], "source_pairs": source_pairs, "filters": asdict(filters),
         "seconds": round(time.time() - started, 2),
     }
-    if filters.number_augmentation:
-        meta["number_augmented"] = augmented
-        log(f"cache: {augmented} pairs added with their shared numbers as random digits (data.number_augmentation)")
+    meta.update(_added_pairs(filters, augmented, log))
     log(f"cache: tokenized {describe('training data', meta['pairs'], dropped)} in {meta['seconds']:.1f}s")
+    return meta
+
+
+def _added_pairs(filters: Filters, added: Counter, log) -> dict:
+    """What the augmentations added, for meta.json and said in a line each."""
+    meta = {}
+    if filters.number_augmentation:
+        meta["number_augmented"] = added["numbers"]
+        log(f"cache: {added['numbers']} pairs added with their shared numbers as random digits "
+            "(data.number_augmentation)")
+    if filters.concat_augmentation:
+        meta["joined"] = added["joined"]
+        log(f"cache: {added['joined']} pairs added joined with another pair (data.concat_augmentation)")
     return meta
 
 
