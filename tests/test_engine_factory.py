@@ -126,6 +126,23 @@ def test_threads_rule(monkeypatch):
     assert decode_threads() == 4
 
 
+def test_loading_ctranslate2_leaves_torch_its_thread_count():
+    """CTranslate2's OpenMP is PyTorch's: its load sets the count PyTorch then runs on; the
+    engine's load puts PyTorch's back (test_export.py checks it on a real export)."""
+    import torch
+
+    from xformer_cli.decode.ct2_engine import keeping_torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with keeping_torch_threads():
+            torch.set_num_threads(2)  # what CTranslate2's load does to the shared OpenMP
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 def test_the_cli_makes_torch_threads_sleep_and_leaves_ctranslate2_its_default():
     code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli import _before_torch; "

@@ -149,7 +149,9 @@ def test_both_engines_answer_one_interface(exported):
     from xformer_cli.decode.factory import load_engine
 
     checkpoint, out, sentences = exported
-    engines = [load_engine(checkpoint, device="cpu", precision="fp32"), load_engine(out, engine="ctranslate2")]
+    engines = [load_engine(checkpoint, device="cpu", precision="fp32", threads=1)]
+    engines.append(load_engine(out, engine="ctranslate2", threads=2))
+    assert torch.get_num_threads() == 1  # CTranslate2's load (its OpenMP is torch's) left torch's count alone
     for engine in engines:
         found = engine.search(sentences[:4] + [""], engine.options(beam_size=3, nbest=3))
         assert [len(hyps) for hyps in found] == [3, 3, 3, 3, 0], engine.name

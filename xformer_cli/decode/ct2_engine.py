@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch
@@ -38,6 +40,20 @@ from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 # sentences (203 when alpha is passed as CTranslate2's own exponent), all memorised ones
 # included; equality is not guaranteed, as the stopping rules differ. Greedy search is
 # unaffected: it gives exactly xformer's tokens and log-probabilities.
+
+
+@contextlib.contextmanager
+def keeping_torch_threads() -> Iterator[None]:
+    """CTranslate2 sets OpenMP's thread count as it loads a model, and PyTorch runs on the same
+    OpenMP: without this, PyTorch in the process would run on CTranslate2's count from then on
+    (a training stage after a translation stage; one thread chosen for busy cores, then two)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if torch is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 class CTranslate2Translator(Engine):
@@ -85,8 +101,9 @@ class CTranslate2Translator(Engine):
             else:
                 tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
                                       vocabularies.get("vocab"), vocabularies.get("tgt_vocab"))
-            translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
-                                                compute_type=compute_type, intra_threads=threads)
+            with keeping_torch_threads():
+                translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
+                                                    compute_type=compute_type, intra_threads=threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model "
                                f"({type(exc).__name__}: {str(exc).strip()[:160]})") from None
