@@ -55,11 +55,10 @@ def _wait_for_gloo_threads_to_end(seconds: float = 5.0) -> None:
     """After destroy_process_group the last references to gloo's context can be dropped a moment
     later (a reference cycle, or a worker still releasing its finished work); its threads must be
     gone before the interpreter's shutdown, where tearing one down can abort the rank."""
+    gc.collect()  # once: a cycle holding the group goes now; a worker's late release needs only time
     deadline = time.monotonic() + seconds
-    gc.collect()
     while _gloo_thread_count() and time.monotonic() < deadline:
         time.sleep(0.02)
-        gc.collect()
 
 
 @dataclass
