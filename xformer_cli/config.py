@@ -136,6 +136,10 @@ class DataConfig:
     # Copies, on average, of each training pair joined with another pair of its corpus (longer
     # inputs whose translation the model knows; data/concatenation.py): 0.3 = 30% of the pairs.
     concat_augmentation: float = 0.0
+    # Drop training pairs whose numbers disagree: a source number the target lacks, or target
+    # digits the source has no number for (eval-bleu's rules; data/number_filter.py). For a
+    # teacher's translations, which lose numbers a student would learn to lose.
+    drop_number_mismatch: bool = False
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
     cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache

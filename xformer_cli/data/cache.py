@@ -34,6 +34,7 @@ import numpy as np
 from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.concatenation import CONCATENATION_VERSION, with_concatenated
 from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
+from xformer_cli.data.number_filter import without_number_mismatch
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -53,11 +54,15 @@ class Filters:
     number_augmentation: float = 0.0  # data.number_augmentation (data/number_augmentation.py)
     seed: int = 1  # which pairs it copies, joins, and the digits it draws
     concat_augmentation: float = 0.0  # data.concat_augmentation (data/concatenation.py)
+    drop_number_mismatch: bool = False  # data.drop_number_mismatch (data/number_filter.py)
 
     def key(self) -> dict:
-        """What the fingerprint takes: without augmentation, the fields a cache always had (so
-        caches built before it are still found); with it, the version of its drawing."""
+        """What the fingerprint takes: without augmentation or the number filter, the fields a
+        cache always had (so caches built before them are still found); with an augmentation,
+        the version of its drawing."""
         fields = asdict(self)
+        if not self.drop_number_mismatch:
+            del fields["drop_number_mismatch"]
         if not self.concat_augmentation:
             del fields["concat_augmentation"]
         else:
@@ -235,8 +240,7 @@ def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, thre
             tag = [tokenizer.tag_id(t) for t in source.lead_tags()] or None
             for number, chunk in enumerate(_chunks(iter(source), CHUNK_PAIRS)):
                 read += len(chunk)
-                if filters.dedup:
-                    chunk = _drop_duplicates(chunk, seen, dropped, " ".join(source.lead_tags()) or None)
+                chunk = _cleaned(chunk, source, filters, seen, dropped)
                 chunk, added = filters.augmented(chunk, source.src_lang, source.tgt_lang,
                                                  random.Random(f"{filters.seed}:{index}:{number}"))
                 augmented.update(added)
@@ -286,6 +290,16 @@ def _added_pairs(filters: Filters, added: Counter, log) -> dict:
         meta["joined"] = added["joined"]
         log(f"cache: {added['joined']} pairs added joined with another pair (data.concat_augmentation)")
     return meta
+
+
+def _cleaned(chunk: list[tuple[str, str]], source: PairSource, filters: Filters, seen: set[int],
+             dropped: Counter) -> list[tuple[str, str]]:
+    """The chunk less the pairs the filters drop before tokenizing (each counted in ``dropped``)."""
+    if filters.dedup:
+        chunk = _drop_duplicates(chunk, seen, dropped, " ".join(source.lead_tags()) or None)
+    if filters.drop_number_mismatch:
+        chunk = without_number_mismatch(chunk, source.src_lang, source.tgt_lang, dropped)
+    return chunk
 
 
 def _drop_duplicates(chunk: list[tuple[str, str]], seen: set[int], dropped: Counter,

@@ -1,0 +1,46 @@
+"""Training pairs whose numbers disagree, dropped (data.drop_number_mismatch; OpusCleaner's
+num_mismatch filter): a target that lost a number of its source, or holds digits its source
+has no number for. A teacher's translations lose numbers far more often than human ones do,
+and a student trained on them learns to lose them too (docs/pipeline.md#numbers).
+
+The rules are eval-bleu's (``number_matching.py``): a source number is kept when a mention of the
+target, digits or a number word of the target language, is worth its value; target digits are
+the source's when a mention of the source, digits or a number word, is worth one of their
+values ("2 men" / "Zwei Männer" and "Two men" / "2 Männer" agree)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from xformer_cli.number_matching import DIGITS, digit_mentions, match_numbers, mentions, source_numbers
+
+LOST = "with a source number lost in the target"
+INVENTED = "with target digits not in the source"
+
+
+def number_mismatch(src: str, tgt: str, src_lang: str, tgt_lang: str) -> Optional[str]:
+    """Why the pair's numbers disagree (``LOST`` or ``INVENTED``), None when they agree."""
+    if not any(c.isdigit() for c in src + tgt):  # most pairs: nothing to read
+        return None
+    numbers = source_numbers(src, src_lang)
+    if numbers and len(match_numbers(numbers, mentions(tgt, tgt_lang))) < len(numbers):
+        return LOST
+    worth = set().union(*(m.values for m in mentions(src, src_lang)))
+    for match in DIGITS.finditer(tgt):
+        if not digit_mentions(match.group(), match.start())[0].values & worth:
+            return INVENTED
+    return None
+
+
+def without_number_mismatch(pairs: list[tuple[str, str]], src_lang: str, tgt_lang: str,
+                            dropped: Counter) -> list[tuple[str, str]]:
+    """``pairs`` less those whose numbers disagree, each counted in ``dropped`` by its reason."""
+    kept = []
+    for src, tgt in pairs:
+        reason = number_mismatch(src, tgt, src_lang, tgt_lang)
+        if reason is None:
+            kept.append((src, tgt))
+        else:
+            dropped[reason] += 1
+    return kept
