@@ -34,6 +34,7 @@ def test_pairs_whose_numbers_agree_are_kept(src, tgt):
     ("2 dogs and 3 cats.", "Zwei Hunde und Katzen.", LOST),  # one of two lost
     ("A man runs.", "Ein Mann mit der Nummer 5 rennt.", INVENTED),
     ("Two men.", "2 Männer mit 7 Hunden.", INVENTED),
+    ("At the 2012 games.", "Bei den Spielen 2012 2012 2012.", INVENTED),  # a teacher's loop on a number it copied
 ])
 def test_pairs_whose_numbers_disagree_say_why(src, tgt, why):
     assert number_mismatch(src, tgt, "en", "de") == why

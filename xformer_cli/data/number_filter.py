@@ -1,12 +1,13 @@
 """Training pairs whose numbers disagree, dropped (data.drop_number_mismatch; OpusCleaner's
 num_mismatch filter): a target that lost a number of its source, or holds digits its source
 has no number for. A teacher's translations lose numbers far more often than human ones do,
-and a student trained on them learns to lose them too (docs/pipeline.md#numbers).
+and a student trained on them learns to lose them too (docs/pipeline.md#numbers-the-model-learns-to-copy).
 
 The rules are eval-bleu's (``number_matching.py``): a source number is kept when a mention of the
-target, digits or a number word of the target language, is worth its value; target digits are
-the source's when a mention of the source, digits or a number word, is worth one of their
-values ("2 men" / "Zwei Männer" and "Two men" / "2 Männer" agree)."""
+target, digits or a number word of the target language, is worth its value; each run of target
+digits needs a mention of the source of its own, digits or a number word, worth one of its values
+("2 men" / "Zwei Männer" and "Two men" / "2 Männer" agree; a teacher's loop "2012 2012 2012" for
+one 2012 does not)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Optional
 from xformer_cli.number_matching import DIGITS, digit_mentions, match_numbers, mentions, source_numbers
 
 LOST = "with a source number lost in the target"
-INVENTED = "with target digits not in the source"
+INVENTED = "with target digits not in the source, or repeated"
 
 
 def number_mismatch(src: str, tgt: str, src_lang: str, tgt_lang: str) -> Optional[str]:
@@ -26,10 +27,9 @@ def number_mismatch(src: str, tgt: str, src_lang: str, tgt_lang: str) -> Optiona
     numbers = source_numbers(src, src_lang)
     if numbers and len(match_numbers(numbers, mentions(tgt, tgt_lang))) < len(numbers):
         return LOST
-    worth = set().union(*(m.values for m in mentions(src, src_lang)))
-    for match in DIGITS.finditer(tgt):
-        if not digit_mentions(match.group(), match.start())[0].values & worth:
-            return INVENTED
+    digits = [digit_mentions(match.group(), match.start())[0] for match in DIGITS.finditer(tgt)]
+    if digits and len(match_numbers(digits, mentions(src, src_lang))) < len(digits):
+        return INVENTED  # digits no source number is worth, or one number written twice ("2012 2012")
     return None
 
 
