@@ -72,6 +72,9 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     assert json.loads((run_dir / "backtranslate" / "stage.json").read_text())["dropped"] == {}
     distilled = (run_dir / "distill" / "distilled.de").read_text().splitlines()
     assert len(distilled) == 600 + 200  # the training sources and mono.en's first 200 lines
+    numbers = json.loads((run_dir / "distill" / "stage.json").read_text())["numbers"]
+    assert numbers["total"] > 0 and 0 <= numbers["kept"] <= numbers["total"]  # the teacher's numbers, counted
+    assert any(line.startswith("distilled.de: numbers = ") for line in proc.stderr.decode().splitlines())
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
     assert {r["model"] for r in rows} == {"teacher", "student", "student-int8"}
     for row in rows:

@@ -93,6 +93,17 @@ def test_translations_with_line_breaks_stay_one_line(tmp_path):
     assert (tmp_path / "out.txt").read_text().splitlines() == ["x y", "z"]
 
 
+def test_the_translated_corpus_says_how_many_source_numbers_it_kept(tmp_path):
+    from xformer_cli.pipeline.corpus_translation import numbers_kept
+
+    lines = ["2 dogs run.", "A man with 1102 balloons.", "A cat sleeps.", "3 men and 40 women."]
+    outputs = ["Zwei Hunde rennen.", "Ein Mann mit 110 Ballons.", "Eine Katze schläft.", "3 Männer und Frauen."]
+    job = job_in(tmp_path, lines, chunk=2)
+    translate_corpus(job, lambda chunk, i: outputs[2 * i:2 * i + len(chunk)], lambda _: None, progress=False)
+    kept = numbers_kept(job, "en", "de")
+    assert (kept.kept, kept.total, kept.lines) == (2, 4, 3)  # "1102" and "40" lost
+
+
 def test_monolingual_text_skips_empty_lines_and_names_bad_bytes(tmp_path):
     path = tmp_path / "mono.de"
     path.write_bytes(b"eins\n\n  \nzwei\n\xff kaputt\ndrei\n")

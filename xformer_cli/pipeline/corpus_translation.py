@@ -13,11 +13,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import writing
 from xformer_cli.textio import decode_line
+
+if TYPE_CHECKING:
+    from xformer_cli.number_matching import NumberAccuracy
 
 
 @dataclass
@@ -144,6 +147,16 @@ def translate_corpus(job: CorpusJob, translate: Callable[[list[str], int], list[
     rate = (written - done) / max(time.time() - started, 1e-9)
     log(f"translated {written - done} lines into {job.outputs_path} ({rate:.1f} lines/s; {written} in all)")
     return written
+
+
+def numbers_kept(job: CorpusJob, src_lang: str, tgt_lang: str) -> "NumberAccuracy":
+    """eval-bleu's number accuracy of the finished files (a teacher's translations lose numbers a
+    student would learn to lose; data.drop_number_mismatch drops those pairs), read line by line."""
+    from xformer_cli.number_matching import number_accuracy
+
+    with job.inputs_path.open(encoding="utf-8") as inputs, job.outputs_path.open(encoding="utf-8") as outputs:
+        return number_accuracy((line.rstrip("\n") for line in inputs), (line.rstrip("\n") for line in outputs),
+                               src_lang, tgt_lang)
 
 
 def _take(lines: Iterator[str], n: int) -> list[str]:

@@ -18,7 +18,7 @@ from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import file_stamp
 from xformer_cli.pipeline import models
-from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, translate_corpus
+from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, numbers_kept, translate_corpus
 from xformer_cli.pipeline.record import StageRecord, fingerprint
 from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
 
@@ -134,7 +134,8 @@ def run_backtranslate(pipe: Pipeline) -> dict:
     job = CorpusJob(lines, folder / f"synthetic.{tgt}", folder / f"synthetic.{src}", _total(lines),
                     pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
-    return {"lines": written, "dropped": dict(lines.dropped), "prefix": str(folder / "synthetic")}
+    return {"lines": written, "dropped": dict(lines.dropped), "prefix": str(folder / "synthetic"),
+            "numbers": _numbers(pipe, job, tgt, src)}
 
 
 def _total(lines: TextLines) -> int:
@@ -158,6 +159,14 @@ def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: 
         return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
 
     return translate_corpus(job, translate, pipe.log, pipe.progress)
+
+
+def _numbers(pipe: Pipeline, job: CorpusJob, src_lang: str, tgt_lang: str) -> dict:
+    """The source numbers the translations kept, said in a line and kept in the record."""
+    kept = numbers_kept(job, src_lang, tgt_lang)
+    hint = " (data.drop_number_mismatch: true drops the pairs that lost one)" if kept.kept < kept.total else ""
+    pipe.log(f"{job.outputs_path.name}: {kept.text}{hint}")
+    return kept.to_dict()
 
 
 # -- teacher ---------------------------------------------------------------------------------
@@ -217,7 +226,8 @@ def run_distill(pipe: Pipeline) -> dict:
     job = CorpusJob(lines, folder / f"distilled.{src}", folder / f"distilled.{tgt}",
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
-    return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": str(folder / "distilled")}
+    return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": str(folder / "distilled"),
+            "numbers": _numbers(pipe, job, src, tgt)}
 
 
 # -- student, export -------------------------------------------------------------------------
