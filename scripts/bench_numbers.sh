@@ -74,8 +74,8 @@ rows = [open(f"{p}.{k}", encoding="utf-8").read().split("\n") for k in ("en", "m
 twice = sum(bool(re.search(r"\b\d+ (?:[Zz]wei|[Dd]rei|[Vv]ier|[Ff]ünf|[Ss]echs|[Ss]ieben|[Aa]cht|[Nn]eun|[Zz]ehn)\b", k))
             for k in rows[2])
 changed = sum(m != k for m, k in zip(rows[1], rows[2]))
-loops = sum(bool(re.search(r"(\b\d+\b)( \1\b){2,}", m)) for m in rows[1][:-1])  # "1 1 1 102": a copy loop
+loops = sum(bool(re.search(r"(\b\d+\b)( \1\b)+", m)) for m in rows[1][:-1])  # "1 1 102", "555 555": a copy loop
 print(f"  --keep-numbers changed {changed} lines; lines with a digit beside a German number word: {twice}")
-print(f"  the model's lines repeating a run of digits 3 or more times (a copy loop): {loops} of {len(rows[1]) - 1}")
+print(f"  the model's lines writing a run of digits twice or more in a row (a copy loop): {loops} of {len(rows[1]) - 1}")
 EOF
 done

@@ -11,7 +11,7 @@ import pytest
 from helpers import write_lines
 from xformer_cli.config import load_config
 from xformer_cli.data.cache import Filters
-from xformer_cli.data.number_filter import INVENTED, LOST, number_mismatch, without_number_mismatch
+from xformer_cli.data.number_filter import FILTER_VERSION, INVENTED, LOST, number_mismatch, without_number_mismatch
 from xformer_cli.errors import XformerError
 
 
@@ -19,6 +19,8 @@ from xformer_cli.errors import XformerError
     ("2 men run.", "Zwei Männer rennen."),  # a number word of the target language keeps it
     ("Two men run.", "2 Männer rennen."),  # digits for a number the source spells out
     ("1,102 people wait.", "1.102 Menschen warten."),  # each language's separators
+    ("3.5 liters.", "3,5 Liter."),
+    ("2,000 people.", "2 000 Menschen."),  # grouped with a space
     ("The 3rd man.", "Der dritte Mann."),  # an ordinal
     ("About 12 kids and 5 dogs.", "Etwa zwölf Kinder und 5 Hunde."),
     ("A man runs.", "Ein Mann rennt."),  # no digits at all
@@ -35,6 +37,10 @@ def test_pairs_whose_numbers_agree_are_kept(src, tgt):
     ("A man runs.", "Ein Mann mit der Nummer 5 rennt.", INVENTED),
     ("Two men.", "2 Männer mit 7 Hunden.", INVENTED),
     ("At the 2012 games.", "Bei den Spielen 2012 2012 2012.", INVENTED),  # a teacher's loop on a number it copied
+    ("At the 100 games.", "Bei den Spielen 100 100 100.", INVENTED),  # read as one grouped number, not 100
+    ("3 dogs.", "3.000 Hunde.", INVENTED),  # German grouping: 3000
+    ("5 cats.", "5.5 Katzen.", INVENTED),  # neither German reading: 5 and 5, one of them the source's
+    ("It costs 3 euros.", "Es kostet 3,7 Euro.", INVENTED),  # German decimal comma: 3.7
 ])
 def test_pairs_whose_numbers_disagree_say_why(src, tgt, why):
     assert number_mismatch(src, tgt, "en", "de") == why
@@ -65,7 +71,7 @@ def test_the_cache_drops_them_says_so_and_keeps_old_fingerprints_when_off(tmp_pa
     assert filtered.train.meta["dropped"] == {LOST: 10}
     assert filtered.train.meta["number_augmented"] == 30  # copies of the kept pairs only
     assert len(filtered.train) == 30 + 30 and any(f"10 {LOST}" in line for line in said)
-    assert "drop_number_mismatch" not in Filters().key() and Filters(drop_number_mismatch=True).key()[
-        "drop_number_mismatch"]
+    assert "drop_number_mismatch" not in Filters().key() and "number_filter_version" not in Filters().key()
+    assert Filters(drop_number_mismatch=True).key()["number_filter_version"] == FILTER_VERSION
     with pytest.raises(XformerError, match="data.drop_number_mismatch"):
         load_config(None, sets + ["data.drop_number_mismatch=maybe"])

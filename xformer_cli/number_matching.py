@@ -152,13 +152,12 @@ def mentions(text: str, lang: str) -> list[Mention]:
 
 def match_numbers(numbers: Sequence[Mention], found: Sequence[Mention]) -> dict[int, int]:
     """A maximum matching of source numbers to mentions worth their value (Kuhn's augmenting
-    paths; sentences hold a handful of numbers): source index -> mention index. A number with
-    several values (a translation's "1.102") matches a mention worth any of them."""
+    paths; sentences hold a handful of numbers): source index -> mention index."""
     owner: dict[int, int] = {}  # mention index -> source index
 
     def assign(index: int, seen: set[int]) -> bool:
         for m, mention in enumerate(found):
-            if m in seen or not numbers[index].values & mention.values:
+            if m in seen or numbers[index].value not in mention.values:
                 continue
             seen.add(m)
             if m not in owner or assign(owner[m], seen):

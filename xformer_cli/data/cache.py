@@ -34,7 +34,7 @@ import numpy as np
 from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.concatenation import CONCATENATION_VERSION, with_concatenated
 from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
-from xformer_cli.data.number_filter import without_number_mismatch
+from xformer_cli.data.number_filter import FILTER_VERSION, without_number_mismatch
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -58,11 +58,13 @@ class Filters:
 
     def key(self) -> dict:
         """What the fingerprint takes: without augmentation or the number filter, the fields a
-        cache always had (so caches built before them are still found); with an augmentation,
-        the version of its drawing."""
+        cache always had (so caches built before them are still found); with one, the version
+        of its rules."""
         fields = asdict(self)
         if not self.drop_number_mismatch:
             del fields["drop_number_mismatch"]
+        else:
+            fields["number_filter_version"] = FILTER_VERSION
         if not self.concat_augmentation:
             del fields["concat_augmentation"]
         else:
