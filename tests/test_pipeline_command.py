@@ -86,6 +86,8 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     assert (run_dir / "export" / "student-int8" / "vmap.txt").is_file()  # export.shortlist
     caches = list((run_dir / "teacher" / "cache").glob("*/meta.json"))
     assert len(caches) == 1 and json.loads(caches[0].read_text())["number_augmented"] > 0  # data.number_augmentation
+    student = json.loads(next((run_dir / "student" / "cache").glob("*/meta.json")).read_text())
+    assert student["filters"]["drop_number_mismatch"] is True  # the smoke student drops the teacher's lost numbers
 
 
 def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
