@@ -44,6 +44,12 @@ FORMAT_VERSION = 1
 CHUNK_PAIRS = 50_000
 
 
+# Fields a cache key holds only when set, each with the version of its rules
+VERSIONED_FIELDS = (("drop_number_mismatch", "number_filter_version", FILTER_VERSION),
+                    ("concat_augmentation", "concatenation_version", CONCATENATION_VERSION),
+                    ("number_augmentation", "number_augmentation_version", AUGMENTATION_VERSION))
+
+
 @dataclass(frozen=True)
 class Filters:
     """What the cache keeps and adds besides the pairs as read."""
@@ -61,18 +67,11 @@ class Filters:
         cache always had (so caches built before them are still found); with one, the version
         of its rules."""
         fields = asdict(self)
-        if not self.drop_number_mismatch:
-            del fields["drop_number_mismatch"]
-        else:
-            fields["number_filter_version"] = FILTER_VERSION
-        if not self.concat_augmentation:
-            del fields["concat_augmentation"]
-        else:
-            fields["concatenation_version"] = CONCATENATION_VERSION
-        if not self.number_augmentation:
-            del fields["number_augmentation"]
-        else:
-            fields["number_augmentation_version"] = AUGMENTATION_VERSION
+        for name, version_key, version in VERSIONED_FIELDS:
+            if getattr(self, name):
+                fields[version_key] = version
+            else:
+                del fields[name]
         if not (self.number_augmentation or self.concat_augmentation):
             del fields["seed"]
         return fields
