@@ -103,6 +103,7 @@ TARGET_TAGS = ("auto", "source", "none")
 CORPUS_TAG = re.compile(r"<[A-Za-z0-9_-]+>")  # data.train[i].tag: a control piece such as <bt>
 MAX_NUMBER_COPIES = 8  # data.number_augmentation: more copies would crowd out the sentences without numbers
 MAX_JOINED_COPIES = 2  # data.concat_augmentation: more would make long pairs the bulk of the data
+MAX_QUOTE_COPIES = 8  # data.quote_augmentation: as for numbers
 
 
 @dataclass
@@ -140,6 +141,10 @@ class DataConfig:
     # digits the source has no number for (eval-bleu's rules; data/number_filter.py). For a
     # teacher's translations, which lose numbers a student would learn to lose.
     drop_number_mismatch: bool = False
+    # Copies, on average, of each training pair whose sides quote as many spans ("..." / „...“),
+    # each span replaced by the same random words on both sides (quoted text the model learns to
+    # copy; data/quote_augmentation.py): 4 = four copies of each.
+    quote_augmentation: float = 0.0
     skip_invalid_utf8: bool = False  # drop lines that are not UTF-8 instead of stopping
     valid_max_sentences: int = 0  # 0 = validate on the whole valid set (per direction)
     cache_dir: str = ""  # tokenized-corpus cache; "" = <run_dir>/cache
@@ -710,6 +715,8 @@ def _check_data(d: DataConfig) -> None:
              f"copies of each pair with numbers, 0 (off) to {MAX_NUMBER_COPIES}, got {d.number_augmentation}")
     _require(0 <= d.concat_augmentation <= MAX_JOINED_COPIES, "data.concat_augmentation",
              f"joined copies of each pair, 0 (off) to {MAX_JOINED_COPIES}, got {d.concat_augmentation}")
+    _require(0 <= d.quote_augmentation <= MAX_QUOTE_COPIES, "data.quote_augmentation",
+             f"copies of each pair with quotes, 0 (off) to {MAX_QUOTE_COPIES}, got {d.quote_augmentation}")
     if not d.pairs:
         _require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         _require(len(d.train) > 0, "data.train", "needs at least one corpus")

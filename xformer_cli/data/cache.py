@@ -35,6 +35,7 @@ from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.concatenation import CONCATENATION_VERSION, with_concatenated
 from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
 from xformer_cli.data.number_filter import FILTER_VERSION, without_number_mismatch
+from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, with_quotes_copied
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -47,7 +48,8 @@ CHUNK_PAIRS = 50_000
 # Fields a cache key holds only when set, each with the version of its rules
 VERSIONED_FIELDS = (("drop_number_mismatch", "number_filter_version", FILTER_VERSION),
                     ("concat_augmentation", "concatenation_version", CONCATENATION_VERSION),
-                    ("number_augmentation", "number_augmentation_version", AUGMENTATION_VERSION))
+                    ("number_augmentation", "number_augmentation_version", AUGMENTATION_VERSION),
+                    ("quote_augmentation", "quote_augmentation_version", QUOTE_AUGMENTATION_VERSION))
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Filters:
     seed: int = 1  # which pairs it copies, joins, and the digits it draws
     concat_augmentation: float = 0.0  # data.concat_augmentation (data/concatenation.py)
     drop_number_mismatch: bool = False  # data.drop_number_mismatch (data/number_filter.py)
+    quote_augmentation: float = 0.0  # data.quote_augmentation (data/quote_augmentation.py)
 
     def key(self) -> dict:
         """What the fingerprint takes: without augmentation or the number filter, the fields a
@@ -72,15 +75,18 @@ class Filters:
                 fields[version_key] = version
             else:
                 del fields[name]
-        if not (self.number_augmentation or self.concat_augmentation):
+        if not (self.number_augmentation or self.concat_augmentation or self.quote_augmentation):
             del fields["seed"]
         return fields
 
     def augmented(self, chunk: list[tuple[str, str]], src_lang: str, tgt_lang: str,
                   rng: random.Random) -> tuple[list[tuple[str, str]], Counter]:
-        """The chunk with its number copies, then its joined copies (which may join number
-        copies: long lines with numbers); and how many of each were added."""
+        """The chunk with its quote copies, then its number copies (which may copy a quote's
+        digits), then its joined copies (which may join number copies: long lines with
+        numbers); and how many of each were added."""
         added: Counter = Counter()
+        if self.quote_augmentation:
+            chunk, added["quotes"] = with_quotes_copied(chunk, self.quote_augmentation, rng)
         if self.number_augmentation:
             chunk, added["numbers"] = with_augmented(chunk, self.number_augmentation, src_lang, tgt_lang, rng)
         if self.concat_augmentation:
@@ -287,6 +293,9 @@ def _added_pairs(filters: Filters, added: Counter, log) -> dict:
         meta["number_augmented"] = added["numbers"]
         log(f"cache: {added['numbers']} pairs added with their shared numbers as random digits "
             "(data.number_augmentation)")
+    if filters.quote_augmentation:
+        meta["quote_augmented"] = added["quotes"]
+        log(f"cache: {added['quotes']} pairs added with their quoted text as random words (data.quote_augmentation)")
     if filters.concat_augmentation:
         meta["joined"] = added["joined"]
         log(f"cache: {added['joined']} pairs added joined with another pair (data.concat_augmentation)")

@@ -211,7 +211,7 @@ def build_data(inputs: CheckedInputs, log: Callable[[str], None] = print, write:
     if write:
         inputs.plan.save(tokenizer)
     filters = Filters(d.max_len, d.max_len_ratio, d.dedup, d.number_augmentation, config.train.seed,
-                      d.concat_augmentation, d.drop_number_mismatch)
+                      d.concat_augmentation, d.drop_number_mismatch, d.quote_augmentation)
     train, reused = build_or_load(inputs.sources, tokenizer, filters, cache_dir_for(config), log, config.train.threads,
                                   per_source=data_weighted(d) or len(d.directions()) > 1)
     if reused:
