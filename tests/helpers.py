@@ -26,6 +26,15 @@ def write_lines(path: Path, lines: Iterable[str]) -> Path:
     return path
 
 
+def pairs_sets(folder: Path, pairs: list[tuple[str, str]], vocab_size: int = 100) -> list[str]:
+    """--set overrides of a config that trains on ``pairs`` (written to folder/t.en, t.de) with
+    no valid or test set and a tiny vocabulary: for tests of what the token cache holds."""
+    write_lines(folder / "t.en", [src for src, _ in pairs])
+    write_lines(folder / "t.de", [tgt for _, tgt in pairs])
+    return [f"run_dir={folder / 'run'}", f"data.train={json.dumps({'prefix': str(folder / 't')})}",
+            "data.valid=null", "data.test=null", f"tokenizer.vocab_size={vocab_size}"]
+
+
 def head(path: Path, n: int) -> list[str]:
     with open(path, encoding="utf-8") as handle:
         return [next(handle).rstrip("\n") for _ in range(n)]

@@ -3,12 +3,11 @@ so that a model trained on short sentences has seen long inputs."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
-from helpers import write_lines
+from helpers import pairs_sets
 from xformer_cli.config import load_config
 from xformer_cli.data.concatenation import joined, with_concatenated
 from xformer_cli.errors import XformerError
@@ -41,10 +40,7 @@ def test_the_rate_adds_joined_copies_of_two_different_pairs_and_keeps_the_origin
 def test_the_cache_adds_the_joined_pairs_and_rebuilds_when_the_rate_changes(tmp_path):
     from xformer_cli.data.prepare import prepare_data
 
-    write_lines(tmp_path / "t.en", [s for s, _ in PAIRS])
-    write_lines(tmp_path / "t.de", [t for _, t in PAIRS])
-    sets = [f"run_dir={tmp_path / 'run'}", f"data.train={json.dumps({'prefix': str(tmp_path / 't')})}",
-            "data.valid=null", "data.test=null", "tokenizer.vocab_size=100"]
+    sets = pairs_sets(tmp_path, PAIRS)
     plain = prepare_data(load_config(None, sets), lambda _: None)
     said = []
     more = prepare_data(load_config(None, sets + ["data.concat_augmentation=1.0"]), said.append)

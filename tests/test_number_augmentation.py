@@ -3,14 +3,13 @@ digits on both sides, so that the model learns to copy digits."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from decimal import Decimal
 
 import pytest
 
-from helpers import write_lines
+from helpers import pairs_sets
 from xformer_cli.config import load_config
 from xformer_cli.data.number_augmentation import (DrawnNumber, augmented_pair, copies_of, corresponding, draw_number,
                                                   with_augmented)
@@ -80,10 +79,7 @@ def test_a_rate_above_one_is_whole_copies_and_a_chance_of_one_more():
 def test_the_cache_adds_the_copies_and_rebuilds_when_the_rate_changes(tmp_path):
     from xformer_cli.data.prepare import prepare_data
 
-    write_lines(tmp_path / "t.en", [s for s, _ in PAIRS] * 20)
-    write_lines(tmp_path / "t.de", [t for _, t in PAIRS] * 20)
-    sets = [f"run_dir={tmp_path / 'run'}", f"data.train={json.dumps({'prefix': str(tmp_path / 't')})}",
-            "data.valid=null", "data.test=null", "tokenizer.vocab_size=100"]
+    sets = pairs_sets(tmp_path, PAIRS * 20)
     plain = prepare_data(load_config(None, sets), lambda _: None).train
     said = []
     more = prepare_data(load_config(None, sets + ["data.number_augmentation=1.0"]), said.append)

@@ -3,12 +3,11 @@ that lost a source number, or invented digits) are dropped before training, by e
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
-from helpers import write_lines
+from helpers import pairs_sets
 from xformer_cli.config import load_config
 from xformer_cli.data.cache import Filters
 from xformer_cli.data.number_filter import FILTER_VERSION, INVENTED, LOST, number_mismatch, without_number_mismatch
@@ -59,10 +58,7 @@ def test_the_cache_drops_them_says_so_and_keeps_old_fingerprints_when_off(tmp_pa
 
     good = [(f"A dog with {i} legs runs.", f"Ein Hund mit {i} Beinen rennt.") for i in range(30)]
     lost = [(f"A cat with {i} toys sits.", "Eine Katze mit Spielzeug sitzt.") for i in range(2, 12)]  # "Eine" is 1
-    write_lines(tmp_path / "t.en", [s for s, _ in good + lost])
-    write_lines(tmp_path / "t.de", [t for _, t in good + lost])
-    sets = [f"run_dir={tmp_path / 'run'}", f"data.train={json.dumps({'prefix': str(tmp_path / 't')})}",
-            "data.valid=null", "data.test=null", "tokenizer.vocab_size=100"]
+    sets = pairs_sets(tmp_path, good + lost)
     plain = prepare_data(load_config(None, sets), lambda _: None)
     said: list[str] = []
     sets += ["data.drop_number_mismatch=true", "data.number_augmentation=1.0"]

@@ -4,12 +4,11 @@ instead of writing „S“."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
-from helpers import write_lines
+from helpers import pairs_sets
 from xformer_cli.config import load_config
 from xformer_cli.data.cache import Filters
 from xformer_cli.data.quote_augmentation import (QUOTE_AUGMENTATION_VERSION, corpus_words, draw_quote,
@@ -71,10 +70,7 @@ def test_drawn_quotes_take_words_of_the_corpus_made_up_names_and_digits():
 def test_the_cache_adds_the_copies_says_so_and_keeps_old_fingerprints_when_off(tmp_path):
     from xformer_cli.data.prepare import prepare_data
 
-    write_lines(tmp_path / "t.en", [s for s, _ in QUOTED + PLAIN])
-    write_lines(tmp_path / "t.de", [t for _, t in QUOTED + PLAIN])
-    sets = [f"run_dir={tmp_path / 'run'}", f"data.train={json.dumps({'prefix': str(tmp_path / 't')})}",
-            "data.valid=null", "data.test=null", "tokenizer.vocab_size=120"]
+    sets = pairs_sets(tmp_path, QUOTED + PLAIN, vocab_size=120)
     plain = prepare_data(load_config(None, sets), lambda _: None)
     said: list[str] = []
     more = prepare_data(load_config(None, sets + ["data.quote_augmentation=2"]), said.append)
