@@ -88,6 +88,7 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     assert len(caches) == 1 and json.loads(caches[0].read_text())["number_augmented"] > 0  # data.number_augmentation
     student = json.loads(next((run_dir / "student" / "cache").glob("*/meta.json")).read_text())
     assert student["filters"]["drop_number_mismatch"] is True  # the smoke student drops the teacher's lost numbers
+    assert student["filters"]["quote_augmentation"] == 4.0 and "quote_augmented" in student  # ... and copies quotes
 
 
 def test_a_second_run_skips_every_stage(smoke_data, smoke_run):

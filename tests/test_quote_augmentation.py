@@ -31,6 +31,7 @@ def test_quotes_are_found_by_each_languages_marks_and_apostrophes_are_not_quotes
     assert inner("It's Terrible's 'deli'.") == []
     assert inner('An unclosed " mark.') == [] and inner('An empty "" or " " pair.') == []
     assert inner('A "' + "x" * 200 + '" is no quote') == []  # two stray marks around a clause
+    assert inner('A "' + "x" * 200 + '" and a "sign".') == ["sign"]  # ... whose closing mark opens nothing
 
 
 def test_each_copy_quotes_the_same_drawn_words_on_both_sides_and_the_rest_stays():

@@ -36,10 +36,11 @@ def quoted_spans(text: str) -> list[tuple[int, int]]:
     while i < len(text):
         closing = CLOSING.get(text[i])
         if closing is not None:
-            end = next((j for j in range(i + 1, min(len(text), i + 2 + LONGEST_QUOTE)) if text[j] in closing), -1)
-            if end > 0:  # a pair of marks, taken together even when empty ("" is no opening mark)
+            end = next((j for j in range(i + 1, len(text)) if text[j] in closing), -1)
+            if end > 0:  # a pair of marks, taken together even when empty or too long: its closing mark opens nothing
                 inner = text[i + 1:end]
-                if inner.strip() and "\n" not in inner:  # the spaces inside (French « ... ») stay out
+                if inner.strip() and len(inner) <= LONGEST_QUOTE and "\n" not in inner:
+                    # the spaces inside (French « ... ») stay out of the span
                     start = i + 1 + len(inner) - len(inner.lstrip())
                     spans.append((start, start + len(inner.strip())))
                 i = end + 1
