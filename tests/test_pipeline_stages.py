@@ -235,6 +235,21 @@ def test_each_model_stage_gets_its_data_and_run_dir(tmp_path):
     assert (student.model.encoder_layers, student.model.decoder_layers) == (2, 1)
 
 
+def test_an_option_added_later_stays_out_of_a_stage_fingerprint_until_it_is_set(tmp_path):
+    from xformer_cli.pipeline import models, stages
+
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
+    teacher = stages.teacher_config(pipe)
+    assert teacher.data.quote_augmentation == 0
+    off = models.config_stamp(teacher, pipe.run_dir)
+    assert "quote_augmentation" not in off["config"]["data"]  # a teacher finished before it stays finished
+    teacher.data.quote_augmentation = 2.0
+    on = models.config_stamp(teacher, pipe.run_dir)
+    assert on["config"]["data"]["quote_augmentation"] == 2.0 and on != off
+    student = models.config_stamp(stages.student_config(pipe), pipe.run_dir)
+    assert student["config"]["data"]["quote_augmentation"] == 4.0  # the smoke student sets it
+
+
 def test_a_corpus_tag_is_a_control_piece_no_text_can_produce(tmp_path):
     sentences = [f"a man rides bike number {i} in the park" for i in range(200)]
     tok = Tokenizer.train(sentences, [], joint=True, vocab_size=100, control_symbols=["<bt>"])

@@ -25,7 +25,7 @@ def inner(text: str) -> list[str]:
 
 
 def test_quotes_are_found_by_each_languages_marks_and_apostrophes_are_not_quotes():
-    assert inner('A sign says "Open" and “Closed”.') == ["Open", "Closed"]
+    assert inner('A sign says "Open" and “Closed!”.') == ["Open", "Closed"]  # closing punctuation stays out
     assert inner("Ein „Open“-Schild und »Zu«.") == ["Open", "Zu"]
     assert inner("Il dit « bonjour » puis part.") == ["bonjour"]  # the spaces inside stay out of the span
     assert inner("It's Terrible's 'deli'.") == []
@@ -42,7 +42,7 @@ def test_each_copy_quotes_the_same_drawn_words_on_both_sides_and_the_rest_stays(
     for src, tgt in out[len(pairs):]:
         (quote,), (same,) = inner(src), inner(tgt)
         assert quote == same and quote != "Welcome Bikers."
-        assert src.endswith(f'holds a sign that says "{quote}"')
+        assert src.endswith(f'holds a sign that says "{quote}."')  # the quote's full stop stays
         assert tgt.endswith(f"hält ein Schild mit der Aufschrift „{quote}“.")
         drawn.append(quote)
     assert len(set(drawn)) > 0.9 * added  # each copy draws its own words
@@ -66,6 +66,18 @@ def test_drawn_quotes_take_words_of_the_corpus_made_up_names_and_digits():
     assert all(1 <= len(q.split()) <= 4 for q in quotes)
     assert {"dog", "Dog", "DOG"} <= set(flat)
     assert any(w.isdigit() for w in flat) and any(w.isalpha() and w.lower() != "dog" for w in flat)
+
+
+def test_number_copies_never_rewrite_a_quote_copys_digits():
+    pairs = [(f'Shirt {i} says "Team 9" and 3 dogs sit.', f"Hemd {i} mit „Team 9“ und 3 Hunde sitzen.")
+             for i in range(200)]
+    out, added = Filters(number_augmentation=2.0, quote_augmentation=2.0).augmented(pairs, "en", "de",
+                                                                                     random.Random(1))
+    assert added["quotes"] == 400 and added["numbers"] == 400  # the "3" outside the quote is copied
+    assert all(inner(src) == inner(tgt) for src, tgt in out)  # "12,000" / „12.000“ would be no copy
+    assert all(inner(src) == ["Team 9"] for src, _ in out[:200 + 400])  # the number copies leave the quote alone
+    plain, _ = Filters(number_augmentation=2.0).augmented(pairs, "en", "de", random.Random(1))
+    assert plain[:200] == pairs and any(inner(src) != ["Team 9"] for src, _ in plain[200:])  # as before without
 
 
 def test_the_cache_adds_the_copies_says_so_and_keeps_old_fingerprints_when_off(tmp_path):

@@ -35,7 +35,7 @@ from xformer_cli.data.batching import Batch, collate_flat
 from xformer_cli.data.concatenation import CONCATENATION_VERSION, with_concatenated
 from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augmented
 from xformer_cli.data.number_filter import FILTER_VERSION, without_number_mismatch
-from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, with_quotes_copied
+from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, quoted_spans, with_quotes_copied
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, writing
@@ -81,14 +81,18 @@ class Filters:
 
     def augmented(self, chunk: list[tuple[str, str]], src_lang: str, tgt_lang: str,
                   rng: random.Random) -> tuple[list[tuple[str, str]], Counter]:
-        """The chunk with its quote copies, then its number copies (which may copy a quote's
-        digits), then its joined copies (which may join number copies: long lines with
-        numbers); and how many of each were added."""
+        """The chunk with its number copies and its quote copies, both of the pairs as read (a
+        quote's digits are text to copy, not a number to write as each language does: with
+        quote copies on, number copies leave them alone), then its joined copies (which may
+        join number copies: long lines with numbers); and how many of each were added."""
         added: Counter = Counter()
-        if self.quote_augmentation:
-            chunk, added["quotes"] = with_quotes_copied(chunk, self.quote_augmentation, rng)
+        read = len(chunk)
         if self.number_augmentation:
-            chunk, added["numbers"] = with_augmented(chunk, self.number_augmentation, src_lang, tgt_lang, rng)
+            leave = quoted_spans if self.quote_augmentation else None
+            chunk, added["numbers"] = with_augmented(chunk, self.number_augmentation, src_lang, tgt_lang, rng, leave)
+        if self.quote_augmentation:
+            quoted, added["quotes"] = with_quotes_copied(chunk[:read], self.quote_augmentation, rng)
+            chunk = chunk + quoted[read:]
         if self.concat_augmentation:
             chunk, added["joined"] = with_concatenated(chunk, self.concat_augmentation, rng)
         return chunk, added

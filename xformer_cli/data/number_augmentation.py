@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from xformer_cli.number_matching import Mention, mentions, separators
 
@@ -100,14 +100,30 @@ def copies_of(rate: float, rng: random.Random) -> int:
     return whole + (rng.random() < rate - whole)
 
 
+Spans = Callable[[str], list[tuple[int, int]]]
+
+
+def _inside(mention: Mention, spans: list[tuple[int, int]]) -> bool:
+    return any(start <= mention.start < end for start, end in spans)
+
+
+def _outside(shared: list[tuple[Mention, Mention]], src: str, tgt: str, leave: Spans) -> list[tuple[Mention, Mention]]:
+    """The shared numbers that are in no span ``leave`` finds, on either side."""
+    src_spans, tgt_spans = leave(src), leave(tgt)
+    return [(s, t) for s, t in shared if not _inside(s, src_spans) and not _inside(t, tgt_spans)]
+
+
 def with_augmented(pairs: list[tuple[str, str]], rate: float, src_lang: str, tgt_lang: str,
-                   rng: random.Random) -> tuple[list[tuple[str, str]], int]:
+                   rng: random.Random, leave: Optional[Spans] = None) -> tuple[list[tuple[str, str]], int]:
     """``pairs`` followed by augmented copies of each pair that shares a number, ``rate`` of
-    them a pair on average, each with digits of its own; and how many copies were added."""
+    them a pair on average, each with digits of its own; and how many copies were added.
+    ``leave``: the spans of a text whose numbers stay as they are (quoted text, copied as written)."""
     added = []
     for src, tgt in pairs:
         copies = copies_of(rate, rng)
         shared = corresponding(src, tgt, src_lang, tgt_lang) if copies else []  # found once for all its copies
+        if shared and leave is not None:
+            shared = _outside(shared, src, tgt, leave)
         if shared:
             added.extend(_with_drawn(src, tgt, shared, src_lang, tgt_lang, rng) for _ in range(copies))
     return pairs + added, len(added)

@@ -11,8 +11,10 @@ piece by piece whatever they are.
 
 Quotes are found by their marks, each opening mark with the closing marks its languages use
 (English "..." and “...”, German „...“, French «...», »...« as German books write it); a single
-quote is an apostrophe too often to count. The i-th quoted span of one side goes with the i-th of
-the other; a pair whose sides quote different numbers of spans is left alone."""
+quote is an apostrophe too often to count. A full stop (or ,!?;:) that ends a quote stays, as
+English puts it inside ('"Welcome Bikers."') and German outside. The i-th quoted span of one side
+goes with the i-th of the other; a pair whose sides quote different numbers of spans is left
+alone."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ import random
 
 from xformer_cli.data.number_augmentation import copies_of, draw_number
 
-QUOTE_AUGMENTATION_VERSION = 1  # in the token cache's key
+QUOTE_AUGMENTATION_VERSION = 2  # in the token cache's key: 2 keeps a quote's closing full stop, its digits as written
 
 CLOSING = {'"': '"', "“": '”"', "„": '“”"', "«": "»", "»": "«"}  # opening mark -> the marks that close it
+CLOSING_PUNCTUATION = ".,!?;:"  # left out of a span: the copy keeps it where the sentence had it
 LONGEST_QUOTE = 80  # characters: a longer "quote" is more likely two stray marks around a clause
 WORD_COUNTS = (1, 1, 2, 2, 2, 3, 3, 4)  # words in a drawn quote: sign texts and names are short
 CONSONANTS = "bcdfghklmnprstvz"
@@ -30,7 +33,8 @@ VOWELS = "aeiou"
 
 
 def quoted_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of the text inside each pair of quote marks, left to right, marks left out."""
+    """(start, end) of the text inside each pair of quote marks, left to right: the marks, the
+    spaces inside them and a closing full stop (or ,!?;:) left out."""
     spans = []
     i = 0
     while i < len(text):
@@ -42,7 +46,8 @@ def quoted_spans(text: str) -> list[tuple[int, int]]:
                 if inner.strip() and len(inner) <= LONGEST_QUOTE and "\n" not in inner:
                     # the spaces inside (French « ... ») stay out of the span
                     start = i + 1 + len(inner) - len(inner.lstrip())
-                    spans.append((start, start + len(inner.strip())))
+                    words = inner.strip().rstrip(CLOSING_PUNCTUATION) or inner.strip()
+                    spans.append((start, start + len(words)))
                 i = end + 1
                 continue
         i += 1
@@ -50,7 +55,8 @@ def quoted_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _made_up(rng: random.Random) -> str:
-    """A pronounceable word no corpus holds ("Kelo"): a name the model can only copy."""
+    """A pronounceable made-up word, most often one no corpus holds ("Kelo"): a name the model
+    can only copy."""
     word = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(rng.randint(1, 3)))
     return word + (rng.choice(CONSONANTS) if rng.random() < 0.5 else "")
 

@@ -81,14 +81,23 @@ def with_corpus(prefix: Path, keep_real: bool, **corpus: Any) -> Edit:
     return edit
 
 
+# Data options added after the pipeline shipped: out of a stage's stamp while off, so that a
+# finished stage of a run made before them stays finished (an option changes nothing until set)
+LATER_DATA_OPTIONS = ("quote_augmentation",)
+
+
 def config_stamp(config: Config, run_dir: Path) -> dict:
-    """What a training stage's fingerprint takes of its config: every key, and the size and
-    time of each training file outside the pipeline's run_dir (those inside come from upstream
-    stages, whose fingerprints stand for them)."""
+    """What a training stage's fingerprint takes of its config: every key (less the later
+    options while off), and the size and time of each training file outside the pipeline's
+    run_dir (those inside come from upstream stages, whose fingerprints stand for them)."""
     stamps = []
     for corpus in config.data.train:
         stamps.extend(_corpus_files(corpus, config, run_dir))
-    return {"config": asdict(config), "files": stamps}
+    keys = asdict(config)
+    for name in LATER_DATA_OPTIONS:
+        if not keys["data"][name]:
+            del keys["data"][name]
+    return {"config": keys, "files": stamps}
 
 
 def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path) -> list[str]:
