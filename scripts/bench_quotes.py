@@ -1,7 +1,7 @@
 """Quoted text kept as written: Multi30k's captions quote what a sign or a shirt says, and the
 German references keep most of it verbatim ('a shirt that says "Asian Pacific 2007"' / 'mit dem
 Aufdruck "Asian Pacific 2007"'). For each quoted span of the valid and test2016 sources
-(data/quote_augmentation.py finds them; a span's closing full stop left out), this counts the
+(data/quote_augmentation.py finds them, a closing full stop left out), this counts the
 outputs that hold it character for character, beside the references scored the same way.
 
     python scripts/bench_quotes.py runs/multi30k/best.pt [more checkpoints] [--beam 4]
@@ -36,7 +36,7 @@ def quoted_lines(splits: list[str]) -> tuple[list[str], list[str]]:
 
 def kept(sources: list[str], outputs: list[str]) -> tuple[int, int]:
     """(spans the outputs write as the source does, spans in all)."""
-    spans = [(s[a:b].rstrip(".!?,"), out) for s, out in zip(sources, outputs) for a, b in quoted_spans(s)]
+    spans = [(s[a:b], out) for s, out in zip(sources, outputs) for a, b in quoted_spans(s)]
     return sum(quote in out for quote, out in spans), len(spans)
 
 
