@@ -110,7 +110,10 @@ def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):
     proc = subprocess.run([sys.executable, "-m", "xformer_cli", "translate", "--checkpoint",
                            str(run_dir / "teacher" / "best.pt")], input="<bt> A man rides a bike.\n".encode(),
                           capture_output=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.decode().strip() and "<bt>" not in proc.stdout.decode()
+    # One line out, without the tag. The smoke teacher may write an empty line (on a bf16 CPU it
+    # did), so the tag written by the model is checked on its own: a control piece decodes to nothing.
+    assert proc.returncode == 0 and len(proc.stdout.decode().splitlines()) == 1 and "<bt>" not in proc.stdout.decode()
+    assert tokenizer.tgt.decode([tag] + tokenizer.tgt.encode("Ein Mann")) == "Ein Mann"
 
 
 def test_a_kill_inside_back_translation_resumes_to_the_same_output(smoke_data, smoke_run, tmp_path):
