@@ -323,6 +323,35 @@ class EchoEngine:
         return " ".join(hyp.tokens)
 
 
+def test_the_translating_stages_use_the_threads_training_uses(tmp_path, monkeypatch):
+    """The pipeline keeps OpenMP's default waits (train's), so its engines take every core
+    as training does, not decode.factory's one fewer for spinning threads; a number in the
+    config, or evaluate's own, wins."""
+    import torch
+
+    from xformer_cli.pipeline.stages import stage_threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
+    assert stage_threads(Pipeline(smoke(tmp_path), log=lambda _: None)) == 6
+    assert stage_threads(Pipeline(smoke(tmp_path, "threads=3"), log=lambda _: None)) == 3
+    assert stage_threads(Pipeline(smoke(tmp_path, "threads=3"), log=lambda _: None), asked=5) == 5
+
+
+@pytest.mark.slow
+def test_the_pipeline_command_leaves_openmp_its_default_waits(tmp_path):
+    """Sleeping waits (what translate sets) made every training step of the pipeline slower:
+    the pipeline command, a training job, leaves the policy to OpenMP as train does."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ.pop('OMP_WAIT_POLICY', None); from typer.testing import CliRunner; "
+            "from xformer_cli.cli import app; "
+            f"r = CliRunner().invoke(app, ['pipeline', '-c', {str(tmp_path / 'missing.yaml')!r}]); "
+            "print(r.exit_code, os.environ.get('OMP_WAIT_POLICY', 'unset'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.split() == ["1", "unset"]
+
+
 def test_evaluate_times_the_fastest_of_its_passes_taken_in_turns(tmp_path, monkeypatch):
     """A burst of another process slows one pass, not the engine: a row's speed is its fastest
     pass, and the output (hence BLEU) is the same whichever pass gave it. The passes go in

@@ -137,7 +137,8 @@ def pipeline(
     inputs have not changed since it finished is skipped; a killed one resumes (docs/pipeline.md)."""
     from xformer_cli.pipeline import load_pipeline_config, run_pipeline
 
-    _before_torch()
+    # No _before_torch(): the pipeline is a training job and keeps OpenMP's default waits, as
+    # train does; sleeping waits cost its training a fifth of its steps (docs/pipeline.md, "Threads").
     run_pipeline(load_pipeline_config(config, overrides), from_stage, only, log=_log, progress=not quiet)
 
 

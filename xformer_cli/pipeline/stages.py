@@ -145,11 +145,20 @@ def _total(lines: TextLines) -> int:
     return min(total, lines.max_lines) if lines.max_lines else total
 
 
+def stage_threads(pipe: Pipeline, asked: int = 0) -> int:
+    """Threads for a stage that translates: ``asked``, else the config's ``threads``, else what
+    training uses (torch's, every core). The pipeline runs alone, as train does, with OpenMP's
+    default waits, so decode.factory's one-core-fewer rule for spinning threads does not apply."""
+    import torch
+
+    return asked or pipe.config.threads or torch.get_num_threads()
+
+
 def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: CorpusJob) -> int:
     from xformer_cli.decode.factory import load_engine
 
     sampling = bool(s.sampling_topk)
-    engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=pipe.config.threads,
+    engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
                          needs=("sampling_topk", "seed") if sampling else (), log=pipe.log)
     opts = dict(beam_size=s.beam_size, sampling_topk=s.sampling_topk or None,
                 temperature=s.temperature if sampling else None)
@@ -301,7 +310,7 @@ def run_evaluate(pipe: Pipeline) -> dict:
 
     e = pipe.config.evaluate
     sets = evaluation.split_sets(pipe.base.data, e.splits, str(pipe.config.model_config_path), pipe.log, e.max_lines)
-    rows = evaluation.score_models(_evaluated(pipe), sets, e.beam_sizes, e.threads or pipe.config.threads,
+    rows = evaluation.score_models(_evaluated(pipe), sets, e.beam_sizes, stage_threads(pipe, e.threads),
                                    pipe.langs, pipe.log, e.timed_passes)
     summary = pipe.record("evaluate").directory / "summary.json"
     with atomic_file(summary, "w", encoding="utf-8") as f:
