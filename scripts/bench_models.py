@@ -44,7 +44,8 @@ def main() -> int:
     parser.add_argument("--beam", type=int, nargs="+", default=[4])
     parser.add_argument("--splits", nargs="+", default=["valid", "test"], choices=["valid", "test"])
     parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="every row's threads; 0: torch's (every core), as the pipeline's evaluate takes")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     data = load_config(args.config).data
@@ -52,7 +53,12 @@ def main() -> int:
         sets = split_sets(data, args.splits, args.config, lambda _: None)
     except XformerError as exc:
         raise SystemExit(str(exc)) from None
-    rows = score_models(args.model, sets, args.beam, args.threads, (data.src_lang, data.tgt_lang),
+    import torch
+
+    # Every row on the same threads: decode.factory's rule would give a spinning torch one core
+    # fewer than CTranslate2 here (this script leaves OpenMP its default waits, as the pipeline does).
+    threads = args.threads or torch.get_num_threads()
+    rows = score_models(args.model, sets, args.beam, threads, (data.src_lang, data.tgt_lang),
                         lambda line: print(line, file=sys.stderr, flush=True), args.passes)
     print(table(rows))
     if args.json:
