@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,15 +33,18 @@ from bench_train import onmt_trainer_rate  # noqa: E402
 from xformer_cli.config import load_config  # noqa: E402
 
 
-def trainer_rate(tree: Path, config: str, steps: int, every: int, precision: str) -> tuple[float, list[float]]:
-    """Steady-state target tokens/s of ``xformer train`` run from ``tree``'s own code."""
+def trainer_rate(tree: Path, config: str, steps: int, every: int, precision: str,
+                 env: Optional[dict[str, str]] = None) -> tuple[float, list[float]]:
+    """Steady-state target tokens/s of ``xformer train`` run from ``tree``'s own code, in ``env``
+    (this process's environment when None)."""
     with tempfile.TemporaryDirectory() as run_dir:
         sets = [f"run_dir={run_dir}", f"train.max_steps={steps}", f"train.log_every={every}",
                 f"train.valid_every={steps * 10}", "data.valid_max_sentences=8", "train.max_minutes=0",
                 f"train.precision={precision}", "train.device=cpu"]
         done = subprocess.run([sys.executable, "-m", "xformer_cli", "train", "-c", config, "--overwrite", "--quiet",
                                *[x for kv in sets for x in ("--set", kv)]], cwd=tree,
-                              env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+                              env={**(os.environ if env is None else env), "PYTHONPATH": str(tree)},
+                              capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"xformer train in {tree} failed:\n{done.stderr[-3000:]}")
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -81,14 +81,7 @@ def burners(count: int) -> Iterator[None]:
 def train_rate(policy: str, config: str, steps: int) -> float:
     from bench_train_ab import trainer_rate
 
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(policy_env(policy))
-    try:
-        return trainer_rate(ROOT, config, steps, 25, "auto")[0]
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    return trainer_rate(ROOT, config, steps, 25, "auto", env=policy_env(policy))[0]
 
 
 def main() -> None:
