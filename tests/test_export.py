@@ -13,7 +13,7 @@ from helpers import head, tiny_checkpoint
 pytestmark = pytest.mark.slow  # every test exports a model trained on Multi30k
 
 pytest.importorskip("ctranslate2")
-from xformer_cli.decode.ct2_engine import CTranslate2Translator  # noqa: E402
+from xformer_cli.decode.ct2_engine import CPU_SUB_BATCH, CTranslate2Translator  # noqa: E402
 from xformer_cli.export.ctranslate2 import MISSING_CT2, export_ctranslate2  # noqa: E402
 
 N_TRAIN = 30  # memorised pairs: confident, real German outputs
@@ -70,6 +70,24 @@ def test_greedy_outputs_and_scores_equal_xformer(exported):
     for mine, (hyp,) in zip(theirs[:N_TRAIN], ours[:N_TRAIN]):
         assert mine.logprob == pytest.approx(hyp.logprob, abs=5e-3)
         assert mine.score == pytest.approx(hyp.score, abs=5e-3)  # over the same length penalty
+
+
+def test_cpu_threads_run_parallel_batches_and_every_line_keeps_its_place(exported):
+    """On a CPU the threads are CTranslate2 workers, each taking jobs of a few sentences, with
+    the next engine batch queued before the last is read: the lines must come back in place."""
+    _, out, sentences = exported
+    ct2 = CTranslate2Translator.from_directory(out, threads=2)
+    assert ct2.translator.num_translators == 2 and ct2.sub_batch == CPU_SUB_BATCH
+    alone = [ct2.translate([line], beam_size=1)[0] for line in sentences]  # one job a line
+    ct2.sub_batch = 3  # engine batches of 8 in jobs of 3, so both workers share every batch
+    many = sentences * 3
+    assert ct2.translate(many, beam_size=1, batch_size=8) == alone * 3
+    assert len(set(alone)) > N_TRAIN // 2
+
+    # A line whose client has left is not queued with the batches after it.
+    opts = ct2.options(beam_size=1, batch_size=4)
+    found = ct2.search(many, opts, wanted=lambda i: i < 5)
+    assert all(found[i] for i in range(5) if many[i].strip()) and not any(found[5:])
 
 
 def test_files_of_an_export(exported):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -40,6 +41,18 @@ from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 # sentences (203 when alpha is passed as CTranslate2's own exponent), all memorised ones
 # included; equality is not guaranteed, as the stopping rules differ. Greedy search is
 # unaffected: it gives exactly xformer's tokens and log-probabilities.
+#
+# The note on CPU threads. On a CPU the engine runs its threads as parallel batches
+# (CTranslate2's inter_threads, one OpenMP thread each) rather than one batch over all
+# of them (intra_threads): each engine batch goes to CTranslate2 in sub-batches of
+# CPU_SUB_BATCH sentences that the workers take in turns, and the next batch is queued
+# before the last one's results are read, so no worker waits at a batch's end. A model
+# of this project's sizes has operations too short to share between cores: on the AMX
+# Xeon (2 cores) two parallel batches translated 3-9x faster than one batch on two threads
+# (docs/benchmarks/decoding.md, "CTranslate2's threads"). A single short request then runs
+# on one core.
+
+CPU_SUB_BATCH = 32  # sentences per CTranslate2 job on a CPU: 32 beat 8, 16 and 64-256 there
 
 
 @contextlib.contextmanager
@@ -56,6 +69,22 @@ def keeping_torch_threads() -> Iterator[None]:
             torch.set_num_threads(before)
 
 
+@dataclass
+class _Queued:
+    """An engine batch in CTranslate2's queue: its line numbers, their length limits, a future each."""
+
+    lines: list[int]
+    limits: list[int]
+    futures: list[Any]
+
+
+def cpu_workers(threads: int) -> int:
+    """Parallel batches on a CPU: ``threads``, or every core for 0."""
+    from xformer_cli.decode.factory import available_cores
+
+    return threads if threads > 0 else available_cores()
+
+
 class CTranslate2Translator(Engine):
     """Translate with an exported directory; same input/output conventions as ``Translator``."""
 
@@ -64,8 +93,9 @@ class CTranslate2Translator(Engine):
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
                  precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None,
-                 shortlist: bool = False):
+                 shortlist: bool = False, sub_batch: int = 0):
         self.translator = translator
+        self.sub_batch = sub_batch  # sentences per CTranslate2 job (0: an engine batch is one job)
         self.shortlist = shortlist  # each step scores only the batch's shortlist candidates (export/shortlist.py)
         self.languages = languages
         self.precision = precision  # the compute type it runs in
@@ -83,8 +113,8 @@ class CTranslate2Translator(Engine):
         device_index: int = 0,
     ) -> "CTranslate2Translator":
         """Load a directory written by ``export_ctranslate2`` on ``device`` (cpu | cuda) number
-        ``device_index``; ``threads`` 0 = CTranslate2's default. ``decode.factory.load_engine``
-        chooses all three by the project's rules."""
+        ``device_index``; ``threads`` 0 = every core. On a CPU they run parallel batches (the
+        note on CPU threads). ``decode.factory.load_engine`` chooses all three by the project's rules."""
         ctranslate2 = import_ctranslate2()
         path = Path(path)
         info_path = path / EXPORT_INFO
@@ -101,16 +131,19 @@ class CTranslate2Translator(Engine):
             else:
                 tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
                                       vocabularies.get("vocab"), vocabularies.get("tgt_vocab"))
+            workers = cpu_workers(threads) if device == "cpu" else 1
             with keeping_torch_threads():
-                translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
-                                                    compute_type=compute_type, intra_threads=threads)
+                translator = ctranslate2.Translator(
+                    str(path), device=device, device_index=device_index, compute_type=compute_type,
+                    inter_threads=workers, intra_threads=1 if device == "cpu" else threads)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model "
                                f"({type(exc).__name__}: {str(exc).strip()[:160]})") from None
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
         shortlist = bool(info.get("shortlist")) and (path / VMAP_FILE).is_file()
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
-                   int(info.get("bos_id", BOS_ID)), export_languages(info), shortlist)
+                   int(info.get("bos_id", BOS_ID)), export_languages(info), shortlist,
+                   CPU_SUB_BATCH if device == "cpu" else 0)
 
     def search(self, lines: Sequence[str], opts: SearchOptions,
                wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
@@ -127,15 +160,20 @@ class CTranslate2Translator(Engine):
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
+        in_flight: Optional[_Queued] = None  # a batch queued behind the one being read (the note on CPU threads)
         for chunk in still_wanted(batches, wanted):
             # The same per-sentence limits as xformer's search (float32 arithmetic included).
             limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
-            found = self._translate_chunk([encoded[i] for i in chunk], limits, beam, alpha, opts.min_len)
-            for i, hyps in zip(chunk, found):
-                results[i] = hyps[: opts.nbest]
+            queued = _Queued(chunk, limits, self._queue([encoded[i] for i in chunk], limits, beam, opts.min_len))
+            if in_flight is not None:
+                self._read(in_flight, results, alpha, opts.nbest)
+            in_flight = queued
+        if in_flight is not None:
+            self._read(in_flight, results, alpha, opts.nbest)
         return results
 
-    def _translate_chunk(self, sources: list[list[int]], limits: list[int], beam: int, alpha: float, min_len: int):
+    def _queue(self, sources: list[list[int]], limits: list[int], beam: int, min_len: int) -> list[Any]:
+        """One engine batch handed to CTranslate2 without waiting: a future per sentence."""
         # CTranslate2 takes one max_decoding_length per call, so the batch gets the longest
         # source's limit (a * source length + b, eos counted) and each output is then cut
         # to its own: exact for greedy search, whose first tokens do not depend on the limit
@@ -143,8 +181,10 @@ class CTranslate2Translator(Engine):
         # CTranslate2 counts the eos step in the limit; xformer allows `limit` tokens, then eos.
         # The position table bounds both lengths (xformer grows its table; CTranslate2 cannot).
         max_length = min(max(limits) + 1, self.max_positions)
-        out = self.translator.translate_batch(
+        return self.translator.translate_batch(
             [[self.src_pieces[t] for t in ids] for ids in sources],
+            max_batch_size=self.sub_batch,  # jobs the parallel workers share (0: the batch is one job)
+            asynchronous=True,
             beam_size=beam,
             num_hypotheses=beam,
             length_penalty=0.0,  # scores are plain log-probabilities, eos included (the note on beam search)
@@ -155,7 +195,11 @@ class CTranslate2Translator(Engine):
             use_vmap=self.shortlist,
             return_scores=True,
         )
-        return [self._ranked(result, limit, alpha) for result, limit in zip(out, limits)]
+
+    def _read(self, queued: "_Queued", results: list[list[Hypothesis]], alpha: float, nbest: int) -> None:
+        """Wait for a queued batch and put each line's best ``nbest`` hypotheses in ``results``."""
+        for i, future, limit in zip(queued.lines, queued.futures, queued.limits):
+            results[i] = self._ranked(future.result(), limit, alpha)[:nbest]
 
     def _ranked(self, result: Any, limit: int, alpha: float) -> list[Hypothesis]:
         """The hypotheses, cut to ``limit`` tokens, best first by GNMT's length penalty."""

@@ -24,7 +24,8 @@ Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtim
 
 Threads (``decode_threads``): what is asked for, else $OMP_NUM_THREADS, else every core; one
 fewer for PyTorch when its OpenMP threads spin at barriers (the CLI makes them sleep:
-``prefer_passive_waits``), and ``serve`` leaves one core to HTTP.
+``prefer_passive_waits``), and ``serve`` leaves one core to HTTP. CTranslate2 on a CPU runs
+them as parallel batches, one thread each (``decode/ct2_engine.py``, the note on CPU threads).
 """
 
 from __future__ import annotations
