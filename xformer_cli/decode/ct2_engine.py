@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,10 +80,11 @@ class _Queued:
 
 
 def cpu_workers(threads: int) -> int:
-    """Parallel batches on a CPU: ``threads``, or every core for 0."""
-    from xformer_cli.decode.factory import available_cores
-
-    return threads if threads > 0 else available_cores()
+    """Parallel batches on a CPU: ``threads``, or every core this process may use for 0
+    (``decode.factory`` passes its own count; it imports this module, not the other way)."""
+    if threads > 0:
+        return threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class CTranslate2Translator(Engine):
