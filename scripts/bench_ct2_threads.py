@@ -19,6 +19,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctranslate2
 
 
 def source_pieces(model: Path, src: Path, lines: int) -> list[list[str]]:
@@ -30,7 +34,7 @@ def source_pieces(model: Path, src: Path, lines: int) -> list[list[str]]:
     return sorted((sp.encode(line, out_type=str) + ["</s>"] for line in text), key=len)
 
 
-def rate(translator, pieces: list[list[str]], beam: int, job: int, shortlist: bool, passes: int) -> float:
+def rate(translator: "ctranslate2.Translator", pieces: list[list[str]], beam: int, job: int, shortlist: bool, passes: int) -> float:
     best = 0.0
     for _ in range(passes):
         started = time.perf_counter()

@@ -13,7 +13,7 @@ from helpers import head, tiny_checkpoint
 pytestmark = pytest.mark.slow  # every test exports a model trained on Multi30k
 
 pytest.importorskip("ctranslate2")
-from xformer_cli.decode.ct2_engine import CPU_SUB_BATCH, CTranslate2Translator  # noqa: E402
+from xformer_cli.decode.ct2_engine import CPU_JOB_SENTENCES, CTranslate2Translator  # noqa: E402
 from xformer_cli.export.ctranslate2 import MISSING_CT2, export_ctranslate2  # noqa: E402
 
 N_TRAIN = 30  # memorised pairs: confident, real German outputs
@@ -77,17 +77,44 @@ def test_cpu_threads_run_parallel_batches_and_every_line_keeps_its_place(exporte
     the next engine batch queued before the last is read: the lines must come back in place."""
     _, out, sentences = exported
     ct2 = CTranslate2Translator.from_directory(out, threads=2)
-    assert ct2.translator.num_translators == 2 and ct2.sub_batch == CPU_SUB_BATCH
+    assert ct2.translator.num_translators == 2 and (ct2.job_sentences, ct2.workers) == (CPU_JOB_SENTENCES, 2)
+    assert [ct2._job_size(n) for n in (256, 40, 9, 1)] == [CPU_JOB_SENTENCES, 20, 5, 1]  # both workers get a share
     alone = [ct2.translate([line], beam_size=1)[0] for line in sentences]  # one job a line
-    ct2.sub_batch = 3  # engine batches of 8 in jobs of 3, so both workers share every batch
+    ct2.job_sentences = 3  # engine batches of 8 in jobs of 3
     many = sentences * 3
     assert ct2.translate(many, beam_size=1, batch_size=8) == alone * 3
     assert len(set(alone)) > N_TRAIN // 2
 
-    # A line whose client has left is not queued with the batches after it.
+
+def test_a_line_withdrawn_while_a_batch_decodes_is_not_queued_after_it(exported):
+    _, out, sentences = exported
+    ct2 = CTranslate2Translator.from_directory(out, threads=2)
     opts = ct2.options(beam_size=1, batch_size=4)
-    found = ct2.search(many, opts, wanted=lambda i: i < 5)
-    assert all(found[i] for i in range(5) if many[i].strip()) and not any(found[5:])
+    found = ct2.search(sentences, opts, wanted=lambda i: i < 5)
+    assert all(found[i] for i in range(5) if sentences[i].strip()) and not any(found[5:])
+
+    read, reading = [], ct2._read
+    def read_and_leave(*args):  # every client leaves once the first batch has been read
+        reading(*args)
+        read.append(True)
+    ct2._read = read_and_leave
+    found = ct2.search(sentences, opts, wanted=lambda i: not read)
+    assert sum(bool(hyps) for hyps in found) == 4  # the first batch only: the second was not queued ahead
+
+
+def test_a_failing_batch_waits_for_the_batch_queued_behind_it(exported, monkeypatch):
+    from xformer_cli.decode import ct2_engine
+
+    _, out, sentences = exported
+    ct2 = CTranslate2Translator.from_directory(out, threads=2)
+    waited, wait = [], ct2_engine._Queued.wait
+    monkeypatch.setattr(ct2_engine._Queued, "wait", lambda queued: waited.append(len(queued.lines)) or wait(queued))
+    def fail(*args):
+        raise RuntimeError("scoring failed")
+    ct2._ranked = fail
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        ct2.search(sentences * 4, ct2.options(beam_size=4, batch_size=16))
+    assert waited == [16, 16]  # the batch being read and the one behind it: nothing left running
 
 
 def test_files_of_an_export(exported):

@@ -45,15 +45,14 @@ from xformer_cli.tokenizer import BOS_ID, PAD_ID, Tokenizer
 #
 # The note on CPU threads. On a CPU the engine runs its threads as parallel batches
 # (CTranslate2's inter_threads, one OpenMP thread each) rather than one batch over all
-# of them (intra_threads): each engine batch goes to CTranslate2 in sub-batches of
-# CPU_SUB_BATCH sentences that the workers take in turns, and the next batch is queued
-# before the last one's results are read, so no worker waits at a batch's end. A model
-# of this project's sizes has operations too short to share between cores: on the AMX
-# Xeon (2 cores) two parallel batches translated 3-9x faster than one batch on two threads
-# (docs/benchmarks/decoding.md, "CTranslate2's threads"). A single short request then runs
-# on one core.
+# of them (intra_threads): each engine batch goes to CTranslate2 in jobs of at most
+# CPU_JOB_SENTENCES sentences, split so that every worker gets a share, and (unless a
+# caller may withdraw lines: ``wanted``) the next batch is queued before the last one's
+# results are read, so no worker waits at a batch's end. The operations of a model of this
+# project's sizes are too short to share between cores (docs/benchmarks/decoding.md,
+# "CTranslate2's threads"). A single short request then runs on one core.
 
-CPU_SUB_BATCH = 32  # sentences per CTranslate2 job on a CPU: 32 beat 8, 16 and 64-256 there
+CPU_JOB_SENTENCES = 32  # at most, per CTranslate2 job on a CPU (ibid.: the job sizes measured)
 
 
 @contextlib.contextmanager
@@ -78,6 +77,14 @@ class _Queued:
     limits: list[int]
     futures: list[Any]
 
+    def wait(self) -> None:
+        """Until CTranslate2 has finished every sentence, whatever became of it."""
+        for future in self.futures:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the error that matters is the caller's
+                pass
+
 
 def cpu_workers(threads: int) -> int:
     """Parallel batches on a CPU: ``threads``, or every core this process may use for 0
@@ -95,9 +102,10 @@ class CTranslate2Translator(Engine):
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
                  precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None,
-                 shortlist: bool = False, sub_batch: int = 0):
+                 shortlist: bool = False, job_sentences: int = 0, workers: int = 1):
         self.translator = translator
-        self.sub_batch = sub_batch  # sentences per CTranslate2 job (0: an engine batch is one job)
+        self.job_sentences = job_sentences  # at most, per CTranslate2 job (0: an engine batch is one job)
+        self.workers = workers  # CTranslate2's parallel batches
         self.shortlist = shortlist  # each step scores only the batch's shortlist candidates (export/shortlist.py)
         self.languages = languages
         self.precision = precision  # the compute type it runs in
@@ -115,8 +123,8 @@ class CTranslate2Translator(Engine):
         device_index: int = 0,
     ) -> "CTranslate2Translator":
         """Load a directory written by ``export_ctranslate2`` on ``device`` (cpu | cuda) number
-        ``device_index``; ``threads`` 0 = every core. On a CPU they run parallel batches (the
-        note on CPU threads). ``decode.factory.load_engine`` chooses all three by the project's rules."""
+        ``device_index``. On a CPU ``threads`` (0: every core) run parallel batches (the note on
+        CPU threads); on CUDA they are CTranslate2's ``intra_threads`` (0: its default). ``decode.factory.load_engine`` chooses all three by the project's rules."""
         ctranslate2 = import_ctranslate2()
         path = Path(path)
         info_path = path / EXPORT_INFO
@@ -145,7 +153,7 @@ class CTranslate2Translator(Engine):
         shortlist = bool(info.get("shortlist")) and (path / VMAP_FILE).is_file()
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
                    int(info.get("bos_id", BOS_ID)), export_languages(info), shortlist,
-                   CPU_SUB_BATCH if device == "cpu" else 0)
+                   CPU_JOB_SENTENCES if device == "cpu" else 0, workers)
 
     def search(self, lines: Sequence[str], opts: SearchOptions,
                wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
@@ -162,16 +170,26 @@ class CTranslate2Translator(Engine):
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]
-        in_flight: Optional[_Queued] = None  # a batch queued behind the one being read (the note on CPU threads)
-        for chunk in still_wanted(batches, wanted):
-            # The same per-sentence limits as xformer's search (float32 arithmetic included).
-            limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
-            queued = _Queued(chunk, limits, self._queue([encoded[i] for i in chunk], limits, beam, opts.min_len))
-            if in_flight is not None:
-                self._read(in_flight, results, alpha, opts.nbest)
-            in_flight = queued
-        if in_flight is not None:
-            self._read(in_flight, results, alpha, opts.nbest)
+        # One batch queued behind the one being read (the note on CPU threads); none where lines
+        # may be withdrawn, so that each batch is filtered after the one before it has finished.
+        behind = 0 if wanted is not None else 1
+        pending: list[_Queued] = []
+        try:
+            for chunk in still_wanted(batches, wanted):
+                # The same per-sentence limits as xformer's search (float32 arithmetic included).
+                limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
+                pending.append(_Queued(chunk, limits, self._queue([encoded[i] for i in chunk], limits, beam,
+                                                                  opts.min_len)))
+                while len(pending) > behind:
+                    self._read(pending[0], results, alpha, opts.nbest)
+                    pending.pop(0)
+            while pending:
+                self._read(pending[0], results, alpha, opts.nbest)
+                pending.pop(0)
+        except BaseException:
+            for queued in pending:  # what CTranslate2 still runs ends before the error leaves (results dropped)
+                queued.wait()
+            raise
         return results
 
     def _queue(self, sources: list[list[int]], limits: list[int], beam: int, min_len: int) -> list[Any]:
@@ -185,7 +203,7 @@ class CTranslate2Translator(Engine):
         max_length = min(max(limits) + 1, self.max_positions)
         return self.translator.translate_batch(
             [[self.src_pieces[t] for t in ids] for ids in sources],
-            max_batch_size=self.sub_batch,  # jobs the parallel workers share (0: the batch is one job)
+            max_batch_size=self._job_size(len(sources)),  # jobs the parallel workers share (0: one job)
             asynchronous=True,
             beam_size=beam,
             num_hypotheses=beam,
@@ -198,7 +216,14 @@ class CTranslate2Translator(Engine):
             return_scores=True,
         )
 
-    def _read(self, queued: "_Queued", results: list[list[Hypothesis]], alpha: float, nbest: int) -> None:
+    def _job_size(self, sentences: int) -> int:
+        """Sentences per CTranslate2 job: at most ``job_sentences``, and few enough that every
+        worker gets a share of a small batch (0: the batch is one job)."""
+        if not self.job_sentences:
+            return 0
+        return max(1, min(self.job_sentences, -(-sentences // self.workers)))
+
+    def _read(self, queued: _Queued, results: list[list[Hypothesis]], alpha: float, nbest: int) -> None:
         """Wait for a queued batch and put each line's best ``nbest`` hypotheses in ``results``."""
         for i, future, limit in zip(queued.lines, queued.futures, queued.limits):
             results[i] = self._ranked(future.result(), limit, alpha)[:nbest]
