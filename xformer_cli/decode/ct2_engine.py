@@ -124,7 +124,8 @@ class CTranslate2Translator(Engine):
     ) -> "CTranslate2Translator":
         """Load a directory written by ``export_ctranslate2`` on ``device`` (cpu | cuda) number
         ``device_index``. On a CPU ``threads`` (0: every core) run parallel batches (the note on
-        CPU threads); on CUDA they are CTranslate2's ``intra_threads`` (0: its default). ``decode.factory.load_engine`` chooses all three by the project's rules."""
+        CPU threads); on CUDA they are CTranslate2's ``intra_threads`` (0: its default).
+        ``decode.factory.load_engine`` chooses all three by the project's rules."""
         ctranslate2 = import_ctranslate2()
         path = Path(path)
         info_path = path / EXPORT_INFO
