@@ -177,10 +177,10 @@ class CTranslate2Translator(Engine):
         pending: list[_Queued] = []
         try:
             for chunk in still_wanted(batches, wanted):
+                sources = [encoded[i] for i in chunk]
                 # The same per-sentence limits as xformer's search (float32 arithmetic included).
-                limits = max_lengths(encode_source_batch([encoded[i] for i in chunk]), PAD_ID, a, b).tolist()
-                pending.append(_Queued(chunk, limits, self._queue([encoded[i] for i in chunk], limits, beam,
-                                                                  opts.min_len)))
+                limits = max_lengths(encode_source_batch(sources), PAD_ID, a, b).tolist()
+                pending.append(_Queued(chunk, limits, self._queue(sources, limits, beam, opts.min_len)))
                 while len(pending) > behind:
                     self._read(pending[0], results, alpha, opts.nbest)
                     pending.pop(0)
