@@ -75,8 +75,12 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     numbers = json.loads((run_dir / "distill" / "stage.json").read_text())["numbers"]
     assert numbers["total"] > 0 and 0 <= numbers["kept"] <= numbers["total"]  # the teacher's numbers, counted
     assert any(line.startswith("distilled.de: numbers = ") for line in proc.stderr.decode().splitlines())
+    teachers = json.loads((run_dir / "teacher" / "stage.json").read_text())["models"]
+    assert teachers == [str(run_dir / "teacher" / "best.pt"), str(run_dir / "teacher" / "seed-2" / "best.pt")]
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
-    assert {r["model"] for r in rows} == {"teacher", "student", "student-int8"}
+    assert {r["model"] for r in rows} == {"teacher", "distillation teacher", "student", "student-int8"}
+    ensemble = next(r for r in rows if r["model"] == "distillation teacher")
+    assert "ensemble of 2" in ensemble["engine"]  # teacher.seeds: [1, 2], distilled as one model
     for row in rows:
         assert {"model", "bleu", "chrf", "numbers", "sentences_per_s", "target_tokens_per_s", "size_mb"} <= set(row)
         assert row["sentences_per_s"] > 0 and row["size_mb"] > 0

@@ -211,6 +211,11 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "teacher.set=3")
     with pytest.raises(XformerError, match="config key 'export.shortlist_per_source'"):
         smoke(Path("/tmp"), "export.shortlist=true", "export.shortlist_per_source=0")
+    for seeds in ("[1, 1]", "[1, -2]", "[1, 2.5]", "[true]"):
+        with pytest.raises(XformerError, match="config key 'teacher.seeds"):
+            smoke(Path("/tmp"), f"teacher.seeds={seeds}")
+    with pytest.raises(XformerError, match="config key 'teacher.seeds': several teachers.*name 'teacher'"):
+        smoke(Path("/tmp"), "teacher.seeds=[1, 2]", "distill.teachers=[/other/best.pt]")
 
 
 def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):
@@ -233,6 +238,102 @@ def test_each_model_stage_gets_its_data_and_run_dir(tmp_path):
     student = stages.student_config(pipe)
     assert [c.prefix.split("/")[-1] for c in student.data.train] == ["distilled"]
     assert (student.model.encoder_layers, student.model.decoder_layers) == (2, 1)
+
+
+def finish_upstream(pipe: Pipeline, *stages_done: str) -> None:
+    for stage in stages_done:
+        pipe.record(stage).begin(f"fp-{stage}")
+        pipe.record(stage).finish(f"fp-{stage}")
+
+
+def test_teacher_seeds_train_one_teacher_each_on_the_first_ones_tokenizer(tmp_path):
+    from xformer_cli.pipeline import models, stages
+
+    from xformer_cli.pipeline.record import fingerprint
+
+    single = Pipeline(smoke(tmp_path, "teacher.seeds=[]"), log=lambda _: None)
+    pair = Pipeline(smoke(tmp_path, "teacher.seeds=[3, 5]"), log=lambda _: None)
+    finish_upstream(single, "reverse", "backtranslate")
+    (one,) = stages.teacher_configs(single)
+    first, second = stages.teacher_configs(pair)
+    folder = tmp_path / "run" / "teacher"
+    assert (first.run_dir, first.train.seed, first.tokenizer.model) == (str(folder), 3, None)
+    assert (second.run_dir, second.train.seed) == (str(folder / "seed-5"), 5)
+    assert second.tokenizer.model == str(folder / "tokenizer" / "joint.model")  # one vocabulary: an ensemble
+    assert first.data.train == second.data.train == one.data.train  # the same real and tagged synthetic pairs
+    # a single teacher's fingerprint is the one made before teacher.seeds: a finished run stays finished
+    before = fingerprint("teacher", models.config_stamp(one, single.run_dir), single.upstream("teacher"))
+    assert stages.fingerprint_teacher(single) == before
+    same_seed = Pipeline(smoke(tmp_path, f"teacher.seeds=[{one.train.seed}]"), log=lambda _: None)
+    assert stages.fingerprint_teacher(same_seed) == before
+    assert stages.fingerprint_teacher(pair) != stages.fingerprint_teacher(single)
+    shorter = Pipeline(smoke(tmp_path, "teacher.seeds=[3]"), log=lambda _: None)
+    assert stages.fingerprint_teacher(shorter) != stages.fingerprint_teacher(pair)
+
+
+def test_the_teacher_stage_trains_each_seed_and_distill_takes_them_all(tmp_path, monkeypatch):
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[3, 5]"), log=lambda _: None)
+    finish_upstream(pipe, "reverse", "backtranslate")
+    trained = []
+
+    def fake_train(_, config):
+        trained.append((config.run_dir, config.train.seed))
+        return {"model": f"{config.run_dir}/best.pt", "steps": 10 * config.train.seed, "best_valid_bleu": 1.0}
+
+    monkeypatch.setattr(stages, "_train", fake_train)
+    done = stages.run_teacher(pipe)
+    folder = tmp_path / "run" / "teacher"
+    assert trained == [(str(folder), 3), (str(folder / "seed-5"), 5)]
+    assert (done["model"], done["steps"]) == (f"{folder}/best.pt", 30)  # the first teacher is the stage's model
+    assert done["models"] == [f"{folder}/best.pt", f"{folder}/seed-5/best.pt"]
+    pipe.record("teacher").begin("fp-teacher")
+    pipe.record("teacher").finish("fp-teacher", **done)
+    assert stages._teachers(pipe) == [folder / "best.pt", folder / "seed-5" / "best.pt"]
+    other = Pipeline(smoke(tmp_path, "teacher.seeds=[3, 5]", f"distill.teachers=[{tmp_path / 'x.pt'}, teacher]"),
+                     log=lambda _: None)
+    assert stages._teachers(other) == [tmp_path / "x.pt", folder / "best.pt", folder / "seed-5" / "best.pt"]
+    pipe.record("teacher").finish("fp-teacher", model=str(folder / "best.pt"))  # a record from before seeds
+    assert stages._teachers(pipe) == [folder / "best.pt"]
+
+
+@pytest.mark.parametrize("given, shared", [
+    ([], {"tokenizer.model": "{run}/tokenizer/joint.model"}),  # the first teacher's, trained in its run_dir
+    (["tokenizer.joint=false"], {"tokenizer.model": "{run}/tokenizer/src.model",
+                                 "tokenizer.tgt_model": "{run}/tokenizer/tgt.model"}),
+    (["tokenizer.model=/given/joint.model"], {}),  # every teacher reads the given one already
+    (["train.init_from=/given/model.pt"], {}),  # ... or the pretrained model's
+])
+def test_the_other_teachers_read_the_first_ones_tokenizer(tmp_path, given, shared):
+    from xformer_cli.pipeline import stages
+
+    sets = [f"teacher.set.{key}" for key in given]
+    pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[1, 2]", *sets), log=lambda _: None)
+    first = stages.teacher_configs(pipe)[0]
+    run = str(tmp_path / "run" / "teacher")
+    assert stages._tokenizer_of(first) == {key: value.format(run=run) for key, value in shared.items()}
+
+
+def test_a_teacher_finished_before_a_kill_is_not_trained_again(tmp_path, monkeypatch):
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[1, 2]"), log=lambda _: None)
+    finish_upstream(pipe, "reverse", "backtranslate")
+    trained = []
+
+    def killed_in_the_second(_, config):
+        trained.append(config.train.seed)
+        if config.train.seed == 2 and trained.count(2) == 1:
+            raise KeyboardInterrupt
+        return {"model": f"{config.run_dir}/best.pt", "steps": 1, "best_valid_bleu": 1.0}
+
+    monkeypatch.setattr(stages, "_train", killed_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        stages.run_teacher(pipe)
+    done = stages.run_teacher(pipe)  # the rerun: the second resumes, the first is kept as it finished
+    assert trained == [1, 2, 2]
+    assert done["models"] == [f"{tmp_path}/run/teacher/best.pt", f"{tmp_path}/run/teacher/seed-2/best.pt"]
 
 
 def test_an_option_added_later_stays_out_of_a_stage_fingerprint_until_it_is_set(tmp_path):
@@ -432,7 +533,7 @@ def test_evaluate_adds_the_distillation_teacher_when_it_is_another_model(tmp_pat
     from xformer_cli.pipeline import stages
 
     def finished(*sets):
-        pipe = Pipeline(smoke(tmp_path, *sets), log=lambda _: None)
+        pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[]", *sets), log=lambda _: None)
         for stage, model in (("teacher", "t.pt"), ("student", "s.pt"), ("export", "s-int8")):
             record = pipe.record(stage)
             record.begin(f"fp-{stage}")

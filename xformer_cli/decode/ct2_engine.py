@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from xformer_cli.config import DecodeConfig
+from xformer_cli.cpu_cores import available_cores
 from xformer_cli.data.batching import encode_source_batch
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.inputs import source_batches, still_wanted
@@ -88,10 +88,8 @@ class _Queued:
 
 def cpu_workers(threads: int) -> int:
     """Parallel batches on a CPU: ``threads``, or every core this process may use for 0
-    (``decode.factory`` passes its own count; it imports this module, not the other way)."""
-    if threads > 0:
-        return threads
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    (``decode.factory`` passes its own count)."""
+    return threads if threads > 0 else available_cores()
 
 
 class CTranslate2Translator(Engine):

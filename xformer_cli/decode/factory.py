@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
+from xformer_cli.cpu_cores import available_cores
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
 from xformer_cli.precisions import DECODE_PRECISIONS, TORCH_DECODE_PRECISIONS
@@ -171,13 +172,6 @@ def _default_waits_for_ctranslate2() -> None:
 
     if _passive_set_here and "ctranslate2" not in sys.modules:
         os.environ.pop("OMP_WAIT_POLICY", None)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # -- choosing ------------------------------------------------------------------------------------

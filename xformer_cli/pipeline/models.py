@@ -41,10 +41,11 @@ def base_config(pc: PipelineConfig) -> Config:
     return config
 
 
-def stage_config(pc: PipelineConfig, stage: str, stage_set: dict[str, Any], edit: Optional[Edit] = None) -> Config:
+def stage_config(pc: PipelineConfig, stage: str, stage_set: dict[str, Any], edit: Optional[Edit] = None,
+                 folder: Optional[Path] = None) -> Config:
     """The model config for ``stage``: its data edited by ``edit``, model_set and the stage's
-    own overrides applied, run_dir <run_dir>/<stage>."""
-    extra = {"run_dir": str(Path(pc.run_dir) / stage)}
+    own overrides applied, run_dir ``folder`` (by default <run_dir>/<stage>)."""
+    extra = {"run_dir": str(folder or Path(pc.run_dir) / stage)}
     if pc.threads:
         extra["train.threads"] = pc.threads
     overrides = as_overrides(pc.model_set) + as_overrides(stage_set) + as_overrides(extra)

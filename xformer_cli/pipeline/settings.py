@@ -49,11 +49,17 @@ class TranslateStage:
 class TeacherStage(ModelStage):
     tag: str = "<bt>"  # leads every back-translated source (a control piece: user text cannot hold it)
     synthetic_weight: float = 1.0  # the synthetic corpus's data.train weight (1 = every pair once an epoch)
+    # One teacher per seed (its train.seed, over any other), trained one after another: the first in
+    # <run_dir>/teacher, each other in <run_dir>/teacher/seed-<seed> on the first's tokenizer;
+    # distill's "teacher" is all of them, an ensemble. Empty: one teacher at the train.seed the
+    # model config (with model_set and teacher.set) gives.
+    seeds: list[int] = field(default_factory=list)
 
 
 @dataclass
 class DistillStage(TranslateStage):
-    # Checkpoints whose mean translates (an ensemble); "teacher" is the teacher stage's best.pt.
+    # Checkpoints whose mean translates (an ensemble); "teacher" is the teacher stage's best.pt, of
+    # every seed (teacher.seeds).
     teachers: list[str] = field(default_factory=lambda: ["teacher"])
     mono_source: bool = True  # translate mono.source too, not only the training sources
 
@@ -130,6 +136,11 @@ def check(config: PipelineConfig) -> None:
                  "sampling draws one translation per sentence: set beam_size to 1")
         _require(stage.temperature > 0, f"{name}.temperature", "must be positive")
     _require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
+    seeds = config.teacher.seeds
+    _require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",
+             "distinct whole numbers, 0 or more (one teacher per seed)")
+    _require(len(seeds) < 2 or "teacher" in config.distill.teachers, "teacher.seeds",
+             "several teachers are trained for distill.teachers to use: name 'teacher' there")
     _require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
     _require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
              "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
@@ -180,25 +180,84 @@ def _numbers(pipe: Pipeline, job: CorpusJob, src_lang: str, tgt_lang: str) -> di
 
 # -- teacher ---------------------------------------------------------------------------------
 
-def teacher_config(pipe: Pipeline) -> Config:
+def teacher_configs(pipe: Pipeline) -> list[Config]:
+    """One training config per teacher (``teacher.seeds``): the first in <run_dir>/teacher as a
+    single teacher always was, each other in <run_dir>/teacher/seed-<seed> on the first's
+    tokenizer (an ensemble needs one vocabulary)."""
     t = pipe.config.teacher
-    prefix = pipe.record("backtranslate").directory / "synthetic"
-    return models.stage_config(pipe.config, "teacher", t.set,
-                               models.with_corpus(prefix, True, weight=t.synthetic_weight, tag=t.tag))
+    folder = pipe.record("teacher").directory
+    data = models.with_corpus(pipe.record("backtranslate").directory / "synthetic", True,
+                              weight=t.synthetic_weight, tag=t.tag)
+    seeds = t.seeds or [None]
+    first = models.stage_config(pipe.config, "teacher", _seeded(t.set, seeds[0]), data)
+    shared = _tokenizer_of(first)
+    return [first] + [models.stage_config(pipe.config, "teacher", {**_seeded(t.set, seed), **shared}, data,
+                                          folder=folder / f"seed-{seed}") for seed in seeds[1:]]
+
+
+def teacher_config(pipe: Pipeline) -> Config:
+    """The (first) teacher's training config."""
+    return teacher_configs(pipe)[0]
+
+
+def _seeded(stage_set: dict[str, Any], seed: Optional[int]) -> dict[str, Any]:
+    return stage_set if seed is None else {**stage_set, "train.seed": seed}
+
+
+def _tokenizer_of(config: Config) -> dict[str, Any]:
+    """The overrides that make another run read ``config``'s tokenizer (the one it trains or reuses)."""
+    tc = config.tokenizer
+    if config.train.init_from or tc.model:
+        return {}  # every run reads the same given one (the pretrained model's, or tokenizer.model)
+    saved = Path(config.run_dir) / "tokenizer"
+    if tc.joint:
+        return {"tokenizer.model": str(saved / "joint.model")}
+    return {"tokenizer.model": str(saved / "src.model"), "tokenizer.tgt_model": str(saved / "tgt.model")}
 
 
 def fingerprint_teacher(pipe: Pipeline) -> str:
-    return fingerprint("teacher", models.config_stamp(teacher_config(pipe), pipe.run_dir), pipe.upstream("teacher"))
+    first, *others = [models.config_stamp(config, pipe.run_dir) for config in teacher_configs(pipe)]
+    # a single teacher's fingerprint as before teacher.seeds: its finished stage stays finished
+    return fingerprint("teacher", first, pipe.upstream("teacher"), *([others] if others else []))
+
+
+TEACHER_DONE = "teacher-done.json"  # in a teacher's run_dir: it finished (the stage folder goes whole on a redo)
 
 
 def run_teacher(pipe: Pipeline) -> dict:
-    return _train(pipe, teacher_config(pipe))
+    """Each teacher in turn. One that finished before a kill is not trained again: a run
+    stopped by its clock would take a step more and tune its length penalty again."""
+    from xformer_cli.fileio import atomic_file
+
+    configs = teacher_configs(pipe)
+    trained = []
+    for number, config in enumerate(configs, 1):
+        done = Path(config.run_dir) / TEACHER_DONE
+        if done.is_file():
+            trained.append(json.loads(done.read_text(encoding="utf-8")))
+            pipe.log(f"teacher {number} of {len(configs)} (seed {config.train.seed}): finished before, kept")
+            continue
+        if len(configs) > 1:
+            pipe.log(f"teacher {number} of {len(configs)} (seed {config.train.seed}) in {config.run_dir}")
+        trained.append(_train(pipe, config))
+        done.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(done, "w", encoding="utf-8") as f:
+            json.dump(trained[-1], f)
+    return {**trained[0], "models": [t["model"] for t in trained], "teachers": trained}
 
 
 # -- distill ---------------------------------------------------------------------------------
 
 def _teachers(pipe: Pipeline) -> list[Path]:
-    return [pipe.model("teacher") if name == "teacher" else Path(name) for name in pipe.config.distill.teachers]
+    """distill.teachers as checkpoints: "teacher" is every model of the teacher stage."""
+    found: list[Path] = []
+    for name in pipe.config.distill.teachers:
+        if name == "teacher":
+            record = pipe.finished("teacher")
+            found.extend(Path(m) for m in record.get("models", [record["model"]]))
+        else:
+            found.append(Path(name))
+    return found
 
 
 def fingerprint_distill(pipe: Pipeline) -> str:
