@@ -78,7 +78,8 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     teachers = json.loads((run_dir / "teacher" / "stage.json").read_text())["models"]
     assert teachers == [str(run_dir / "teacher" / "best.pt"), str(run_dir / "teacher" / "seed-2" / "best.pt")]
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
-    assert {r["model"] for r in rows} == {"teacher", "distillation teacher", "student", "student-int8"}
+    assert {r["model"] for r in rows} == {"teacher", "teacher (seed 2)", "distillation teacher", "student",
+                                          "student-int8"}
     ensemble = next(r for r in rows if r["model"] == "distillation teacher")
     assert "ensemble of 2" in ensemble["engine"]  # teacher.seeds: [1, 2], distilled as one model
     for row in rows:

@@ -548,6 +548,21 @@ def test_evaluate_adds_the_distillation_teacher_when_it_is_another_model(tmp_pat
         plain[:1] + [("distillation teacher", ["t.pt", "other.pt"])] + plain[1:]
 
 
+def test_evaluate_scores_each_seeds_teacher_and_their_ensemble(tmp_path):
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[1, 7]"), log=lambda _: None)
+    models = {"teacher": ["t.pt", "seed-7.pt"], "student": ["s.pt"], "export": ["s-int8"]}
+    for stage, names in models.items():
+        record = pipe.record(stage)
+        record.begin(f"fp-{stage}")
+        paths = [str(tmp_path / name) for name in names]
+        record.finish(f"fp-{stage}", model=paths[0], **({"models": paths} if stage == "teacher" else {}))
+    assert [(name, [p.name for p in paths]) for name, paths in stages._evaluated(pipe)] == [
+        ("teacher", ["t.pt"]), ("teacher (seed 7)", ["seed-7.pt"]),
+        ("distillation teacher", ["t.pt", "seed-7.pt"]), ("student", ["s.pt"]), ("student-int8", ["s-int8"])]
+
+
 def test_evaluate_scores_an_ensemble_as_one_row(tmp_path, monkeypatch):
     from xformer_cli.data.sources import ParallelCorpus
     from xformer_cli.decode import factory

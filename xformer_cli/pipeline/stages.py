@@ -248,13 +248,19 @@ def run_teacher(pipe: Pipeline) -> dict:
 
 # -- distill ---------------------------------------------------------------------------------
 
+def _teacher_models(pipe: Pipeline) -> list[Path]:
+    """Every model the teacher stage trained, in the order of its seeds (a record from before
+    teacher.seeds holds one)."""
+    record = pipe.finished("teacher")
+    return [Path(m) for m in record.get("models", [record["model"]])]
+
+
 def _teachers(pipe: Pipeline) -> list[Path]:
     """distill.teachers as checkpoints: "teacher" is every model of the teacher stage."""
     found: list[Path] = []
     for name in pipe.config.distill.teachers:
         if name == "teacher":
-            record = pipe.finished("teacher")
-            found.extend(Path(m) for m in record.get("models", [record["model"]]))
+            found.extend(_teacher_models(pipe))
         else:
             found.append(Path(name))
     return found
@@ -345,12 +351,16 @@ def _student_shortlist(pipe: Pipeline, tokenizer, config):
 # -- evaluate --------------------------------------------------------------------------------
 
 def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
-    """The baseline (when given), the teacher, the distillation teacher where it is another
-    model (checkpoints given by path, or an ensemble), the student and its export."""
+    """The baseline (when given), each teacher (the first as "teacher", each other by its seed),
+    the distillation teacher where it is another model (checkpoints given by path, or an
+    ensemble), the student and its export."""
     baseline = [Path(pipe.config.evaluate.baseline)] if pipe.config.evaluate.baseline else []
-    teacher, distilling = [pipe.model("teacher")], _teachers(pipe)
+    teachers = _teacher_models(pipe)
+    teacher, distilling = teachers[:1], _teachers(pipe)
     found = [("baseline", baseline)] if baseline else []
     found.append(("teacher", teacher))
+    seeds = pipe.config.teacher.seeds
+    found.extend((f"teacher (seed {seed})", [path]) for seed, path in zip(seeds[1:], teachers[1:]))
     if distilling not in (teacher, baseline):
         found.append(("distillation teacher", distilling))
     return found + [("student", [pipe.model("student")]),
