@@ -26,6 +26,14 @@ def test_scores_equal_sacrebleu_for_bleu_chrf_and_ter(refs):
         assert f"nrefs:{len(refs)}" in ours[name].signature
 
 
+def test_bleu_carries_the_length_ratio_its_brevity_penalty_reads():
+    hyps = ["a man rides a red bike .", "two dogs"]
+    refs = ["a man rides a bike .", "two dogs play in the snow"]
+    score = score_lines(hyps, [refs], ("bleu",))[0]
+    assert score.length_ratio == pytest.approx(9 / 12)  # 7 + 2 words against 6 + 6
+    assert score_lines(hyps, [refs], ("chrf",))[0].length_ratio is None
+
+
 def test_lowercase_and_tokenize_pass_through():
     upper = [h.upper() for h in HYPS]
     ours = score_lines(upper, [REF1], ("bleu",), lowercase=True, tokenize="intl")[0]

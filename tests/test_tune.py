@@ -55,6 +55,8 @@ def test_training_writes_the_valid_pick_into_best_pt_only(small_corpus, tmp_path
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["length_penalty"] == chosen and set(rows[-1]["length_penalty_valid_bleu"]) == {"0.6", "1.5", "3"}
     assert any(line.startswith("length penalty: valid BLEU (beam 4) 0.6: ") for line in logged), logged
+    ratios = rows[-1]["length_penalty_valid_length_ratio"]  # how long each alpha writes valid
+    assert set(ratios) == {"0.6", "1.5", "3"} and all(r > 0 for r in ratios.values())
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ class Score:
     mean: Optional[float] = None  # bootstrap mean (with confidence intervals)
     ci: Optional[float] = None  # half-width of the 95% interval
     p_value: Optional[float] = None  # paired test against the baseline
+    length_ratio: Optional[float] = None  # BLEU: the hypotheses' length over the references' (its brevity penalty's)
 
     def to_dict(self) -> dict:
         out = {"score": round(self.score, 4), "signature": self.signature}
@@ -91,7 +92,8 @@ def score_lines(
         mean = getattr(result, "_mean", None) if bootstrap > 1 else None
         ci = getattr(result, "_ci", None) if bootstrap > 1 else None
         signature = str(metric.get_signature())
-        scores.append(Score(result.name, float(result.score), signature, str(result), mean, ci))
+        ratio = result.sys_len / result.ref_len if getattr(result, "ref_len", 0) else None
+        scores.append(Score(result.name, float(result.score), signature, str(result), mean, ci, length_ratio=ratio))
     return scores
 
 

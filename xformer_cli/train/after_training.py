@@ -68,9 +68,14 @@ def tune_length_penalty(run: RunState) -> None:
     beam = run.config.decode.beam_size
     started = time.time()
     with other_weights(run.model, best["model"]):
-        scores = {alpha: {v.direction: bleu(hyps, v.corpus.tgt).score
-                          for v, hyps in zip(run.valid, translate_shares(run, beam, length_penalty=alpha))}
-                  for alpha in alphas}
+        results = {alpha: {v.direction: bleu(hyps, v.corpus.tgt)
+                           for v, hyps in zip(run.valid, translate_shares(run, beam, length_penalty=alpha))}
+                   for alpha in alphas}
+    scores = {alpha: {d: result.score for d, result in by.items()} for alpha, by in results.items()}
+    # How long each alpha writes against valid's references: a valid set whose references run
+    # longer than the test set's pulls the pick to an alpha that writes the test set too long.
+    ratios = {alpha: statistics.fmean(result.length_ratio or 0.0 for result in by.values())
+              for alpha, by in results.items()}
     directions = [v.direction for v in run.valid]
     alpha = best_alpha(scores, directions)
     by_target = alphas_by_target(scores) if run.config.train.length_penalty_by_target and len(
@@ -83,17 +88,18 @@ def tune_length_penalty(run: RunState) -> None:
         best["length_penalty_scores_by_direction"] = {a: {f"{s}-{t}": v for (s, t), v in by.items()}
                                                       for a, by in scores.items()}
     save_checkpoint(best, path)
-    _log_length_penalty(run, scores, alpha, by_target, beam, time.time() - started)
+    _log_length_penalty(run, scores, ratios, alpha, by_target, beam, time.time() - started)
 
 
-def _log_length_penalty(run: RunState, scores: dict, alpha: float, by_target: dict[str, float], beam: int,
-                        seconds: float) -> None:
+def _log_length_penalty(run: RunState, scores: dict, ratios: dict[float, float], alpha: float,
+                        by_target: dict[str, float], beam: int, seconds: float) -> None:
     means = {a: statistics.fmean(by_direction.values()) for a, by_direction in scores.items()}
     several = len(next(iter(scores.values()))) > 1
     run.log(f"length penalty: valid BLEU (beam {beam}{', mean of the directions' if several else ''}) "
-            + ", ".join(f"{a:g}: {s:.2f}" for a, s in means.items())
+            + ", ".join(f"{a:g}: {s:.2f} (length {ratios[a]:.3f})" for a, s in means.items())
             + f" -> {alpha:g} in best.pt (decode.length_penalty; {seconds:.0f} s)")
-    entry = run.event(length_penalty=alpha, length_penalty_valid_bleu={f"{a:g}": round(s, 2) for a, s in means.items()})
+    entry = run.event(length_penalty=alpha, length_penalty_valid_bleu={f"{a:g}": round(s, 2) for a, s in means.items()},
+                      length_penalty_valid_length_ratio={f"{a:g}": round(r, 4) for a, r in ratios.items()})
     if several:
         for (source, target) in next(iter(scores.values())):
             run.log(f"  {source}-{target}: "
