@@ -21,7 +21,6 @@ import os
 import time
 from pathlib import Path
 
-import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 ALPHAS = (0.6, 1.0, 1.3, 1.6, 2.0)  # configs/multi30k.yaml's train.tune_length_penalty
@@ -46,6 +45,7 @@ def checkpoint_ratios(checkpoint: str, data: Path, src: str, tgt: str, threads: 
     import torch
 
     from xformer_cli import Translator
+    from xformer_cli.evaluate import bleu
 
     torch.set_num_threads(threads)
     source, refs = read(data / f"valid.{src}"), read(data / f"valid.{tgt}")
@@ -53,8 +53,8 @@ def checkpoint_ratios(checkpoint: str, data: Path, src: str, tgt: str, threads: 
     started, rows, source_tokens = time.time(), [], tokens(source)
     for alpha in ALPHAS:
         hyps = translator.translate(source, beam_size=4, length_penalty=alpha)
-        score = sacrebleu.corpus_bleu(hyps, [refs])
-        rows.append((alpha, score.score, score.sys_len / score.ref_len, tokens(hyps) / source_tokens))
+        score = bleu(hyps, refs)
+        rows.append((alpha, score.score, score.length_ratio, tokens(hyps) / source_tokens))
     picked = max(rows, key=lambda row: row[1])[0]
     print(f"{checkpoint} ({translator.precision}, {time.time() - started:.0f} s): valid, beam 4")
     for alpha, bleu, to_ref, to_src in rows:
