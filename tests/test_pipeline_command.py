@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, head, write_lines
+from xformer_cli.pipeline import STAGES as STAGE_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,7 @@ def smoke_run(smoke_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedP
 
 def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     run_dir, proc = smoke_run
-    for stage in ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate"):
+    for stage in STAGE_NAMES:
         assert json.loads((run_dir / stage / "stage.json").read_text())["done"] is True
     assert len((run_dir / "backtranslate" / "synthetic.en").read_text().splitlines()) == 200  # mono.max_lines
     assert json.loads((run_dir / "backtranslate" / "stage.json").read_text())["dropped"] == {}
@@ -88,6 +89,9 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     sizes = {r["model"]: r["size_mb"] for r in rows}
     assert sizes["student-int8"] < sizes["student"]  # int8 weighs a quarter of float32's bytes, about
     assert "| student-int8 | test | 1 | ctranslate2 int8 on cpu, shortlist |" in proc.stderr.decode()
+    whole = [line for line in proc.stderr.decode().splitlines() if line.startswith("the whole path: ")]
+    minutes = sum(json.loads((run_dir / s / "stage.json").read_text())["minutes"] for s in STAGE_NAMES)
+    assert len(whole) == 1 and whole[0].startswith(f"the whole path: {minutes:.1f} minutes of stages (reverse ")
     assert (run_dir / "export" / "student-int8" / "vmap.txt").is_file()  # export.shortlist
     caches = list((run_dir / "teacher" / "cache").glob("*/meta.json"))
     assert len(caches) == 1 and json.loads(caches[0].read_text())["number_augmented"] > 0  # data.number_augmentation

@@ -198,6 +198,17 @@ def test_from_and_only_choose_the_stages(tmp_path):
         _chosen("teach", None)
 
 
+def test_the_whole_path_sums_each_finished_stages_minutes(tmp_path):
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
+    for name, minutes in (("reverse", 26.09), ("backtranslate", 6.74), ("teacher", 51.8)):
+        pipe.record(name).begin("f")
+        pipe.record(name).finish("f", minutes=minutes)
+    pipe.record("distill").begin("f")  # begun, not finished: not counted
+    assert runner.stage_minutes(pipe) == {"reverse": 26.09, "backtranslate": 6.74, "teacher": 51.8}
+    assert (runner.path_line(runner.stage_minutes(pipe))
+            == "the whole path: 84.6 minutes of stages (reverse 26.1, backtranslate 6.7, teacher 51.8)")
+
+
 def smoke(tmp_path: Path, *sets: str):
     return load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path / 'run'}", *sets])
 
