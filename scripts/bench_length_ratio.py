@@ -57,8 +57,8 @@ def checkpoint_ratios(checkpoint: str, data: Path, src: str, tgt: str, threads: 
         rows.append((alpha, score.score, score.length_ratio, tokens(hyps) / source_tokens))
     picked = max(rows, key=lambda row: row[1])[0]
     print(f"{checkpoint} ({translator.precision}, {time.time() - started:.0f} s): valid, beam 4")
-    for alpha, bleu, to_ref, to_src in rows:
-        print(f"  alpha {alpha:<4g} BLEU {bleu:6.2f}  output/ref {to_ref:.3f}  output/source {to_src:.4f}"
+    for alpha, valid_bleu, to_ref, to_src in rows:
+        print(f"  alpha {alpha:<4g} BLEU {valid_bleu:6.2f}  output/ref {to_ref:.3f}  output/source {to_src:.4f}"
               + ("  <- picked" if alpha == picked else ""))
 
 
