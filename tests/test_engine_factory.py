@@ -22,7 +22,9 @@ ZEN3 = {"avx2", "fma", "sse4_2"}
 
 
 @pytest.mark.parametrize("flags, installed, blockers, expected", [
-    (SAPPHIRE_RAPIDS, True, (), ("xformer", "bf16")),  # AMX: PyTorch bf16 beats CTranslate2
+    (SAPPHIRE_RAPIDS, True, (), ("ctranslate2", "float32")),  # AMX: CTranslate2's parallel batches beat bf16
+    (SAPPHIRE_RAPIDS, True, ("beam_search",), ("xformer", "bf16")),  # xformer's beam search asked for
+    (SAPPHIRE_RAPIDS, False, (), ("xformer", "bf16")),
     (ZEN4, True, (), ("xformer", "bf16")),  # CTranslate2's beam search lost more than 0.2 BLEU
     (ZEN3, True, (), ("ctranslate2", "float32")),  # greedy on a CPU without bf16: fp32's output, faster
     (ZEN3, True, ("beam_search",), ("xformer", "fp32")),
@@ -84,7 +86,9 @@ def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
     assert choose(flags=ZEN3) == ("ctranslate2", "float32", "cpu")
     assert choose(flags=ZEN3, needs=["beam_search"])[:2] == ("xformer", "fp32")
     assert choose(flags=ZEN4) == ("xformer", "bf16", "cpu")
-    assert choose(flags=SAPPHIRE_RAPIDS)[:2] == ("xformer", "bf16")
+    assert choose(flags=SAPPHIRE_RAPIDS) == ("ctranslate2", "float32", "cpu")
+    assert choose(flags=SAPPHIRE_RAPIDS, needs=["beam_search"])[:2] == ("xformer", "bf16")
+    assert choose(paths=[checkpoint, checkpoint], flags=SAPPHIRE_RAPIDS)[:2] == ("xformer", "bf16")
     assert choose(needs=["attention"], flags=ZEN4)[:2] == ("xformer", "bf16")
     assert choose("xformer", flags=ZEN4)[:2] == ("xformer", "bf16")  # an engine asked for is kept
     assert choose("auto", "fp32")[:2] == ("xformer", "fp32")

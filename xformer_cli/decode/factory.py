@@ -15,9 +15,10 @@ CTranslate2 engine, int8 weights), or any other CTranslate2 compute type (``int8
 ``int8_bfloat16``, ``float16``, ...), which selects the CTranslate2 engine. ``auto`` (the
 default) picks the engine too (``auto_choice``): the fastest engine whose BLEU stays within
 0.2 of PyTorch fp32. On CUDA PyTorch with the compute capability's weights (bf16 from 8.0, fp16
-on 7.x, fp32 before); PyTorch bf16 on CPUs that compute bf16; CTranslate2 float32
-only for greedy search on other CPUs (its output is fp32's there; its beam search ranks and
-stops otherwise than xformer's GNMT search and lost more than 0.2 BLEU); else PyTorch fp32.
+on 7.x, fp32 before); on a CPU with AMX or without bf16, CTranslate2 float32 unless the caller
+wants what only xformer does (its beam search included: it ranks and stops otherwise than
+xformer's GNMT search; greedy output is fp32's); else PyTorch bf16 on CPUs that compute bf16,
+fp32 on the others.
 
 Device (``engine_device``): ``auto`` is CUDA when the chosen engine's own runtime sees a GPU
 (torch for xformer, CTranslate2 for ctranslate2), else the CPU.
@@ -92,24 +93,26 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
     """``--precision auto`` on a CPU with ``flags``: (engine, precision, why).
 
     The fastest engine whose BLEU stays within 0.2 of PyTorch fp32 (docs/benchmarks/decoding.md, "Choosing
-    the engine"). PyTorch bf16 where the CPU computes bf16 (AMX, AVX512-BF16: within 0.05 BLEU).
-    CTranslate2 is faster at beam 5 on a CPU without AMX but its beam search lost 0.19-0.27
-    BLEU, and its int8 more: it is chosen only for greedy search (``beam_search`` not among
-    ``blockers``), where its float32 output is fp32's, on a CPU where PyTorch would run fp32."""
+    the engine"). CTranslate2 float32 where nothing only PyTorch does is asked for (``blockers``:
+    ``beam_search`` for a caller that wants xformer's beam search, whose output training's
+    validation scored): its greedy output is fp32's, and since it runs parallel batches it is the
+    faster engine on AMX too. Else PyTorch bf16 where the CPU computes bf16 (AMX, AVX512-BF16:
+    within 0.05 BLEU), fp32 elsewhere. On AVX512-BF16 without AMX PyTorch bf16 stays: there it
+    was faster than CTranslate2's one batch, and CTranslate2's beam search lost 0.19-0.27 BLEU."""
     from xformer_cli.device import torch_cpu_precision
 
     flags = frozenset(flags)
     torch_precision, torch_why = torch_cpu_precision(flags)
-    if "amx_bf16" in flags:
-        return "xformer", "bf16", "AMX computes bf16: PyTorch bf16 is the fastest engine on this CPU"
-    if torch_precision == "bf16":
+    amx = "amx_bf16" in flags
+    if torch_precision == "bf16" and not amx:
         return "xformer", "bf16", f"{torch_why}; CTranslate2's beam search lost more than 0.2 BLEU"
     if blockers:
         return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)} as xformer's"
     if not ct2_available:
         return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for faster greedy search"
-    return ("ctranslate2", "float32", "a CPU without bf16: CTranslate2 float32 is faster (greedy: fp32's output; "
-            "its beam search ranks otherwise)")
+    where = ("AMX: CTranslate2 float32 in parallel batches is faster than PyTorch bf16" if amx
+             else "a CPU without bf16: CTranslate2 float32 is faster")
+    return "ctranslate2", "float32", f"{where} (greedy: fp32's output; its beam search ranks otherwise)"
 
 
 def engine_device(engine: str, device: str = "auto") -> str:
