@@ -21,8 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
-SYSTEMS = (("xformer", "fp32"), ("xformer", "bf16"), ("ctranslate2", "fp32"))
+SYSTEMS = (("xformer", "fp32"), ("xformer", "bf16"), ("ctranslate2", "fp32"))  # the first: the lines compared to
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -64,11 +65,12 @@ def main() -> int:
         return 0
     import sacrebleu
 
+    from bench_train import cpu_name
     from xformer_cli.decode.factory import choose_engine
     from xformer_cli.device import cpu_flags
 
     refs = Path(args.ref).read_text(encoding="utf-8").splitlines()
-    print(f"cpu flags: {' '.join(sorted(f for f in cpu_flags() if 'bf16' in f or 'amx' in f)) or 'no bf16'}; "
+    print(f"machine: {cpu_name()}; cpu flags: {' '.join(sorted(f for f in cpu_flags() if 'bf16' in f or 'amx' in f)) or 'no bf16'}; "
           f"{args.threads} threads; {args.checkpoint}")
     print("beam  engine       precision  sent/s   BLEU  identical to xformer fp32")
     for beam in args.beams:
