@@ -4,6 +4,10 @@ each in a process of its own, greedy and beam search: sentences/s (the fastest o
 warm-up), BLEU, and the lines identical to PyTorch fp32's. The last line says what auto picks here.
 
     python scripts/bench_engine_choice.py --checkpoint runs/multi30k/best.pt [--beams 1 4] [--threads 2]
+        [--systems xformer:fp32 ctranslate2:fp32 ctranslate2:int8]
+
+By default PyTorch fp32 and bf16 and CTranslate2 float32; bf16 only where the CPU computes it
+(elsewhere PyTorch emulates it, far slower: no candidate).
 
 The rule it checks is decode.factory.auto_choice (docs/translation.md, "--precision"); run it on a
 CPU kind the rule has no figure for (e.g. AVX512-BF16 without AMX) before changing the rule there.
@@ -23,7 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 DATA = Path(os.environ.get("XFORMER_DATA", ROOT.parent / "shared" / "data"))
-SYSTEMS = (("xformer", "fp32"), ("xformer", "bf16"), ("ctranslate2", "fp32"))  # the first: the lines compared to
+SYSTEMS = ("xformer:fp32", "xformer:bf16", "ctranslate2:fp32")  # the first: the lines compared to
+
+
+def default_systems() -> list[str]:
+    """SYSTEMS, less PyTorch bf16 where the CPU does not compute bf16."""
+    from xformer_cli.device import cpu_flags, torch_cpu_precision
+
+    native_bf16 = torch_cpu_precision(cpu_flags())[0] == "bf16"
+    return [system for system in SYSTEMS if native_bf16 or system != "xformer:bf16"]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -55,6 +67,8 @@ def main() -> int:
     parser.add_argument("--ref", default=str(DATA / "multi30k" / "test2016.de"))
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--systems", nargs="+", help="engine:precision, the first the lines are compared to "
+                        "(default: xformer:fp32, xformer:bf16 where the CPU computes bf16, ctranslate2:fp32)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
@@ -72,10 +86,11 @@ def main() -> int:
     refs = Path(args.ref).read_text(encoding="utf-8").splitlines()
     print(f"machine: {cpu_name()}; cpu flags: {' '.join(sorted(f for f in cpu_flags() if 'bf16' in f or 'amx' in f)) or 'no bf16'}; "
           f"{args.threads} threads; {args.checkpoint}")
-    print("beam  engine       precision  sent/s   BLEU  identical to xformer fp32")
+    systems = [tuple(system.split(":", 1)) for system in args.systems or default_systems()]
+    print(f"beam  engine       precision  sent/s   BLEU  identical to {' '.join(systems[0])}")
     for beam in args.beams:
         fp32_lines: list[str] = []
-        for engine, precision in SYSTEMS:
+        for engine, precision in systems:
             row = measure(args, engine, precision, beam)
             fp32_lines = fp32_lines or row["lines"]
             same = sum(a == b for a, b in zip(row["lines"], fp32_lines))

@@ -38,6 +38,13 @@ def test_precision_auto_follows_the_cpu_flags_and_what_is_installed(flags, insta
     assert why and ("ensemble" in why) == ("ensemble" in blockers)
 
 
+def test_the_log_line_names_what_kept_pytorch_in_words():
+    assert set(factory.XFORMER_ONLY_WORDS) == set(factory.XFORMER_ONLY)
+    why = auto_choice(ZEN3, True, ("beam_search", "ensemble"))[2]
+    assert why.endswith("only xformer has: xformer's beam search (CTranslate2's ranks and stops otherwise), "
+                        "an ensemble"), why
+
+
 def _fake_export(directory):
     directory.mkdir()
     (directory / EXPORT_INFO).write_text(json.dumps({"format": "xformer-ctranslate2"}), encoding="utf-8")

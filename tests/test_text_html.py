@@ -63,6 +63,37 @@ def test_inline_tags_follow_their_words_when_the_translation_reorders():
     assert tags_of(out) == tags_of("<p>one two <b>three</b></p>") and out.startswith("<p>")
 
 
+def test_a_closing_tag_stays_before_the_sentence_punctuation_its_source_has_outside():
+    german = {"A man with 2 dogs.": "Ein Mann mit 2 Hunden.", "He said stop": 'Er sagte „halt“',
+              "A dog runs.": "Ein Hund läuft."}
+    engine = FakeEngine(lambda text: german[text])
+    out = translate_texts(engine, ["<p>A man with <b>2 dogs</b>.</p>"], TextOptions(format="html"))[0].text
+    assert out == "<p>Ein Mann mit <b>2 Hunden</b>.</p>", out
+    # Punctuation the source has inside the tag stays inside; an opening quote stays outside a start.
+    out = translate_texts(engine, ["<p><i>A dog runs.</i></p>"], TextOptions(format="html"))[0].text
+    assert out == "<p><i>Ein Hund läuft.</i></p>", out
+    out = translate_texts(engine, ["<p>He said <i>stop</i></p>"], TextOptions(format="html"))[0].text
+    assert out == "<p>Er sagte „<i>halt</i>“</p>", out
+
+
+def test_attention_alignment_keeps_edge_punctuation_outside_too():
+    import torch
+
+    from xformer_cli.text.align import AttentionAligner
+
+    pieces = ["▁Ein", "▁Mann", "▁mit", "▁2", "▁Hunden", "."]
+    matrix = torch.zeros(len(pieces), 6)
+    for target_piece, source_piece in enumerate([0, 1, 2, 3, 4, 5]):
+        matrix[target_piece, source_piece] = 1.0
+    source_pieces = ["▁A", "▁man", "▁with", "▁2", "▁dogs", "."]
+    aligner = AttentionAligner(lambda source, tokens: matrix, lambda s: source_pieces, lambda t: pieces)
+    target = "Ein Mann mit 2 Hunden."
+    start, end = aligner("A man with 2 dogs.", target, list(range(len(pieces))), [(11, "start"), (17, "end")])
+    assert target[start:end] == "2 Hunden", (start, end)
+    (whole,) = aligner("A man with 2 dogs.", target, list(range(len(pieces))), [(18, "end")])
+    assert whole == len(target)  # the source's own full stop inside: the target's stays inside
+
+
 def test_broken_html_never_crashes_and_keeps_every_tag():
     for source in ("<p>broken <b>bold", "<div><p>x</div", "<<b>>", "<p class='a>text</p>", "</b>stray"):
         out = translate_texts(FakeEngine(), [source], TextOptions(format="html"))[0].text

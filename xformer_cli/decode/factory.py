@@ -53,6 +53,11 @@ CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "
 # "beam_search": xformer's GNMT-exact beam search (CTranslate2's ranks and stops otherwise and
 # lost 0.2-0.3 BLEU against it: docs/benchmarks/decoding.md, "Choosing the engine").
 XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
+# Each of them as the log line names it.
+XFORMER_ONLY_WORDS = {"ensemble": "an ensemble", "attention": "attention weights (HTML tags, glossaries)",
+                      "sampling_topk": "top-k sampling", "temperature": "a sampling temperature",
+                      "seed": "a sampling seed", "use_cache": "decoding without the cache",
+                      "beam_search": "xformer's beam search (CTranslate2's ranks and stops otherwise)"}
 
 Log = Callable[[str], None]
 
@@ -107,7 +112,8 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
     if torch_precision == "bf16" and not amx:
         return "xformer", "bf16", f"{torch_why}; CTranslate2's beam search lost more than 0.2 BLEU"
     if blockers:
-        return "xformer", torch_precision, f"{torch_why}; CTranslate2 has no {', '.join(blockers)} as xformer's"
+        wanted = ", ".join(XFORMER_ONLY_WORDS.get(blocker, blocker) for blocker in blockers)
+        return "xformer", torch_precision, f"{torch_why}; asked for what only xformer has: {wanted}"
     if not ct2_available:
         return "xformer", torch_precision, f"{torch_why}; pip install 'xformer[ctranslate2]' for faster greedy search"
     where = ("AMX: CTranslate2 float32 in parallel batches is faster than PyTorch bf16" if amx

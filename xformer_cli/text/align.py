@@ -10,10 +10,15 @@ before the text that follows, like ``<b>``) or ``end`` (after the text before it
   and the position moves to that target word's start (or end).
 - ``relative_offset``: the same fraction of the translation's length, snapped to a word
   boundary; for engines that give no attention.
+
+Either way a word's edge punctuation stays outside a position whose source has none at that
+side (``outside_punctuation``): "with <b>2 dogs</b>." gives "mit <b>2 Hunden</b>.", not
+"<b>2 Hunden.</b>", since the target word "Hunden." carries the sentence's full stop.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Callable, Optional, Sequence
 
 Position = tuple[int, str]  # (character offset, "start" | "end")
@@ -50,8 +55,40 @@ def word_bounds(text: str) -> list[tuple[int, int]]:
     return bounds
 
 
+def is_punctuation(char: str) -> bool:
+    return unicodedata.category(char).startswith("P")
+
+
+def outside_punctuation(source: str, target: str, position: Position, at: int) -> int:
+    """``at`` (a word edge in ``target``) moved past the word's punctuation at that edge, when the
+    source has no punctuation inside the position: an ``end`` after "dogs" in "dogs." lands
+    before the target word's full stop, a ``start`` before "dogs" after an opening quote. A
+    word of punctuation only, or punctuation the source also has there, stays as it is."""
+    offset, side = position
+    if side == "end":
+        if 0 < offset <= len(source) and is_punctuation(source[offset - 1]):
+            return at
+        start = at
+        while start > 0 and not target[start - 1].isspace():
+            start -= 1
+        trimmed = at
+        while trimmed > start and is_punctuation(target[trimmed - 1]):
+            trimmed -= 1
+        return trimmed if trimmed > start else at
+    if offset < len(source) and is_punctuation(source[offset]):
+        return at
+    end = at
+    while end < len(target) and not target[end].isspace():
+        end += 1
+    trimmed = at
+    while trimmed < end and is_punctuation(target[trimmed]):
+        trimmed += 1
+    return trimmed if trimmed < end else at
+
+
 def relative_aligner(source: str, target: str, tokens: list[int], positions: Sequence[Position]) -> list[int]:
-    return [relative_offset(source, target, position) for position in positions]
+    return [outside_punctuation(source, target, position, relative_offset(source, target, position))
+            for position in positions]
 
 
 def piece_spans(pieces: Sequence[str]) -> list[tuple[int, int, bool]]:
@@ -116,7 +153,8 @@ class AttentionAligner:
                 out.append(len(target) if side == "start" else 0)
                 continue
             best = int(matrix[: len(tgt), piece].argmax())
-            out.append(self._target_offset(best, side, tgt, target, tgt_exact))
+            at = self._target_offset(best, side, tgt, target, tgt_exact)
+            out.append(outside_punctuation(source, target, (offset, side), at))
         return out
 
     @staticmethod
