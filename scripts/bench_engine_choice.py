@@ -89,11 +89,11 @@ def main() -> int:
     systems = [tuple(system.split(":", 1)) for system in args.systems or default_systems()]
     print(f"beam  engine       precision  sent/s   BLEU  identical to {' '.join(systems[0])}")
     for beam in args.beams:
-        fp32_lines: list[str] = []
+        first_lines: list[str] = []  # the first system's: the others are compared to them
         for engine, precision in systems:
             row = measure(args, engine, precision, beam)
-            fp32_lines = fp32_lines or row["lines"]
-            same = sum(a == b for a, b in zip(row["lines"], fp32_lines))
+            first_lines = first_lines or row["lines"]
+            same = sum(a == b for a, b in zip(row["lines"], first_lines))
             bleu = sacrebleu.corpus_bleu(row["lines"], [refs]).score
             print(f"{beam:4d}  {engine:12s} {precision:9s} {row['per_s']:7.1f}  {bleu:5.2f}  {same}/{len(refs)}")
         needs = ["beam_search"] if beam > 1 else []

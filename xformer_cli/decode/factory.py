@@ -52,13 +52,13 @@ CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "
 # and the rest): with any of them, precision auto stays on PyTorch.
 # "beam_search": xformer's GNMT-exact beam search (CTranslate2's ranks and stops otherwise and
 # lost 0.2-0.3 BLEU against it: docs/benchmarks/decoding.md, "Choosing the engine").
-XFORMER_ONLY = ("ensemble", "attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
-# Each of them as the log line names it.
+# Each need, as the log line names it.
 XFORMER_ONLY_WORDS = {"ensemble": "an ensemble",
                       "attention": "attention weights (--attention, HTML tags, glossaries, --keep-numbers)",
                       "sampling_topk": "top-k sampling", "temperature": "a sampling temperature",
                       "seed": "a sampling seed", "use_cache": "decoding without the cache",
                       "beam_search": "xformer's beam search (CTranslate2's ranks and stops otherwise)"}
+XFORMER_ONLY = tuple(XFORMER_ONLY_WORDS)
 
 Log = Callable[[str], None]
 
