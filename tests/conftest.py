@@ -2,8 +2,8 @@
 
 Two tiers: ``python -m pytest -m "not slow"`` runs the unit tests, which read no corpus, train
 nothing and start no process; the ``slow`` ones do. A test that reads the corpus and is not
-marked slow, or that runs the CLI or another process itself, is refused at collection, so the
-unit tier keeps running on a fresh machine."""
+marked slow, or that runs the CLI or another process itself, fails before its fixtures run, so
+the unit tier keeps running on a fresh machine."""
 
 import inspect
 from pathlib import Path
@@ -24,12 +24,19 @@ def _starts_a_process(item: pytest.Item) -> bool:
     return any(call in source for call in ("xformer(", "subprocess.", "Popen(", "ServerProcess("))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    unmarked = [item.nodeid for item in items if item.get_closest_marker("slow") is None
-                and ("multi30k" in getattr(item, "fixturenames", ()) or _starts_a_process(item))]
-    if unmarked:
-        raise pytest.UsageError("these tests read the corpus or start a process but are not marked slow: "
-                                + ", ".join(unmarked))
+def _untiered(item: pytest.Item) -> bool:
+    """Reads the corpus or starts a process, and is not marked slow."""
+    return item.get_closest_marker("slow") is None and (
+        "multi30k" in getattr(item, "fixturenames", ()) or _starts_a_process(item))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fails such a test before its fixtures run (so before it reads anything). A failure per test,
+    not a refusal at collection: under pytest-xdist the workers collect, and a worker's
+    UsageError reaches the user as an internal error without its message."""
+    if _untiered(item):
+        pytest.fail("not marked slow, but reads the corpus or starts a process", pytrace=False)
 
 
 @pytest.fixture(scope="session")
