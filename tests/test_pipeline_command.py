@@ -77,7 +77,7 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     assert numbers["total"] > 0 and 0 <= numbers["kept"] <= numbers["total"]  # the teacher's numbers, counted
     assert any(line.startswith("distilled.de: numbers = ") for line in proc.stderr.decode().splitlines())
     teachers = json.loads((run_dir / "teacher" / "stage.json").read_text())["models"]
-    assert teachers == [str(run_dir / "teacher" / "best.pt"), str(run_dir / "teacher" / "seed-2" / "best.pt")]
+    assert teachers == ["<run_dir>/teacher/best.pt", "<run_dir>/teacher/seed-2/best.pt"]  # a run folder can move
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
     assert {r["model"] for r in rows} == {"teacher", "teacher (seed 2)", "distillation teacher", "student",
                                           "student-int8"}
@@ -106,6 +106,28 @@ def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     said = proc.stderr.decode().splitlines()
     assert sum("up to date" in line and line.endswith("skipped") for line in said) == 7, said
+
+
+def test_a_run_folder_copied_elsewhere_keeps_its_stages_and_reads_its_own_models(smoke_data, smoke_run, tmp_path):
+    """With the original out of the way (so nothing can be read from it), the copy skips every
+    stage, and evaluate done again there reads the copy's models."""
+    run_dir, _ = smoke_run
+    copy, hidden = tmp_path / "copied", run_dir.with_name("hidden")
+    shutil.copytree(run_dir, copy)
+    run_dir.rename(hidden)
+    try:
+        skipped = pipeline(smoke_data, copy)
+        again = pipeline(smoke_data, copy, "--from", "evaluate")
+    finally:
+        hidden.rename(run_dir)
+    said = skipped.stderr.decode().splitlines()
+    assert skipped.returncode == 0 and sum(line.endswith("skipped") for line in said) == 7, said
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    assert "stage evaluate: starting in " + str(copy / "evaluate") in again.stderr.decode()
+    rows = json.loads((copy / "evaluate" / "summary.json").read_text())
+    assert {r["model"] for r in rows} == {"teacher", "teacher (seed 2)", "distillation teacher", "student",
+                                          "student-int8"}
+    assert str(run_dir) not in (copy / "evaluate" / "stage.json").read_text()
 
 
 def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):

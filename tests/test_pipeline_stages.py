@@ -14,7 +14,7 @@ from xformer_cli.config import CorpusConfig, load_config
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline import STAGES, load_pipeline_config
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, complete_lines, translate_corpus
-from xformer_cli.pipeline.record import StageRecord
+from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home
 from xformer_cli.pipeline import runner
 from xformer_cli.pipeline.runner import _chosen, run_stage
 from xformer_cli.pipeline.stages import Pipeline
@@ -260,8 +260,6 @@ def finish_upstream(pipe: Pipeline, *stages_done: str) -> None:
 def test_teacher_seeds_train_one_teacher_each_on_the_first_ones_tokenizer(tmp_path):
     from xformer_cli.pipeline import models, stages
 
-    from xformer_cli.pipeline.record import fingerprint
-
     single = Pipeline(smoke(tmp_path, "teacher.seeds=[]"), log=lambda _: None)
     pair = Pipeline(smoke(tmp_path, "teacher.seeds=[3, 5]"), log=lambda _: None)
     finish_upstream(single, "reverse", "backtranslate")
@@ -273,7 +271,8 @@ def test_teacher_seeds_train_one_teacher_each_on_the_first_ones_tokenizer(tmp_pa
     assert second.tokenizer.model == str(folder / "tokenizer" / "joint.model")  # one vocabulary: an ensemble
     assert first.data.train == second.data.train == one.data.train  # the same real and tagged synthetic pairs
     # a single teacher's fingerprint is the one made before teacher.seeds: a finished run stays finished
-    before = fingerprint("teacher", models.config_stamp(one, single.run_dir), single.upstream("teacher"))
+    before = fingerprint("teacher", models.config_stamp(one, single.run_dir), single.upstream("teacher"),
+                         home=single.run_dir)
     assert stages.fingerprint_teacher(single) == before
     same_seed = Pipeline(smoke(tmp_path, f"teacher.seeds=[{one.train.seed}]"), log=lambda _: None)
     assert stages.fingerprint_teacher(same_seed) == before
@@ -595,3 +594,57 @@ def test_evaluate_scores_an_ensemble_as_one_row(tmp_path, monkeypatch):
     (row,) = rows
     assert (row.engine, row.size_mb) == ("xformer fp32 on cpu, ensemble of 2", 3.5)
     assert row.path == f"{tmp_path / 'a.pt'}, {tmp_path / 'b.pt'}"
+
+
+def test_a_fingerprint_hashes_the_run_folders_own_paths_as_run_dir(tmp_path):
+    parts = {"data": "/corpus/train", "model": "{run}/teacher/best.pt", "run_dir": "{run}"}
+
+    def at(run: Path) -> dict:
+        return {key: value.format(run=run) for key, value in parts.items()}
+
+    a, b = tmp_path / "run", tmp_path / "elsewhere" / "run"
+    assert fingerprint(at(a), home=a) == fingerprint(at(b), home=b)
+    assert fingerprint(at(a)) != fingerprint(at(b))  # without a home: the paths as they are
+    near = fingerprint({**at(a), "near": f"{a}2/x"}, home=a)  # a name that only begins as the folder's is not in it
+    assert near != fingerprint({**at(b), "near": f"{b}2/x"}, home=b)
+    assert fingerprint({**at(a), "data": "/corpus/valid"}, home=a) != fingerprint(at(a), home=a)
+    assert at_home(a / "teacher" / "best.pt", a) == "<run_dir>/teacher/best.pt"
+    assert from_home("<run_dir>/teacher/best.pt", b) == b / "teacher" / "best.pt"
+    assert at_home("/given/reverse.pt", a) == "/given/reverse.pt" == str(from_home("/given/reverse.pt", b))
+
+
+def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_moves(tmp_path, monkeypatch):
+    """Records whose fingerprints hashed the folder's paths as they were, and which name their
+    models by absolute path: at the same place with the same inputs each stage is up to date,
+    its record upgraded; then the folder moves and the stages stay finished, reading the new place."""
+    from dataclasses import replace
+
+    from xformer_cli.pipeline import stages
+
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
+    finish_upstream(pipe, "reverse", "backtranslate", "teacher", "distill")
+    run = tmp_path / "run"
+    old = replace(pipe, old_stamps=True)  # as the code before made them
+    for name, model in (("student", run / "student" / "best.pt"), ("export", run / "export" / "student-int8")):
+        stamp = stages.FINGERPRINTS[name](old)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp, model=str(model))
+    for name in ("student", "export"):
+        monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
+    for name in ("student", "export"):
+        upgraded = run_stage(pipe, name)
+        assert upgraded["fingerprint"] == stages.FINGERPRINTS[name](pipe) != upgraded["old_fingerprint"]
+    assert json.loads((run / "student" / "stage.json").read_text())["model"] == "<run_dir>/student/best.pt"
+    moved = tmp_path / "elsewhere"
+    run.rename(moved)
+    there = Pipeline(load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={moved}"]),
+                     log=lambda _: None)
+    for name in ("student", "export"):
+        run_stage(there, name)
+    assert there.model("export") == moved / "export" / "student-int8"
+    other = Pipeline(smoke(tmp_path, "student.set.train.seed=7"), log=lambda _: None)  # other inputs: not upgraded
+    finish_upstream(other, "reverse", "backtranslate", "teacher", "distill")
+    stamp = stages.FINGERPRINTS["student"](replace(pipe, old_stamps=True))
+    other.record("student").begin(stamp)
+    other.record("student").finish(stamp, model=str(run / "student" / "best.pt"))
+    assert not runner._upgraded(other, "student", stages.FINGERPRINTS["student"](other))

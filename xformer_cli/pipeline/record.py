@@ -3,13 +3,17 @@ with the fingerprint of its inputs (settings, data files, upstream stages' finge
 and whether it finished. Like the token cache: the same fingerprint and done means skip,
 the same fingerprint not done means resume, another fingerprint means start the stage over,
 with the finished output of the old inputs set aside (``<stage>.replaced``) until the new
-one finishes, and put back if it fails."""
+one finishes, and put back if it fails.
+
+A record names the run's own files as ``<run_dir>/...`` and its fingerprint hashes their paths
+so: a run folder moved or copied elsewhere keeps every finished stage (``at_home``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +22,34 @@ from typing import Any, Optional
 from xformer_cli.fileio import atomic_file
 
 RECORD = "stage.json"
+HOME = "<run_dir>"
 
 
-def fingerprint(*parts: Any) -> str:
-    """A short hash of JSON-able parts (dicts hashed with sorted keys)."""
+def fingerprint(*parts: Any, home: Optional[Path] = None) -> str:
+    """A short hash of JSON-able parts (dicts hashed with sorted keys); each path under ``home``
+    (the pipeline's run_dir, as given or resolved) is hashed as <run_dir>/..."""
     text = json.dumps(parts, sort_keys=True, default=str)
+    if home is not None:
+        forms = sorted({str(home), str(home.resolve())}, key=len, reverse=True)
+        escaped = "|".join(re.escape(json.dumps(form)[1:-1]) for form in forms)
+        text = re.sub(f'"(?:{escaped})(?=[/"])', lambda _: '"' + HOME, text)  # a whole string's start only
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def at_home(path: Path | str, home: Path) -> str:
+    """``path`` as a record keeps it: <run_dir>/... when it lies under ``home``, else as given."""
+    try:
+        inside = Path(path).resolve().relative_to(home.resolve())
+    except ValueError:
+        return str(path)
+    return f"{HOME}/{inside.as_posix()}" if inside.parts else HOME
+
+
+def from_home(kept: str, home: Path) -> Path:
+    """A path a record keeps, under ``home`` where it says <run_dir> (an older record's are absolute)."""
+    if kept == HOME or kept.startswith(HOME + "/"):
+        return home / kept[len(HOME) + 1:]
+    return Path(kept)
 
 
 @dataclass

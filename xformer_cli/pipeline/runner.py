@@ -5,6 +5,7 @@ otherwise; ``from_stage`` redoes a stage and all after it, ``only`` runs one sta
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Optional
 
 from xformer_cli.errors import XformerError
@@ -30,7 +31,7 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     """One stage: skipped when up to date (unless ``redo``), resumed or done; returns its record."""
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
-    if not redo and (record.done_with(stamp) or record.restore_if_done_with(stamp)):
+    if not redo and (record.done_with(stamp) or record.restore_if_done_with(stamp) or _upgraded(pipe, name, stamp)):
         record.drop_replaced()
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}
@@ -51,6 +52,30 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     record.drop_replaced()
     pipe.log(f"stage {name}: done in {minutes} min")
     return record.read() or {}
+
+
+PATH_KEYS = ("model", "prefix", "summary")  # what a record's results name in the run folder
+
+
+def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
+    """A stage finished before run folders could move (its record hashed the folder's paths as
+    they were, and names its files by absolute path) that these inputs at this path would make
+    again: its record takes the new fingerprint (the old one kept for the stages after it to
+    check theirs against) and names its files under <run_dir>, as a new record would."""
+    record = pipe.record(name)
+    old = record.read()
+    if not old or not old.get("done") or "old_fingerprint" in old:
+        return False
+    if old.get("fingerprint") != FINGERPRINTS[name](replace(pipe, old_stamps=True)):
+        return False
+    paths = {key: pipe.kept(old[key]) for key in PATH_KEYS if isinstance(old.get(key), str)}
+    if isinstance(old.get("models"), list):
+        paths["models"] = [pipe.kept(m) for m in old["models"]]
+    if isinstance(old.get("teachers"), list):
+        paths["teachers"] = [{**t, "model": pipe.kept(t["model"])} if isinstance(t, dict) and "model" in t else t
+                             for t in old["teachers"]]
+    record.write({**old, **paths, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
+    return True
 
 
 def stage_minutes(pipe: Pipeline) -> dict[str, float]:

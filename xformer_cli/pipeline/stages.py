@@ -19,7 +19,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.fileio import file_stamp
 from xformer_cli.pipeline import models
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, numbers_kept, translate_corpus
-from xformer_cli.pipeline.record import StageRecord, fingerprint
+from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home
 from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
 
 STAGES = ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate")
@@ -35,6 +35,7 @@ class Pipeline:
     log: Callable[[str], None] = print
     progress: bool = True
     _base: Optional[Config] = field(default=None, repr=False)
+    old_stamps: bool = False  # fingerprints as records made them before run folders could move (runner)
 
     @property
     def run_dir(self) -> Path:
@@ -50,6 +51,18 @@ class Pipeline:
     def langs(self) -> tuple[str, str]:
         return self.base.data.src_lang, self.base.data.tgt_lang
 
+    def stamp(self, *parts: Any) -> str:
+        """The fingerprint of a stage's inputs, the run folder's own paths hashed as <run_dir>/...:
+        a run folder moved or copied elsewhere keeps its finished stages."""
+        return fingerprint(*parts, home=None if self.old_stamps else self.run_dir)
+
+    def kept(self, path: Path | str) -> str:
+        """A path as the records keep it (<run_dir>/... for the run's own files)."""
+        return at_home(path, self.run_dir)
+
+    def path(self, kept: str) -> Path:
+        return from_home(kept, self.run_dir)
+
     def record(self, stage: str) -> StageRecord:
         return StageRecord(stage, self.run_dir / stage)
 
@@ -64,11 +77,12 @@ class Pipeline:
     def upstream(self, stage: str) -> dict[str, str]:
         """The needed stages' identities: fingerprint and when it finished (a stage done over
         with the same inputs still makes the stages after it stale)."""
-        return {need: f"{rec['fingerprint']}@{rec.get('finished', '')}"
+        key = "old_fingerprint" if self.old_stamps else "fingerprint"
+        return {need: f"{rec.get(key, rec['fingerprint'])}@{rec.get('finished', '')}"
                 for need in NEEDS[stage] for rec in [self.finished(need)]}
 
     def model(self, stage: str) -> Path:
-        return Path(self.finished(stage)["model"])
+        return self.path(self.finished(stage)["model"])
 
 
 # -- reverse -------------------------------------------------------------------------------
@@ -81,14 +95,14 @@ def fingerprint_reverse(pipe: Pipeline) -> str:
     given = pipe.config.reverse.checkpoint
     if given:  # checked here, before the stage says it starts
         _check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
-        return fingerprint("reverse", file_stamp(given), pipe.langs)
-    return fingerprint("reverse", models.config_stamp(reverse_config(pipe), pipe.run_dir))
+        return pipe.stamp("reverse", file_stamp(given), pipe.langs)
+    return pipe.stamp("reverse", models.config_stamp(reverse_config(pipe), pipe.run_dir))
 
 
 def run_reverse(pipe: Pipeline) -> dict:
     given = pipe.config.reverse.checkpoint
     if given:
-        return {"model": str(given)}
+        return {"model": pipe.kept(given)}
     return _train(pipe, reverse_config(pipe))
 
 
@@ -107,7 +121,7 @@ def _train(pipe: Pipeline, config: Config) -> dict:
     result = train(config, overwrite=False, log=pipe.log, progress=pipe.progress)
     if result.stopped_because == "interrupted":
         raise KeyboardInterrupt
-    return {"model": str(models.trained_model(Path(config.run_dir))), "steps": result.steps,
+    return {"model": pipe.kept(models.trained_model(Path(config.run_dir))), "steps": result.steps,
             "best_valid_bleu": result.best_bleu}
 
 
@@ -123,8 +137,8 @@ def _mono(pipe: Pipeline, side: str) -> TextLines:
 
 def fingerprint_backtranslate(pipe: Pipeline) -> str:
     mono = _mono(pipe, "target")
-    return fingerprint("backtranslate", asdict(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
-                       mono.skip_invalid, pipe.upstream("backtranslate"))
+    return pipe.stamp("backtranslate", asdict(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
+                      mono.skip_invalid, pipe.upstream("backtranslate"))
 
 
 def run_backtranslate(pipe: Pipeline) -> dict:
@@ -134,7 +148,7 @@ def run_backtranslate(pipe: Pipeline) -> dict:
     job = CorpusJob(lines, folder / f"synthetic.{tgt}", folder / f"synthetic.{src}", _total(lines),
                     pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
-    return {"lines": written, "dropped": dict(lines.dropped), "prefix": str(folder / "synthetic"),
+    return {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
             "numbers": _numbers(pipe, job, tgt, src)}
 
 
@@ -218,7 +232,7 @@ def _tokenizer_of(config: Config) -> dict[str, Any]:
 def fingerprint_teacher(pipe: Pipeline) -> str:
     first, *others = [models.config_stamp(config, pipe.run_dir) for config in teacher_configs(pipe)]
     # a single teacher's fingerprint as before teacher.seeds: its finished stage stays finished
-    return fingerprint("teacher", first, pipe.upstream("teacher"), *([others] if others else []))
+    return pipe.stamp("teacher", first, pipe.upstream("teacher"), *([others] if others else []))
 
 
 TEACHER_DONE = "teacher-done.json"  # in a teacher's run_dir: it finished (the stage folder goes whole on a redo)
@@ -252,7 +266,7 @@ def _teacher_models(pipe: Pipeline) -> list[Path]:
     """Every model the teacher stage trained, in the order of its seeds (a record from before
     teacher.seeds holds one)."""
     record = pipe.finished("teacher")
-    return [Path(m) for m in record.get("models", [record["model"]])]
+    return [pipe.path(m) for m in record.get("models", [record["model"]])]
 
 
 def _teachers(pipe: Pipeline) -> list[Path]:
@@ -270,8 +284,8 @@ def fingerprint_distill(pipe: Pipeline) -> str:
     d = pipe.config.distill
     given = [file_stamp(name) for name in d.teachers if name != "teacher"]
     mono = [file_stamp(_mono(pipe, "source").path), pipe.config.mono.max_lines] if d.mono_source else []
-    return fingerprint("distill", asdict(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
-                       pipe.upstream("distill"))
+    return pipe.stamp("distill", asdict(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
+                      pipe.upstream("distill"))
 
 
 def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]) -> tuple[Iterator[str], Optional[int]]:
@@ -300,7 +314,7 @@ def run_distill(pipe: Pipeline) -> dict:
     job = CorpusJob(lines, folder / f"distilled.{src}", folder / f"distilled.{tgt}",
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
-    return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": str(folder / "distilled"),
+    return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": pipe.kept(folder / "distilled"),
             "numbers": _numbers(pipe, job, src, tgt)}
 
 
@@ -313,7 +327,7 @@ def student_config(pipe: Pipeline) -> Config:
 
 
 def fingerprint_student(pipe: Pipeline) -> str:
-    return fingerprint("student", models.config_stamp(student_config(pipe), pipe.run_dir), pipe.upstream("student"))
+    return pipe.stamp("student", models.config_stamp(student_config(pipe), pipe.run_dir), pipe.upstream("student"))
 
 
 def run_student(pipe: Pipeline) -> dict:
@@ -321,7 +335,7 @@ def run_student(pipe: Pipeline) -> dict:
 
 
 def fingerprint_export(pipe: Pipeline) -> str:
-    return fingerprint("export", asdict(pipe.config.export), pipe.upstream("export"))
+    return pipe.stamp("export", asdict(pipe.config.export), pipe.upstream("export"))
 
 
 def run_export(pipe: Pipeline) -> dict:
@@ -335,7 +349,7 @@ def run_export(pipe: Pipeline) -> dict:
     export_ctranslate2(pipe.model("student"), target, quantization=e.quantization, force=True, loaded=loaded,
                        shortlist=shortlist)
     pipe.log(f"exported the student to {target} ({e.quantization}{', with its shortlist' if shortlist else ''})")
-    return {"model": str(target)}
+    return {"model": pipe.kept(target)}
 
 
 def _student_shortlist(pipe: Pipeline, tokenizer, config):
@@ -369,8 +383,8 @@ def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
 
 def fingerprint_evaluate(pipe: Pipeline) -> str:
     baseline = pipe.config.evaluate.baseline
-    return fingerprint("evaluate", asdict(pipe.config.evaluate), file_stamp(baseline) if baseline else None,
-                       asdict(pipe.base.data), pipe.config.threads, pipe.upstream("evaluate"))
+    return pipe.stamp("evaluate", asdict(pipe.config.evaluate), file_stamp(baseline) if baseline else None,
+                      asdict(pipe.base.data), pipe.config.threads, pipe.upstream("evaluate"))
 
 
 def run_evaluate(pipe: Pipeline) -> dict:
@@ -386,7 +400,7 @@ def run_evaluate(pipe: Pipeline) -> dict:
         json.dump([row.to_dict() for row in rows], f, indent=2)
         f.write("\n")
     pipe.log(evaluation.table(rows))
-    return {"summary": str(summary), "rows": len(rows)}
+    return {"summary": pipe.kept(summary), "rows": len(rows)}
 
 
 FINGERPRINTS = {name: globals()[f"fingerprint_{name}"] for name in STAGES}
