@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import ROOT, head, write_lines
 from xformer_cli.pipeline import STAGES as STAGE_NAMES
@@ -128,6 +129,30 @@ def test_a_run_folder_copied_elsewhere_keeps_its_stages_and_reads_its_own_models
     assert {r["model"] for r in rows} == {"teacher", "teacher (seed 2)", "distillation teacher", "student",
                                           "student-int8"}
     assert str(run_dir) not in (copy / "evaluate" / "stage.json").read_text()
+
+
+def test_a_teacher_stopped_part_way_resumes_in_a_moved_run_folder(smoke_data, smoke_run, tmp_path):
+    """A copy whose first teacher stopped at step 40 (its checkpoint_40.pt as last.pt, what came
+    after gone): that last.pt names the original folder's corpora, yet the teacher resumes in
+    the copy, to the same weights as the uninterrupted teacher's."""
+    from xformer_cli.checkpoint_file import load_checkpoint
+
+    run_dir, _ = smoke_run
+    copy = tmp_path / "moved"
+    shutil.copytree(run_dir, copy)
+    teacher = copy / "teacher"
+    record = json.loads((teacher / "stage.json").read_text())
+    (teacher / "stage.json").write_text(json.dumps({**record, "done": False}))
+    for name in ("best.pt", "average.pt", "checkpoint_80.pt", "teacher-done.json", "last.pt"):
+        (teacher / name).unlink(missing_ok=True)
+    shutil.copyfile(teacher / "checkpoint_40.pt", teacher / "last.pt")
+    proc = pipeline(smoke_data, copy, "--only", "teacher")
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err[-2000:]
+    assert f"its run began in {run_dir}; its config now names the same files in {copy}" in err
+    assert f"resuming {teacher / 'last.pt'}: step 40" in err
+    resumed, whole = (load_checkpoint(path)["model"] for path in (teacher / "best.pt", run_dir / "teacher" / "best.pt"))
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
 def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):

@@ -648,3 +648,30 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     other.record("student").begin(stamp)
     other.record("student").finish(stamp, model=str(run / "student" / "best.pt"))
     assert not runner._upgraded(other, "student", stages.FINGERPRINTS["student"](other))
+
+
+def test_a_moved_stages_last_pt_names_the_new_folders_files_and_nothing_else_changes(tmp_path):
+    import torch
+
+    from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
+    from xformer_cli.pipeline.models import follow_a_moved_run
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    config = {"run_dir": f"{old}/teacher/seed-2", "tokenizer": {"model": f"{old}/teacher/tokenizer/joint.model"},
+              "data": {"train": [{"prefix": "/corpus/train"}, {"prefix": f"{old}/backtranslate/synthetic"}],
+                       "valid": {"prefix": f"{old}2/valid"}}}
+    weights = {"w": torch.arange(4.0)}
+    save_checkpoint({"config": config, "model": weights, "step": 40}, new / "teacher" / "seed-2" / "last.pt")
+    said: list[str] = []
+    follow_a_moved_run(new / "teacher" / "seed-2", new, said.append)
+    state = load_checkpoint(new / "teacher" / "seed-2" / "last.pt")
+    data = {"train": [{"prefix": "/corpus/train"}, {"prefix": f"{new}/backtranslate/synthetic"}],
+            "valid": {"prefix": f"{old}2/valid"}}  # only paths in the old folder
+    assert state["config"] == {"run_dir": f"{new}/teacher/seed-2",
+                               "tokenizer": {"model": f"{new}/teacher/tokenizer/joint.model"}, "data": data}
+    assert torch.equal(state["model"]["w"], weights["w"]) and state["step"] == 40
+    assert said == [f"{new}/teacher/seed-2/last.pt: its run began in {old}; "
+                    f"its config now names the same files in {new}"]
+    before = (new / "teacher" / "seed-2" / "last.pt").read_bytes()
+    follow_a_moved_run(new / "teacher" / "seed-2", new, said.append)  # not moved (any more): left alone
+    assert (new / "teacher" / "seed-2" / "last.pt").read_bytes() == before and len(said) == 1

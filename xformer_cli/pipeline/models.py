@@ -118,3 +118,35 @@ def trained_model(run_dir: Path) -> Path:
         if (run_dir / name).is_file():
             return run_dir / name
     raise XformerError(f"{run_dir} holds no best.pt or last.pt")
+
+
+def follow_a_moved_run(run_dir: Path, home: Path, log: Callable[[str], None]) -> None:
+    """A training stage's last.pt written before its pipeline's run folder (``home``) moved names
+    the old folder's corpora and tokenizer, and train's resume check compares those paths: its
+    config is rewritten to name the same files in the new folder (weights, optimizer and step
+    untouched; an atomic write), so the stage resumes where it stopped."""
+    from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
+
+    last = run_dir / "last.pt"
+    if not last.is_file():
+        return
+    state = load_checkpoint(last)
+    saved = Path(str(state.get("config", {}).get("run_dir", "")))
+    inside = run_dir.resolve().relative_to(home.resolve()).parts  # ("teacher",) or ("teacher", "seed-2")
+    if saved.resolve() == run_dir.resolve() or saved.parts[-len(inside):] != inside:
+        return  # not moved, or not this pipeline's layout: train's own check decides
+    old = str(saved.parents[len(inside) - 1])
+    state["config"] = _moved(state["config"], old, str(home))
+    save_checkpoint(state, last)
+    log(f"{last}: its run began in {old}; its config now names the same files in {home}")
+
+
+def _moved(value: Any, old: str, new: str) -> Any:
+    """``value`` with each string naming ``old`` or a path under it naming the same under ``new``."""
+    if isinstance(value, dict):
+        return {key: _moved(item, old, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_moved(item, old, new) for item in value]
+    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+        return new + value[len(old):]
+    return value

@@ -118,6 +118,7 @@ def _check_direction(path: Path, wanted: tuple[str, str], key: str) -> None:
 def _train(pipe: Pipeline, config: Config) -> dict:
     from xformer_cli.train.trainer import train
 
+    models.follow_a_moved_run(Path(config.run_dir), pipe.run_dir, pipe.log)
     result = train(config, overwrite=False, log=pipe.log, progress=pipe.progress)
     if result.stopped_because == "interrupted":
         raise KeyboardInterrupt
