@@ -53,10 +53,43 @@ def test_training_writes_the_valid_pick_into_best_pt_only(small_corpus, tmp_path
     assert load_checkpoint(run / "last.pt")["config"]["decode"]["length_penalty"] == 0.6
     assert "length_penalty: 0.6" in (run / "config.yaml").read_text()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["length_penalty"] == chosen and set(rows[-1]["length_penalty_valid_bleu"]) == {"0.6", "1.5", "3"}
+    assert rows[-1] == {"step": 12, "epoch": rows[-1]["epoch"], "minutes": rows[-1]["minutes"], "after_training": True}
+    tuned = rows[-2]  # the search's row, before the mark that the passes after training finished
+    assert tuned["length_penalty"] == chosen and set(tuned["length_penalty_valid_bleu"]) == {"0.6", "1.5", "3"}
     assert any(line.startswith("length penalty: valid BLEU (beam 4) 0.6: ") for line in logged), logged
-    ratios = rows[-1]["length_penalty_valid_length_ratio"]  # how long each alpha writes valid
+    ratios = tuned["length_penalty_valid_length_ratio"]  # how long each alpha writes valid
     assert set(ratios) == {"0.6", "1.5", "3"} and all(r > 0 for r in ratios.values())
+
+
+@pytest.mark.slow
+def test_passes_after_training_stopped_by_ctrl_c_run_when_the_run_is_resumed(small_corpus, tmp_path, monkeypatch):
+    """Ctrl-C inside the length-penalty search (last.pt already at the last step): the next call
+    runs the passes instead of saying the run is already done; the call after that leaves them."""
+    from xformer_cli.train import after_training
+
+    run = tmp_path / "run"
+    sets = {"train.max_steps": 12, "train.valid_every": 6, "train.save_every": 6, "train.average_last": 2,
+            "train.tune_length_penalty": "[0.6, 1.5]"}
+    real = after_training.tune_length_penalty
+
+    def interrupted(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(after_training, "tune_length_penalty", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(small_corpus, run, **sets), log=lambda _: None, progress=False)
+    assert load_checkpoint(run / "last.pt")["step"] == 12 and "length_penalty_scores" not in load_checkpoint(
+        run / "best.pt")
+    monkeypatch.setattr(after_training, "tune_length_penalty", real)
+    logged: list[str] = []
+    resumed = train(tiny_config(small_corpus, run, **sets), log=logged.append, progress=False)
+    assert resumed.stopped_because == "already done" and resumed.steps == 12
+    assert any("nothing marks its passes after training" in line for line in logged), logged
+    assert sorted(load_checkpoint(run / "best.pt")["length_penalty_scores"]) == [0.6, 1.5]
+    tuned = (run / "best.pt").read_bytes()
+    logged.clear()
+    assert train(tiny_config(small_corpus, run, **sets), log=logged.append, progress=False).steps == 12
+    assert any("is already at step 12" in line for line in logged) and (run / "best.pt").read_bytes() == tuned
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """The passes after the training loop, on rank 0 alone (the process group is gone by then):
 checkpoint averaging (train.average_last) and the length-penalty search on the valid set
-(train.tune_length_penalty)."""
+(train.tune_length_penalty). When they finish, a metrics.jsonl row says so (``DONE``): a run
+stopped inside them, its last.pt already at its last step, runs them when resumed (``owed``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import time
 from typing import Iterator
@@ -18,6 +20,30 @@ from xformer_cli.train.state import RunState
 from xformer_cli.evaluate import bleu
 from xformer_cli.train.tune import alphas_by_target, best_alpha
 from xformer_cli.train.validation import score_valid, translate_shares
+
+
+DONE = "after_training"  # the metrics.jsonl key of the row that marks the passes finished
+
+
+def owed(run: RunState) -> bool:
+    """Whether the run, at its last step, still owes its passes: it asks for one, and no row of
+    metrics.jsonl marks them finished at this step (a kill or Ctrl-C inside them would otherwise
+    leave best.pt unaveraged and its length penalty untuned for good)."""
+    tc = run.config.train
+    if not (tc.average_last or tc.tune_length_penalty):
+        return False
+    try:
+        lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get(DONE) and row.get("step") == run.counters.step:
+            return False
+    return True
 
 
 @contextlib.contextmanager

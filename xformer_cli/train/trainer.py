@@ -190,6 +190,10 @@ class Trainer:
         self.state.started = time.time() - c.train_seconds  # a resumed run's minutes go on
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         if c.step >= self.last_step():
+            if after_training.owed(self.state):
+                self.state.log(f"{self.state.run_dir} is at its last step {c.step}, and nothing marks its passes after "
+                               "training (average_last, tune_length_penalty) finished: running them")
+                return self.finish(StopReason.ALREADY_DONE)
             planned = self.state.schedule.planned_steps
             onward = ("its schedule ended there: to train on, fine-tune its best.pt in another run_dir "
                       "(train.init_from), or --overwrite to start afresh" if planned and c.step >= planned
@@ -379,6 +383,8 @@ class Trainer:
             after_training.average_last(run)
         if tc.tune_length_penalty and main and reason is not StopReason.INTERRUPTED and run.valid:
             after_training.tune_length_penalty(run)
+        if main and reason is not StopReason.INTERRUPTED:
+            run.metrics.record(run.event(**{after_training.DONE: True}))
         run.metrics.close()
         if tc.compile:
             shapes = "static" if self.plan.static_shapes else "dynamic"
