@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from xformer_cli.config import Config, CorpusConfig, apply_overrides, load_config, read_tree
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import file_stamp
+from xformer_cli.pipeline.record import rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 
 Edit = Callable[[dict], None]
@@ -136,17 +137,7 @@ def follow_a_moved_run(run_dir: Path, home: Path, log: Callable[[str], None]) ->
     if saved.resolve() == run_dir.resolve() or saved.parts[-len(inside):] != inside:
         return  # not moved, or not this pipeline's layout: train's own check decides
     old = str(saved.parents[len(inside) - 1])
-    state["config"] = _moved(state["config"], old, str(home))
+    state["config"] = rebased(state["config"], old, str(home))
     save_checkpoint(state, last)
     log(f"{last}: its run began in {old}; its config now names the same files in {home}")
 
-
-def _moved(value: Any, old: str, new: str) -> Any:
-    """``value`` with each string naming ``old`` or a path under it naming the same under ``new``."""
-    if isinstance(value, dict):
-        return {key: _moved(item, old, new) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_moved(item, old, new) for item in value]
-    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
-        return new + value[len(old):]
-    return value

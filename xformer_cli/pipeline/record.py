@@ -45,6 +45,18 @@ def at_home(path: Path | str, home: Path) -> str:
     return f"{HOME}/{inside.as_posix()}" if inside.parts else HOME
 
 
+def rebased(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON-like) with each string naming ``old`` or a path under it naming the same
+    under ``new``: a record's or a checkpoint's config's paths, after their folder moved."""
+    if isinstance(value, dict):
+        return {key: rebased(item, old, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [rebased(item, old, new) for item in value]
+    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+        return new + value[len(old):]
+    return value
+
+
 def from_home(kept: str, home: Path) -> Path:
     """A path a record keeps, under ``home`` where it says <run_dir> (an older record's are absolute)."""
     if kept == HOME or kept.startswith(HOME + "/"):

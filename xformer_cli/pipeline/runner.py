@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from xformer_cli.errors import XformerError
+from xformer_cli.pipeline.record import HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline
 
@@ -54,9 +55,6 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     return record.read() or {}
 
 
-PATH_KEYS = ("model", "prefix", "summary")  # what a record's results name in the run folder
-
-
 def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
     """A stage finished before run folders could move (its record hashed the folder's paths as
     they were, and names its files by absolute path) that these inputs at this path would make
@@ -68,13 +66,10 @@ def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
         return False
     if old.get("fingerprint") != FINGERPRINTS[name](replace(pipe, old_stamps=True)):
         return False
-    paths = {key: pipe.kept(old[key]) for key in PATH_KEYS if isinstance(old.get(key), str)}
-    if isinstance(old.get("models"), list):
-        paths["models"] = [pipe.kept(m) for m in old["models"]]
-    if isinstance(old.get("teachers"), list):
-        paths["teachers"] = [{**t, "model": pipe.kept(t["model"])} if isinstance(t, dict) and "model" in t else t
-                             for t in old["teachers"]]
-    record.write({**old, **paths, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
+    upgraded = old
+    for spelling in {str(pipe.run_dir), str(pipe.run_dir.resolve())}:  # the models, corpora, summary it names
+        upgraded = rebased(upgraded, spelling, HOME)
+    record.write({**upgraded, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
     return True
 
 
