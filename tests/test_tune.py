@@ -86,6 +86,11 @@ def test_passes_after_training_stopped_by_ctrl_c_run_when_the_run_is_resumed(sma
     assert resumed.stopped_because == "already done" and resumed.steps == 12
     assert any("nothing marks its passes after training" in line for line in logged), logged
     assert sorted(load_checkpoint(run / "best.pt")["length_penalty_scores"]) == [0.6, 1.5]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # The stopped call's averaging row is dropped: one row per pass, and the mark that they finished.
+    keys = ("averaged_steps", "length_penalty", "after_training")
+    assert [[k for k in keys if k in r] for r in rows if r["step"] == 12 and any(k in r for k in keys)] == [
+        ["averaged_steps"], ["length_penalty"], ["after_training"]], rows[-6:]
     tuned = (run / "best.pt").read_bytes()
     logged.clear()
     assert train(tiny_config(small_corpus, run, **sets), log=logged.append, progress=False).steps == 12

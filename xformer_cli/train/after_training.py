@@ -6,7 +6,6 @@ stopped inside them, its last.pt already at its last step, runs them when resume
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import time
 from typing import Iterator
@@ -16,6 +15,7 @@ import torch
 from xformer_cli.checkpoint_file import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
 from xformer_cli.train import run_checkpoints
 from xformer_cli.train.average import average_checkpoints
+from xformer_cli.train.metrics import complete_rows
 from xformer_cli.train.state import RunState
 from xformer_cli.evaluate import bleu
 from xformer_cli.train.tune import alphas_by_target, best_alpha
@@ -23,6 +23,7 @@ from xformer_cli.train.validation import score_valid, translate_shares
 
 
 DONE = "after_training"  # the metrics.jsonl key of the row that marks the passes finished
+PASS_KEYS = ("averaged_steps", "length_penalty")  # the keys of the rows the passes log
 
 
 def owed(run: RunState) -> bool:
@@ -32,18 +33,16 @@ def owed(run: RunState) -> bool:
     tc = run.config.train
     if not (tc.average_last or tc.tune_length_penalty):
         return False
-    try:
-        lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return True
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and row.get(DONE) and row.get("step") == run.counters.step:
-            return False
-    return True
+    step = run.counters.step
+    return not any(row.get(DONE) and row.get("step") == step
+                   for _, row in complete_rows(run.run_dir / "metrics.jsonl"))
+
+
+def forget_unfinished(run: RunState) -> None:
+    """Before owed passes run again: drop the rows the stopped ones logged at this step, so
+    metrics.jsonl holds one averaging row and one length-penalty row for it."""
+    step = run.counters.step
+    run.metrics.keep(lambda row: not (row.get("step") == step and any(key in row for key in PASS_KEYS)))
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -90,6 +91,24 @@ def tensorboard_writer(directory: Path):
     return SummaryWriter(log_dir=str(directory))
 
 
+def complete_rows(metrics: Path) -> list[tuple[str, dict]]:
+    """(line, row) for each whole JSON object line of ``metrics`` (none when it cannot be read):
+    a line a kill cut off, without its newline, is left out."""
+    try:
+        text = metrics.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n") and isinstance(row, dict):
+            rows.append((line, row))
+    return rows
+
+
 class MetricsLog:
     """One JSON row per event in ``RUN_DIR/metrics.jsonl``, and its numbers as TensorBoard
     scalars in ``RUN_DIR/tensorboard`` (``scalars``: per direction too). Only the process that
@@ -115,17 +134,14 @@ class MetricsLog:
     def keep_until(self, step: int) -> None:
         """Keep the complete lines up to ``step``: a resumed run logs the later steps again, and
         a line cut off by a kill would otherwise be glued to the next."""
+        self.keep(lambda row: row.get("step", 0) <= step)
+
+    def keep(self, wanted: Callable[[dict], bool]) -> None:
+        """Rewrite metrics.jsonl with its complete rows that ``wanted`` takes, atomically."""
         metrics = self.run_dir / "metrics.jsonl"
         if not self.enabled or not metrics.is_file():
             return
-        kept = []
-        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if line.endswith("\n") and isinstance(row, dict) and row.get("step", 0) <= step:
-                kept.append(line)
+        kept = [line for line, row in complete_rows(metrics) if wanted(row)]
         with writing(metrics, intact=f"{metrics} is as it was"), atomic_file(metrics, "w", encoding="utf-8") as handle:
             handle.writelines(kept)
 

@@ -193,6 +193,7 @@ class Trainer:
             if after_training.owed(self.state):
                 self.state.log(f"{self.state.run_dir} is at its last step {c.step}, and nothing marks its passes after "
                                "training (average_last, tune_length_penalty) finished: running them")
+                after_training.forget_unfinished(self.state)
                 return self.finish(StopReason.ALREADY_DONE)
             planned = self.state.schedule.planned_steps
             onward = ("its schedule ended there: to train on, fine-tune its best.pt in another run_dir "
