@@ -336,14 +336,19 @@ def test_a_teacher_finished_before_a_kill_is_not_trained_again(tmp_path, monkeyp
         trained.append(config.train.seed)
         if config.train.seed == 2 and trained.count(2) == 1:
             raise KeyboardInterrupt
-        return {"model": f"{config.run_dir}/best.pt", "steps": 1, "best_valid_bleu": 1.0}
+        Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+        Path(config.run_dir, "best.pt").write_bytes(b"weights")
+        # The first names another folder, as one written before run folders could move and then copied would.
+        return {"model": f"/elsewhere/{config.train.seed}/best.pt" if config.train.seed == 1 else
+                pipe.kept(Path(config.run_dir) / "best.pt"), "steps": 1, "best_valid_bleu": 1.0}
 
     monkeypatch.setattr(stages, "_train", killed_in_the_second)
     with pytest.raises(KeyboardInterrupt):
         stages.run_teacher(pipe)
     done = stages.run_teacher(pipe)  # the rerun: the second resumes, the first is kept as it finished
     assert trained == [1, 2, 2]
-    assert done["models"] == [f"{tmp_path}/run/teacher/best.pt", f"{tmp_path}/run/teacher/seed-2/best.pt"]
+    assert done["models"] == ["<run_dir>/teacher/best.pt", "<run_dir>/teacher/seed-2/best.pt"]
+    assert done["teachers"][0]["steps"] == 1
 
 
 def test_an_option_added_later_stays_out_of_a_stage_fingerprint_until_it_is_set(tmp_path):

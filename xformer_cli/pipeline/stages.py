@@ -249,7 +249,10 @@ def run_teacher(pipe: Pipeline) -> dict:
     for number, config in enumerate(configs, 1):
         done = Path(config.run_dir) / TEACHER_DONE
         if done.is_file():
-            trained.append(json.loads(done.read_text(encoding="utf-8")))
+            # Its model named where the run lies now (one written before run folders could move
+            # names it by absolute path, perhaps in the folder this one was copied from).
+            trained.append({**json.loads(done.read_text(encoding="utf-8")),
+                            "model": pipe.kept(models.trained_model(Path(config.run_dir)))})
             pipe.log(f"teacher {number} of {len(configs)} (seed {config.train.seed}): finished before, kept")
             continue
         if len(configs) > 1:
