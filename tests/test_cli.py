@@ -1,5 +1,6 @@
 """The command line end to end, and what it does with bad input."""
 
+import gzip
 import json
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
@@ -95,6 +96,12 @@ def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     scores = json.loads(proc.stdout)
     assert scores == from_checkpoint  # number accuracy included: the source is known both ways
     assert scores["numbers"]["target_lang"] == "de"
+    gzipped = {}
+    for name, path in (("src", small_corpus / "test2016.en"), ("ref", ref)):
+        gzipped[name] = tmp_path / (path.name + ".gz")
+        gzipped[name].write_bytes(gzip.compress(path.read_bytes()))
+    proc = xformer("eval-bleu", "--hyp", hyp, "--ref", gzipped["ref"], "--src", gzipped["src"], "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout) == scores, proc.stderr.decode()  # .gz read alike
     hyps = hyp.read_text(encoding="utf-8").splitlines()
     refs = ref.read_text(encoding="utf-8").splitlines()
     bleu, chrf = BLEU(), CHRF()

@@ -77,7 +77,7 @@ def test_an_output_path_that_is_a_directory_a_symlink_or_an_existing_file(tmp_pa
 
 
 def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
-    from xformer_cli.cli import _check_output
+    from xformer_cli.cli.common import _check_output
 
     model = tmp_path / "m.pt"
     model.write_bytes(b"weights")

@@ -37,7 +37,7 @@ class Layer:
 # the other. docs/ARCHITECTURE.md's "Layers" table lists the same, with why each sits where.
 LAYERS = (
     Layer("entry", ("__main__.py",)),
-    Layer("commands", ("cli.py", "__init__.py")),
+    Layer("commands", ("cli/", "__init__.py")),
     Layer("pipeline", ("pipeline/",)),
     Layer("applications", ("serve/", "train/")),
     Layer("text", ("text/",)),

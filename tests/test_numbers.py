@@ -73,6 +73,7 @@ def test_number_accuracy_on_hand_made_lines():
     # digits only where the target language has no words here
     assert number_accuracy(sources[:1], outputs[:1], "en", "fi").kept == 0
     assert language_of("newstest2014.de") == "de" and language_of("hyp.out") == ""
+    assert language_of("newstest2014.de.gz") == "de" and language_of("hyp.gz") == ""
 
 
 # A model that spells small numbers out and gets others wrong, as the README main job's did.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, head, write_lines
+from helpers import ROOT, assert_one_line_error, head, write_lines
 from xformer_cli.pipeline import STAGES as STAGE_NAMES
 
 pytestmark = pytest.mark.slow
@@ -107,6 +107,11 @@ def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     said = proc.stderr.decode().splitlines()
     assert sum("up to date" in line and line.endswith("skipped") for line in said) == 7, said
+    status = pipeline(smoke_data, run_dir, "--status")
+    lines = status.stdout.decode().splitlines()
+    assert status.returncode == 0 and lines[0] == f"pipeline in {run_dir} (what the next run does with each stage):"
+    assert [line.split()[:2] for line in lines[1:]] == [[stage, "skipped"] for stage in STAGE_NAMES], lines
+    assert_one_line_error(pipeline(smoke_data, run_dir, "--status", "--only", "teacher"), "--status", "--only")
 
 
 def test_a_run_folder_copied_elsewhere_keeps_its_stages_and_reads_its_own_models(smoke_data, smoke_run, tmp_path):

@@ -680,3 +680,51 @@ def test_a_moved_stages_last_pt_names_the_new_folders_files_and_nothing_else_cha
     before = (new / "teacher" / "seed-2" / "last.pt").read_bytes()
     follow_a_moved_run(new / "teacher" / "seed-2", new, said.append)  # not moved (any more): left alone
     assert (new / "teacher" / "seed-2" / "last.pt").read_bytes() == before and len(said) == 1
+
+
+def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(tmp_path):
+    from dataclasses import replace
+
+    from xformer_cli.pipeline import pipeline_status, stages
+
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
+    pipe = Pipeline(config, log=lambda _: None)
+    said = lambda: [(s.stage, s.action, s.detail) for s in pipeline_status(config)]  # noqa: E731
+    assert said()[0] == ("reverse", "starts", "not begun")
+    assert said()[1:] == [(name, "after", f"runs after {need}") for name, need in (
+        ("backtranslate", "reverse"), ("teacher", "backtranslate"), ("distill", "teacher"), ("student", "distill"),
+        ("export", "student"), ("evaluate", "teacher, student, export"))]
+
+    for name in ("reverse", "backtranslate"):
+        stamp = stages.FINGERPRINTS[name](pipe)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp, minutes=2.5, finished="2026-11-30T10:00:00", lines=3)
+    teacher = stages.FINGERPRINTS["teacher"](pipe)
+    pipe.record("teacher").begin(teacher)  # killed at step 50: its metrics.jsonl says so, a cut line aside
+    (tmp_path / "run" / "teacher" / "metrics.jsonl").write_text('{"step": 25}\n{"step": 50}\n{"step": 7')
+    assert said()[:4] == [("reverse", "skipped", "2.5 min, finished 2026-11-30T10:00:00, 3 lines"),
+                          ("backtranslate", "skipped", "2.5 min, finished 2026-11-30T10:00:00, 3 lines"),
+                          ("teacher", "resumes", "from last.pt: teacher at step 50"),
+                          ("distill", "after", "runs after teacher")]
+
+    pipe.record("teacher").finish(teacher, minutes=1.0, steps=50, best_valid_bleu=12.345)
+    distill = stages.FINGERPRINTS["distill"](pipe)
+    pipe.record("distill").begin(distill)
+    write_lines(tmp_path / "run" / "distill" / "distilled.de", ["Ein Hund."] * 4000)
+    assert said()[2:5] == [("teacher", "skipped", "1.0 min, 50 steps, valid BLEU 12.35"),
+                           ("distill", "resumes", "after 4,000 translated lines (whole chunks are kept)"),
+                           ("student", "after", "runs after distill")]
+
+    # A record from before run folders could move: up to date, upgraded by the run, not by the status.
+    pipe.record("distill").finish(distill)
+    old = stages.FINGERPRINTS["student"](replace(pipe, old_stamps=True))
+    pipe.record("student").begin(old)
+    pipe.record("student").finish(old, model=str(tmp_path / "run" / "student" / "best.pt"))
+    records = {p: p.read_bytes() for p in (tmp_path / "run").rglob("stage.json")}
+    assert said()[4] == ("student", "skipped", "finished; its record upgraded to a movable one")
+    assert said()[5] == ("export", "starts", "not begun")
+    changed = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}", "backtranslate.beam_size=4")
+    assert [(s.stage, s.action) for s in pipeline_status(changed)][:3] == [
+        ("reverse", "skipped"), ("backtranslate", "redone"), ("teacher", "after")]
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("stage.json")} == records  # nothing written

@@ -209,6 +209,7 @@ def number_accuracy(sources: Sequence[str], outputs: Sequence[str], src_lang: st
 
 
 def language_of(path: "str | Path") -> str:
-    """A file's language from a two-letter suffix ("test2016.de": "de"); "" otherwise."""
-    suffix = Path(path).suffix.lstrip(".")
+    """A file's language from a two-letter suffix ("test2016.de", "test2016.de.gz": "de"); "" otherwise."""
+    path = Path(path)
+    suffix = (path.with_suffix("") if path.suffix == ".gz" else path).suffix.lstrip(".")
     return suffix.lower() if re.fullmatch(r"[A-Za-z]{2}", suffix) else ""

@@ -10,6 +10,7 @@ run never truncates an earlier result.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import IO, Iterator, Optional
@@ -76,3 +77,21 @@ def open_output(path: Optional[Path]) -> Iterator[IO[str]]:
 def write_lines(lines: list[str], path: Optional[Path]) -> None:
     with open_output(path) as handle:
         handle.writelines(line + "\n" for line in lines)
+
+
+def complete_rows(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) for each whole JSON object line of a .jsonl file (a run's metrics.jsonl); none
+    when it cannot be read. A line a kill cut off, without its newline, is left out."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n") and isinstance(row, dict):
+            rows.append((line, row))
+    return rows

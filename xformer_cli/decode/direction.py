@@ -1,6 +1,7 @@
 """Which direction a translation run takes: the target language asked for (needed when the
 model has several), the source language given or detected, and what a model records of
-its languages. ``xformer translate``, ``eval-bleu`` and ``serve`` decide here.
+its languages. ``xformer translate`` and ``eval-bleu`` decide here; ``serve`` decides per request
+(``serve.protocol.check_direction``, ``serve.detect.auto_sources``).
 
 Zero-shot (a direction the model was not trained on, e.g. de->fr for a model trained on
 en<->de and en<->fr) is allowed with a warning: the tag names only the target, so the model

@@ -12,6 +12,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline
+from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
 def _chosen(from_stage: Optional[str], only: Optional[str]) -> tuple[list[str], set[str]]:
@@ -60,17 +61,29 @@ def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
     they were, and names its files by absolute path) that these inputs at this path would make
     again: its record takes the new fingerprint (the old one kept for the stages after it to
     check theirs against) and names its files under <run_dir>, as a new record would."""
-    record = pipe.record(name)
-    old = record.read()
-    if not old or not old.get("done") or "old_fingerprint" in old:
-        return False
-    if old.get("fingerprint") != FINGERPRINTS[name](replace(pipe, old_stamps=True)):
+    old = _upgradable(pipe, name)
+    if old is None:
         return False
     upgraded = old
     for spelling in {str(pipe.run_dir), str(pipe.run_dir.resolve())}:  # the models, corpora, summary it names
         upgraded = rebased(upgraded, spelling, HOME)
-    record.write({**upgraded, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
+    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
     return True
+
+
+def _upgradable(pipe: Pipeline, name: str) -> Optional[dict]:
+    """The stage's record when it is one from before run folders could move that these inputs
+    at this path would make again (read only)."""
+    old = pipe.record(name).read()
+    if not old or not old.get("done") or "old_fingerprint" in old:
+        return None
+    return old if old.get("fingerprint") == FINGERPRINTS[name](replace(pipe, old_stamps=True)) else None
+
+
+def pipeline_status(config: PipelineConfig) -> list[StageStatus]:
+    """What the next run would do with each stage, and its record's figures; writes nothing."""
+    pipe = Pipeline(config, log=lambda _: None, progress=False)
+    return stage_statuses(pipe, upgradable=lambda name: _upgradable(pipe, name) is not None)
 
 
 def stage_minutes(pipe: Pipeline) -> dict[str, float]:

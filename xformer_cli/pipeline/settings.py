@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from xformer_cli.config import apply_overrides, build_section, read_tree, require as _require
+from xformer_cli.config import apply_overrides, build_section, read_tree, require
 from xformer_cli.errors import XformerError
 
 
@@ -125,28 +125,28 @@ def load_pipeline_config(path: str | Path, overrides: Optional[list[str]] = None
 
 def check(config: PipelineConfig) -> None:
     """Each key's range, named in one line; files are checked by the stage that reads them."""
-    _require(bool(config.run_dir.strip()), "run_dir", "must not be empty")
-    _require(bool(config.model_config), "model_config", "the training config every model starts from (configs/...)")
-    _require(config.mono.max_lines >= 0, "mono.max_lines", "must be 0 (all) or more")
+    require(bool(config.run_dir.strip()), "run_dir", "must not be empty")
+    require(bool(config.model_config), "model_config", "the training config every model starts from (configs/...)")
+    require(config.mono.max_lines >= 0, "mono.max_lines", "must be 0 (all) or more")
     for name in ("backtranslate", "distill"):
         stage: TranslateStage = getattr(config, name)
-        _require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
-        _require(stage.beam_size >= 1, f"{name}.beam_size", "must be 1 or more")
-        _require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
+        require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
+        require(stage.beam_size >= 1, f"{name}.beam_size", "must be 1 or more")
+        require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
                  "sampling draws one translation per sentence: set beam_size to 1")
-        _require(stage.temperature > 0, f"{name}.temperature", "must be positive")
-    _require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
+        require(stage.temperature > 0, f"{name}.temperature", "must be positive")
+    require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
     seeds = config.teacher.seeds
-    _require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",
+    require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",
              "distinct whole numbers, 0 or more (one teacher per seed)")
-    _require(len(seeds) < 2 or "teacher" in config.distill.teachers, "teacher.seeds",
+    require(len(seeds) < 2 or "teacher" in config.distill.teachers, "teacher.seeds",
              "several teachers are trained for distill.teachers to use: name 'teacher' there")
-    _require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
-    _require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
+    require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
+    require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
              "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")
-    _require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
+    require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
              "evaluate.splits", "valid, test or both")
-    _require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
-    _require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
-    _require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
-    _require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")
+    require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
+    require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
+    require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
+    require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")

@@ -146,7 +146,7 @@ def run_backtranslate(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
     lines = _mono(pipe, "target")
     folder = pipe.record("backtranslate").directory
-    job = CorpusJob(lines, folder / f"synthetic.{tgt}", folder / f"synthetic.{src}", _total(lines),
+    job = CorpusJob(lines, folder / f"synthetic.{tgt}", translated_file(pipe, "backtranslate"), _total(lines),
                     pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
     return {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
@@ -315,7 +315,7 @@ def run_distill(pipe: Pipeline) -> dict:
     mono = _mono(pipe, "source") if pipe.config.distill.mono_source else None
     folder = pipe.record("distill").directory
     lines, total = _distill_sources(pipe, mono)
-    job = CorpusJob(lines, folder / f"distilled.{src}", folder / f"distilled.{tgt}",
+    job = CorpusJob(lines, folder / f"distilled.{src}", translated_file(pipe, "distill"),
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
     return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": pipe.kept(folder / "distilled"),
@@ -405,6 +405,23 @@ def run_evaluate(pipe: Pipeline) -> dict:
         f.write("\n")
     pipe.log(evaluation.table(rows))
     return {"summary": pipe.kept(summary), "rows": len(rows)}
+
+
+def translated_file(pipe: Pipeline, stage: str) -> Optional[Path]:
+    """Where a translating stage writes its translations (None for the other stages)."""
+    src, tgt = pipe.langs
+    folder = pipe.record(stage).directory
+    return {"backtranslate": folder / f"synthetic.{src}", "distill": folder / f"distilled.{tgt}"}.get(stage)
+
+
+def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:
+    """The run folders a training stage trains in (one per teacher seed; none for the other
+    stages, and for a reverse model given as a checkpoint)."""
+    if stage == "reverse" and pipe.config.reverse.checkpoint:
+        return []
+    configs = {"reverse": lambda: [reverse_config(pipe)], "teacher": lambda: teacher_configs(pipe),
+               "student": lambda: [student_config(pipe)]}.get(stage, list)()
+    return [Path(config.run_dir) for config in configs]
 
 
 FINGERPRINTS = {name: globals()[f"fingerprint_{name}"] for name in STAGES}

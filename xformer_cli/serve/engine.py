@@ -1,8 +1,9 @@
-"""The one place the server touches a translation engine: load it, and call ``translate``.
+"""The one place the server touches a translation engine: load it, and translate through
+``text.translate_texts`` (the text options, glossary and HTML of ``xformer translate``).
 
 Both engines (xformer's PyTorch ``Translator`` and the CTranslate2 export's
-``CTranslate2Translator``) offer ``decode.engine.Engine``'s interface; the server uses only
-its ``translate(lines, beam_size=...) -> list[str]`` (one output per line, blank in, blank out).
+``CTranslate2Translator``) offer ``decode.engine.Engine``'s interface; the server reaches it
+only through ``translate_texts`` (``search``, ``options``, ``detokenize``, ``alignment_weights``).
 ``decode.factory.load_engine`` builds the engine, as it does for ``xformer translate``:
 ``-m`` is a checkpoint or a directory written by ``xformer export``, and ``engine``,
 ``precision`` and ``device`` mean what they mean there.
@@ -26,7 +27,7 @@ from xformer_cli.text import Glossary, TextOptions, TextResult, load_glossary, t
 class ServedModel:
     """A loaded engine and what the server shows about it."""
 
-    translator: Engine  # a decode engine: .translate(lines, beam_size=...), .truncated_lines
+    translator: Engine  # a decode engine, driven by text.translate_texts; .truncated_lines
     name: str  # shown on the page and in /health
     engine: str  # xformer | ctranslate2
     precision: str

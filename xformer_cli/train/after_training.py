@@ -14,8 +14,8 @@ import torch
 
 from xformer_cli.checkpoint_file import checkpoint_step, kept_checkpoints, load_checkpoint, save_checkpoint
 from xformer_cli.train import run_checkpoints
+from xformer_cli.textio import complete_rows
 from xformer_cli.train.average import average_checkpoints
-from xformer_cli.train.metrics import complete_rows
 from xformer_cli.train.state import RunState
 from xformer_cli.evaluate import bleu
 from xformer_cli.train.tune import alphas_by_target, best_alpha

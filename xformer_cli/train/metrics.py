@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from xformer_cli.fileio import atomic_file, writing
+from xformer_cli.textio import complete_rows
 
 
 class StepStats:
@@ -89,24 +90,6 @@ def tensorboard_writer(directory: Path):
     except ImportError:  # tensorboard is optional: metrics.jsonl has everything
         return None
     return SummaryWriter(log_dir=str(directory))
-
-
-def complete_rows(metrics: Path) -> list[tuple[str, dict]]:
-    """(line, row) for each whole JSON object line of ``metrics`` (none when it cannot be read):
-    a line a kill cut off, without its newline, is left out."""
-    try:
-        text = metrics.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines(keepends=True):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if line.endswith("\n") and isinstance(row, dict):
-            rows.append((line, row))
-    return rows
 
 
 class MetricsLog:

@@ -3,8 +3,10 @@
 The run directory (``prepare_run_dir``), the training state a checkpoint holds (``state``,
 ``restore``), which files are written when (``save``: last.pt, best.pt and the newest
 ``train.keep_checkpoints`` step checkpoints), and which settings a resumed run must share
-with the one it continues (``resume_state``). The file format and its version are
-``xformer_cli.checkpoint_file``'s: older checkpoints reach ``restore`` already upgraded.
+with the one it continues (``read_last``, ``check_resumable``: called for every run by
+``init_from.resolve``, which decides between resuming, fine-tuning and starting afresh).
+The file format and its version are ``xformer_cli.checkpoint_file``'s: older checkpoints
+reach ``restore`` already upgraded.
 """
 
 from __future__ import annotations
@@ -161,12 +163,6 @@ def check_resumable(config: Config, last: Optional[dict]) -> Optional[dict]:
     if mismatch:
         raise mismatch_error(Path(config.run_dir) / "last.pt", mismatch)
     return last
-
-
-def resume_state(config: Config, overwrite: bool) -> Optional[dict]:
-    """The run directory's last.pt to continue from (None: start afresh); refused when it was
-    trained with other settings that matter (RESUME_KEYS)."""
-    return check_resumable(config, read_last(config, overwrite))
 
 
 def resumed_config(config: Config, state: dict) -> Config:

@@ -81,7 +81,7 @@ class RunState:
     log: Callable[[str], None]
     counters: Counters = field(default_factory=Counters)
     started: float = field(default_factory=time.time)
-    decode_precision: str = "auto"  # validation decodes as `xformer translate --precision auto` does
+    decode_precision: str = "auto"  # validation decodes as `translate --engine xformer --precision auto` does
     writer: CheckpointWriter = field(default_factory=lambda: CheckpointWriter(background=False))
 
     @property

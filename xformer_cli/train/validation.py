@@ -132,7 +132,7 @@ def translate_shares(run: RunState, beam_size: int, **search) -> list[list[str]]
 def score_valid(run: RunState) -> ValidScores:
     """The model's current weights on every direction's valid set: loss and perplexity over
     all of them and per direction, BLEU per direction and its mean; on every rank (each scores
-    its share). BLEU decodes the way `xformer translate --precision auto` does on this device."""
+    its share). BLEU decodes the way `xformer translate --engine xformer --precision auto` does on this device."""
     tc, dist = run.config.train, run.dist
     assert run.valid
     shares = [shard(list(range(len(v.encoded.src))), dist.rank, dist.world_size) for v in run.valid]

@@ -1,0 +1,287 @@
+"""``xformer eval-bleu``: a checkpoint's translations or given hypotheses scored with sacreBLEU,
+per direction for a multilingual model, with the number accuracy where the source is known,
+and several systems compared by a paired test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from xformer_cli.cli.common import (
+    _alpha, _batch, _beam, _before_torch, _check_output, _device, _direction, _engine, _load_engine, _log,
+    _precision, _source_lang, _target_lang, _threads, _warn_cut_lines, app, user_errors)
+from xformer_cli.errors import XformerError
+
+
+@app.command("eval-bleu")
+@user_errors
+def eval_bleu(  # long: its signature is its options, one parameter each
+    refs: List[Path] = typer.Option([], "--ref", "-r",
+                                    help="Reference file, repeatable (with "
+                                         "--checkpoint alone: the config's data.test)."),
+    hyps: List[Path] = typer.Option([], "--hyp",
+                                    help="Hypotheses (detokenized). Several: the "
+                                         "first is the baseline of a paired test."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-m",
+                                              help="Translate --src with this checkpoint "
+                                                   "(or export directory), then score."),
+    src: Optional[Path] = typer.Option(None, "--src",
+                                       help="Source text to translate (with --checkpoint); "
+                                            "with --hyp, the source the number accuracy reads."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="With --checkpoint: also save the translations here."),
+    metrics: str = typer.Option("bleu,chrf", "--metrics", help="Comma-separated: bleu, chrf, ter."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF (sacrebleu -lc)."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize",
+                                           help="BLEU tokenizer (sacrebleu's: 13a, intl, zh, char, none, ...)."),
+    confidence: int = typer.Option(0, "--confidence",
+                                   help="Bootstrap resamples for 95% confidence intervals (e.g. 1000)."),
+    paired_test: str = typer.Option("bs", "--paired-test",
+                                    help="With several --hyp: bs (paired bootstrap) "
+                                         "or ar (approximate randomisation)."),
+    samples: int = typer.Option(0, "--samples", help="Resamples/trials of the paired test (0 = sacrebleu's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    beam_size: Optional[int] = _beam,
+    length_penalty: Optional[float] = _alpha,
+    batch_size: Optional[int] = _batch,
+    engine: str = _engine,
+    device: str = _device,
+    precision: str = _precision,
+    threads: int = _threads,
+    target_lang: Optional[str] = _target_lang,
+    source_lang: Optional[str] = _source_lang,
+) -> None:
+    """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C
+    --src S --ref R, or --checkpoint C alone (the test set its training config names; a multilingual
+    model's: one row per direction, with the share of outputs in another language than asked for).
+    Where the source is known (--checkpoint with --src or alone on a one-direction model, or --src
+    with --hyp), also the number accuracy: the share of source numbers whose value the output holds,
+    in digits or as a word of the target language (docs/evaluation.md#number-accuracy)."""
+    _before_torch()
+    from xformer_cli.data.sources import read_lines
+    from xformer_cli.evaluate import hypothesis_warnings, make_metrics
+
+    if bool(hyps) == (checkpoint is not None):
+        raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
+    if confidence < 0 or confidence == 1:
+        raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
+                           f"not {confidence}")
+    chosen = [m for m in metrics.split(",") if m.strip()]
+    make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
+    search = dict(beam_size=beam_size, length_penalty=length_penalty, batch_size=batch_size)
+    translator = _eval_engine(checkpoint, src, refs, (engine, precision, device, threads, search))
+    if translator is not None and src is None and not refs and _multilingual(translator):
+        _eval_directions(translator, checkpoint, chosen, (lowercase, tokenize), search, target_lang, source_lang,
+                         output, as_json)
+        return
+    source_lines, ref_lines, ref_names, src = _references(translator, checkpoint, src, refs)
+    if translator is not None:
+        out = _translate_source(translator, checkpoint, src, source_lines, search, target_lang, source_lang, output)
+        systems = [(f"translation of {src}", out)]
+    else:
+        systems = [(str(h), list(read_lines(h))) for h in hyps]
+    for name, lines in systems:
+        for warning in hypothesis_warnings(lines, name):
+            typer.echo(f"warning: {warning}", err=True)
+    scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names,
+                   numbers=_number_accuracy(systems, source_lines, src, translator, refs, target_lang))
+    if len(systems) == 1:
+        _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
+    else:
+        _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
+
+
+def _eval_engine(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path], engine_args: tuple):
+    """eval-bleu --checkpoint's engine (None with --hyp), after the checks that need no model:
+    the one read of the checkpoint, whose languages and config the other steps ask."""
+    if checkpoint is None:
+        return None
+    if src is None and refs:
+        raise XformerError("--checkpoint needs --src (the source side to translate)")
+    if src is not None and not refs:
+        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
+    *args, search = engine_args
+    needs = ("beam_search",) if search["beam_size"] != 1 else ()
+    return _load_engine([checkpoint], *args, needs)
+
+
+def _translate_source(translator, checkpoint: Path, src: Path, source_lines, search: dict, target_lang,
+                      source_lang, output: Optional[Path]) -> list[str]:
+    """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
+    its off-target rate said), and written to --output when given."""
+    lines = source_lines if source_lines is not None else _read_source(src)
+    direction = _direction(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
+    _check_output(output, [(src, "--src"), (checkpoint, "--checkpoint")])
+    translated = translator.translate(lines, **search, target_lang=direction.target)
+    _warn_cut_lines(translator)
+    _say_off_target(translator, translated, direction)
+    if output is not None:
+        from xformer_cli.textio import write_lines
+
+        write_lines(translated, output)
+    return translated
+
+
+def _multilingual(translator) -> bool:
+    """Whether the engine's model translates more than one direction (eval-bleu then scores each)."""
+    languages = translator.languages
+    return languages is not None and len(languages.pairs) > 1
+
+
+def _eval_directions(translator, checkpoint: Path, metrics, scoring, search, target_lang, source_lang,
+                     output: Optional[Path], as_json: bool) -> None:
+    """eval-bleu on a multilingual checkpoint alone: each direction's test set from its config
+    (--target-lang / --source-lang keep only theirs), one row each (decode/direction_scores.py);
+    --output PATH writes PATH.SRC-TGT per direction."""
+    from xformer_cli.data.prepare import checkpoint_test_sets
+    from xformer_cli.decode.direction_scores import direction_table, score_directions
+
+    languages = translator.languages
+    sets = checkpoint_test_sets(checkpoint, log=_log, config=translator.config)
+    if target_lang:
+        target = languages.target(target_lang)
+        sets = {d: c for d, c in sets.items() if d[1] == target}
+    if source_lang:
+        source = languages.source(source_lang)
+        sets = {d: c for d, c in sets.items() if d[0] == source}
+    if not sets:
+        raise XformerError(f"{checkpoint}: no test set of its config is in the directions asked for "
+                           f"({languages.describe()})")
+    results = score_directions(translator, sets, languages, metrics, search, *scoring, log=_log)
+    _warn_cut_lines(translator)
+    if output is not None:
+        from xformer_cli.textio import write_lines
+
+        for result in results:
+            write_lines(result.hypotheses, output.with_name(f"{output.name}.{result.source}-{result.target}"))
+    typer.echo(json.dumps({"directions": [r.to_dict() for r in results]}) if as_json else direction_table(results))
+
+
+def _say_off_target(translator, translated: list[str], direction) -> None:
+    """With a multilingual model: the share of outputs in another language than asked for (stderr)."""
+    languages = translator.languages
+    if languages is None or not languages.tagged or direction.target is None:
+        return
+    from xformer_cli.decode.direction_scores import off_target
+
+    candidates = list(dict.fromkeys([*languages.sources, *languages.targets]))
+    wrong, scored = off_target(translated, direction.target, candidates)
+    if wrong is not None:
+        _log(f"off-target: {wrong} of {scored} outputs ({100 * wrong / max(scored, 1):.1f}%) "
+             f"are not in {direction.target} "
+             f"({direction.describe()}{'' if direction.trained else ', zero-shot'}; py3langid)")
+
+
+def _references(translator, checkpoint: Optional[Path], src: Optional[Path], refs: List[Path]):
+    """(source lines or None, reference lines per reference, their names, the source's path):
+    with --checkpoint alone, the test set of the checkpoint's own config (the engine's); else --ref."""
+    from xformer_cli.data.sources import read_lines
+
+    if checkpoint is not None and src is None and not refs:
+        from xformer_cli.data.prepare import checkpoint_test_set
+
+        test = checkpoint_test_set(checkpoint, log=_log, config=translator.config)
+        return test.src, [test.tgt], [test.origin], Path(test.origin)
+    if not refs:
+        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
+    return None, [list(read_lines(r)) for r in refs], [str(r) for r in refs], src
+
+
+def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[Path], translator,
+                     refs: List[Path], target_lang: Optional[str] = None):
+    """Each system's number accuracy (docs/evaluation.md#number-accuracy), where the source is
+    known (--checkpoint, or --src with --hyp); None otherwise. The languages: the engine's
+    (``translator``'s; None with --hyp), else the suffixes of --src and --ref (test.en, test.de)."""
+    from xformer_cli.number_matching import number_accuracy
+
+    if source_lines is None and src is None:
+        return None
+    sources = source_lines if source_lines is not None else _read_source(src)
+    recorded = translator.languages if translator is not None else None
+    languages = _number_languages(recorded, src, refs, target_lang)
+    for name, lines in systems:
+        if len(lines) != len(sources):
+            raise XformerError(f"{src} has {len(sources)} lines but {name} has {len(lines)}: no number accuracy")
+    return [number_accuracy(sources, lines, *languages) for _, lines in systems]
+
+
+def _number_languages(languages, src: Optional[Path], refs: List[Path], target_lang: Optional[str]) -> tuple[str, str]:
+    """(source, target) language of the number words: a one-direction model's pair (``languages``:
+    the engine's), else --target-lang and the suffixes of --src and --ref (test.en, test.de); "" =
+    digits only."""
+    from xformer_cli.number_matching import language_of
+
+    if languages is not None and len(languages.pairs) == 1:
+        return languages.pairs[0]
+    source = (language_of(src) if src is not None else "") or "en"
+    return source, target_lang or (language_of(refs[0]) if refs else "")
+
+
+def _read_source(src: Path) -> list[str]:
+    from xformer_cli.data.sources import read_lines  # as --ref and --hyp are read: .gz too
+
+    return list(read_lines(src))
+
+
+def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json,
+                  numbers=None) -> None:
+    """One system's scores: text with signatures, or one JSON object; its number accuracy
+    beside them where the source is known."""
+    from xformer_cli.evaluate import score_lines
+
+    name, lines = system
+    scores = score_lines(lines, ref_lines, metrics, lowercase, tokenize, confidence, name, ref_names)
+    if as_json:
+        typer.echo(json.dumps({**{sc.name: sc.to_dict() for sc in scores},
+                               **({"numbers": numbers[0].to_dict()} if numbers else {})}))
+        return
+    for sc in scores:
+        typer.echo(sc.text)
+        typer.echo(f"  signature: {sc.signature}")
+    if numbers:
+        typer.echo(numbers[0].text)
+
+
+def _print_comparison(systems, ref_lines, *, metrics, lowercase, tokenize, ref_names, paired_test, samples, as_json,
+                      numbers=None) -> None:
+    """Several systems against the first: a significance table with signatures, or one JSON
+    object; each system's number accuracy where the source is known."""
+    from xformer_cli.evaluate import compare_systems
+
+    rows, signatures = compare_systems(systems, ref_lines, metrics, lowercase, tokenize, paired_test, samples,
+                                       ref_names)
+    if as_json:
+        typer.echo(json.dumps({
+            "test": paired_test, "baseline": systems[0][0], "signatures": signatures,
+            "systems": [{"name": name, **{sc.name: sc.to_dict() for sc in row},
+                         **({"numbers": numbers[i].to_dict()} if numbers else {})}
+                        for i, ((name, _), row) in enumerate(zip(systems, rows))],
+        }))
+        return
+    typer.echo(_significance_table([name for name, _ in systems], rows, paired_test))
+    for metric_name, signature in signatures.items():
+        typer.echo(f"{metric_name} signature: {signature}")
+    for (name, _), accuracy in zip(systems, numbers or []):
+        typer.echo(f"{name}: {accuracy.text}")
+
+
+def _significance_table(names: list[str], rows, test: str) -> str:
+    header = ["system"] + [sc.name for sc in rows[0]]
+    body = []
+    for i, (name, row) in enumerate(zip(names, rows)):
+        cells = [name + (" (baseline)" if i == 0 else "")]
+        for sc in row:
+            cell = f"{sc.score:.2f}"
+            if sc.mean is not None and sc.ci is not None:
+                cell += f" ({sc.mean:.2f} +- {sc.ci:.2f})"
+            if sc.p_value is not None:
+                cell += f" p={sc.p_value:.4f}{' *' if sc.p_value < 0.05 else ''}"
+            cells.append(cell)
+        body.append(cells)
+    widths = [max(len(r[c]) for r in [header] + body) for c in range(len(header))]
+    fmt = lambda r: "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()  # noqa: E731
+    legend = {"bs": "paired bootstrap resampling", "ar": "paired approximate randomisation"}[test]
+    return "\n".join([fmt(header)] + [fmt(r) for r in body] + [f"p: {legend} against the baseline; * p < 0.05"])

@@ -1,0 +1,116 @@
+"""``xformer train``, ``prepare``, ``pipeline``, ``average`` and ``report``: runs and what they write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from xformer_cli.cli.common import _log, app, user_errors
+from xformer_cli.errors import XformerError
+
+
+@app.command()
+@user_errors
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
+    overrides: List[str] = typer.Option([], "--set", "-s",
+                                        help="Override a key: --set model.d_model=256 (repeatable)."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Start afresh, deleting the checkpoints in "
+                                        "run_dir (default: resume from last.pt)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    threads: Optional[int] = typer.Option(None, "--threads",
+                                          help="CPU threads for torch (train.threads; 0 = torch's default)."),
+) -> None:
+    """Train a tokenizer and a Transformer as the config says; checkpoints go to run_dir.
+
+    On a run_dir that holds last.pt, training resumes exactly where it stopped. Ctrl-C or
+    SIGTERM finishes the current step, saves last.pt and exits (code 130)."""
+    from xformer_cli.config import load_config
+    from xformer_cli.train.trainer import train as run_training
+
+    cfg = load_config(config, overrides + ([f"train.threads={threads}"] if threads is not None else []))
+    result = run_training(cfg, overwrite=overwrite, log=_log, progress=not quiet)
+    if result.stopped_because == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+@user_errors
+def prepare(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
+    overrides: List[str] = typer.Option([], "--set", "-s", help="Override a key: --set data.dedup=true (repeatable)."),
+) -> None:
+    """Train the tokenizer and build the tokenized cache, without training (train reuses both)."""
+    from xformer_cli.config import load_config
+    from xformer_cli.data.prepare import prepare_data
+    from xformer_cli.train.init_from import for_prepare
+
+    log = lambda message: typer.echo(message, err=True)  # noqa: E731
+    cfg, tokenizer = for_prepare(load_config(config, overrides), log)
+    prepared = prepare_data(cfg, log, tokenizer=tokenizer)
+    meta = prepared.train.meta
+    typer.echo(f"cache: {prepared.train.directory} ({meta['pairs']} pairs, {meta['src_tokens']} source and "
+               f"{meta['tgt_tokens']} target tokens, {'reused' if prepared.cache_reused else 'built'})")
+
+
+@app.command()
+@user_errors
+def pipeline(
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (configs/*pipeline*.yaml)."),
+    overrides: List[str] = typer.Option([], "--set", "-s", help="Override a key: --set run_dir=runs/p (repeatable)."),
+    from_stage: Optional[str] = typer.Option(None, "--from", help="Redo this stage and every one after it."),
+    only: Optional[str] = typer.Option(None, "--only", help="Run this stage alone (the stages it needs must be done)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    status: bool = typer.Option(False, "--status",
+                                help="Run nothing: say what a run would do with each stage, and how far it got."),
+) -> None:
+    """Back-translate, train a teacher, distill, train a student, export and evaluate it.
+
+    Stages: reverse, backtranslate, teacher, distill, student, export, evaluate. A stage whose
+    inputs have not changed since it finished is skipped; a killed one resumes (docs/pipeline.md)."""
+    from xformer_cli.pipeline import load_pipeline_config, pipeline_status, run_pipeline
+
+    if status:
+        if from_stage or only:
+            raise XformerError("--status looks at every stage: give it without --from and --only")
+        settings = load_pipeline_config(config, overrides)
+        typer.echo(f"pipeline in {settings.run_dir} (what the next run does with each stage):")
+        for stage in pipeline_status(settings):
+            typer.echo(stage.line())
+        return
+
+    # No _before_torch(): the pipeline is a training job and keeps OpenMP's default waits, as
+    # train does; sleeping waits cost its training a fifth of its steps (docs/pipeline.md, "Threads").
+    run_pipeline(load_pipeline_config(config, overrides), from_stage, only, log=_log, progress=not quiet)
+
+
+@app.command()
+@user_errors
+def average(
+    checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to average, or one run directory (with --last)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
+    last: int = typer.Option(5, "--last", help="With a run directory: average its newest N step checkpoints."),
+) -> None:
+    """Average the weights of several checkpoints (the paper averaged the last 5 for base, 20 for big)."""
+    from xformer_cli.train.average import average_checkpoints, last_checkpoints
+
+    paths = last_checkpoints(checkpoints[0], last) if len(checkpoints) == 1 and checkpoints[0].is_dir() else checkpoints
+    average_checkpoints(paths, output)
+    typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
+
+
+@app.command()
+@user_errors
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory written by xformer train."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG path (default RUN_DIR/report.png)."),
+) -> None:
+    """Plot losses, validation BLEU and learning rate against steps and wall time; print a summary."""
+    from xformer_cli.plots import plot_report
+
+    target = output or run_dir / "report.png"
+    typer.echo(plot_report(run_dir, target))
+    typer.echo(f"report: {target}")

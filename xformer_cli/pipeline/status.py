@@ -1,0 +1,108 @@
+"""``xformer pipeline --status``: what each stage's record says and what the next run would do
+with it (skip, resume, start, redo, or wait for a stage before it), read without writing a
+byte: a record from before run folders could move is not upgraded, an output set aside is
+not put back. A run of several hours is looked at this way while it runs, or before it is
+called again with other settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xformer_cli.errors import XformerError
+from xformer_cli.pipeline.corpus_translation import complete_lines
+from xformer_cli.pipeline.record import StageRecord
+from xformer_cli.textio import complete_rows
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, trained_run_dirs,
+                                         translated_file)
+
+SKIP, RESUME, START, REDO, AFTER = "skipped", "resumes", "starts", "redone", "after"
+
+
+@dataclass
+class StageStatus:
+    stage: str
+    action: str  # what the next `xformer pipeline` does with it: SKIP, RESUME, START, REDO or AFTER
+    detail: str  # its record's figures, or how far it got, or why it runs
+
+    def line(self) -> str:
+        return f"{self.stage:<14} {self.action:<8} {self.detail}"
+
+
+def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda name: False) -> list[StageStatus]:
+    """Each stage in order. ``upgradable(name)``: whether a finished record written before run
+    folders could move would be taken as up to date (the runner's check, read only)."""
+    pipe.base  # the model config is read and checked, as a run would
+    running: set[str] = set()  # the stages the next run does work in
+    statuses = []
+    for name in STAGES:
+        waits = [need for need in NEEDS[name] if need in running]
+        if waits:
+            status = StageStatus(name, AFTER, f"runs after {', '.join(waits)}")
+        else:
+            status = _one(pipe, name, upgradable)
+        if status.action != SKIP:
+            running.add(name)
+        statuses.append(status)
+    return statuses
+
+
+def _one(pipe: Pipeline, name: str, upgradable) -> StageStatus:
+    record = pipe.record(name)
+    kept = record.read()
+    try:
+        stamp = FINGERPRINTS[name](pipe)
+    except XformerError as exc:  # an input is missing or unreadable: the run would say the same
+        return StageStatus(name, START, f"cannot start: {exc}")
+    if kept and kept.get("fingerprint") == stamp:
+        if kept.get("done"):
+            return StageStatus(name, SKIP, _finished(kept))
+        return StageStatus(name, RESUME, _how_far(pipe, name))
+    aside = StageRecord(name, record.replaced).read()
+    if aside and aside.get("done") and aside.get("fingerprint") == stamp:
+        return StageStatus(name, SKIP, f"{_finished(aside)}; put back from {record.replaced.name}/")
+    if kept and kept.get("done") and upgradable(name):
+        return StageStatus(name, SKIP, f"{_finished(kept)}; its record upgraded to a movable one")
+    if kept and kept.get("done"):
+        return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(kept)})")
+    if kept:
+        return StageStatus(name, START, "afresh: a run of other inputs stopped part-way")
+    return StageStatus(name, START, "not begun")
+
+
+def _finished(record: dict) -> str:
+    parts = [f"{record['minutes']:.1f} min" if isinstance(record.get("minutes"), (int, float)) else "",
+             f"finished {record['finished']}" if record.get("finished") else ""]
+    if isinstance(record.get("lines"), int):
+        parts.append(f"{record['lines']:,} lines")
+    if isinstance(record.get("steps"), int):
+        parts.append(f"{record['steps']:,} steps")
+    if isinstance(record.get("best_valid_bleu"), (int, float)):
+        parts.append(f"valid BLEU {record['best_valid_bleu']:.2f}")
+    return ", ".join(p for p in parts if p) or "finished"
+
+
+def _how_far(pipe: Pipeline, name: str) -> str:
+    """A stage that began with these inputs: its translated lines, or its runs' last logged steps."""
+    translated = translated_file(pipe, name)
+    if translated is not None:
+        return f"after {complete_lines(translated):,} translated lines (whole chunks are kept)"
+    runs = [run for run in trained_run_dirs(pipe, name) if run.is_dir()]
+    if not runs:
+        return "begun, not finished: it runs again from its beginning"
+    return "from last.pt: " + "; ".join(f"{_run_name(pipe, run)} {_how_far_trained(run)}" for run in runs)
+
+
+def _how_far_trained(run: Path) -> str:
+    if (run / TEACHER_DONE).is_file():
+        return "finished"
+    return f"at step {_last_step(run):,}"
+
+
+def _run_name(pipe: Pipeline, run: Path) -> str:
+    return run.relative_to(pipe.run_dir).as_posix()
+
+
+def _last_step(run: Path) -> int:
+    return max((row.get("step", 0) for _, row in complete_rows(run / "metrics.jsonl")), default=0)
