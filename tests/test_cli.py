@@ -102,6 +102,9 @@ def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
         gzipped[name].write_bytes(gzip.compress(path.read_bytes()))
     proc = xformer("eval-bleu", "--hyp", hyp, "--ref", gzipped["ref"], "--src", gzipped["src"], "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout) == scores, proc.stderr.decode()  # .gz read alike
+    proc = xformer("eval-bleu", "--hyp", hyp, "--ref", ref, "--src", "-", "--json",
+                   stdin=(small_corpus / "test2016.en").read_bytes())
+    assert proc.returncode == 0 and json.loads(proc.stdout)["numbers"] == scores["numbers"], proc.stderr.decode()
     hyps = hyp.read_text(encoding="utf-8").splitlines()
     refs = ref.read_text(encoding="utf-8").splitlines()
     bleu, chrf = BLEU(), CHRF()

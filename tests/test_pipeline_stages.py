@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -682,15 +683,26 @@ def test_a_moved_stages_last_pt_names_the_new_folders_files_and_nothing_else_cha
     assert (new / "teacher" / "seed-2" / "last.pt").read_bytes() == before and len(said) == 1
 
 
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(tmp_path):
-    from dataclasses import replace
+    import torch
 
     from xformer_cli.pipeline import pipeline_status, stages
 
     write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
     config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
     pipe = Pipeline(config, log=lambda _: None)
-    said = lambda: [(s.stage, s.action, s.detail) for s in pipeline_status(config)]  # noqa: E731
+    run = tmp_path / "run"
+
+    def said(settings=config):
+        before = _files(tmp_path)
+        statuses = [(s.stage, s.action, s.detail) for s in pipeline_status(settings)]
+        assert _files(tmp_path) == before  # nothing written, cut or moved
+        return statuses
+
     assert said()[0] == ("reverse", "starts", "not begun")
     assert said()[1:] == [(name, "after", f"runs after {need}") for name, need in (
         ("backtranslate", "reverse"), ("teacher", "backtranslate"), ("distill", "teacher"), ("student", "distill"),
@@ -701,30 +713,59 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, minutes=2.5, finished="2026-11-30T10:00:00", lines=3)
     teacher = stages.FINGERPRINTS["teacher"](pipe)
-    pipe.record("teacher").begin(teacher)  # killed at step 50: its metrics.jsonl says so, a cut line aside
-    (tmp_path / "run" / "teacher" / "metrics.jsonl").write_text('{"step": 25}\n{"step": 50}\n{"step": 7')
+    pipe.record("teacher").begin(teacher)  # killed after its save at step 50 (logged on to 60)
+    torch.save({"step": 50}, run / "teacher" / "last.pt")
+    (run / "teacher" / "metrics.jsonl").write_text('{"step": 50}\n{"step": 60}\n{"step": 7')
     assert said()[:4] == [("reverse", "skipped", "2.5 min, finished 2026-11-30T10:00:00, 3 lines"),
                           ("backtranslate", "skipped", "2.5 min, finished 2026-11-30T10:00:00, 3 lines"),
                           ("teacher", "resumes", "from last.pt: teacher at step 50"),
                           ("distill", "after", "runs after teacher")]
+    (run / "teacher" / "last.pt").unlink()
+    assert said()[2][2] == "from last.pt: teacher nothing saved yet (from step 0)"
 
     pipe.record("teacher").finish(teacher, minutes=1.0, steps=50, best_valid_bleu=12.345)
     distill = stages.FINGERPRINTS["distill"](pipe)
     pipe.record("distill").begin(distill)
-    write_lines(tmp_path / "run" / "distill" / "distilled.de", ["Ein Hund."] * 4000)
+    write_lines(run / "distill" / "distilled.en", ["A dog."] * 4500)
+    write_lines(run / "distill" / "distilled.de", ["Ein Hund."] * 4100)  # its translations
+    chunk = config.distill.chunk_lines
     assert said()[2:5] == [("teacher", "skipped", "1.0 min, 50 steps, valid BLEU 12.35"),
-                           ("distill", "resumes", "after 4,000 translated lines (whole chunks are kept)"),
+                           ("distill", "resumes", f"after {4100 - 4100 % chunk:,} translated lines "
+                                                  f"(the whole chunks of {chunk:,})"),
                            ("student", "after", "runs after distill")]
 
     # A record from before run folders could move: up to date, upgraded by the run, not by the status.
     pipe.record("distill").finish(distill)
     old = stages.FINGERPRINTS["student"](replace(pipe, old_stamps=True))
     pipe.record("student").begin(old)
-    pipe.record("student").finish(old, model=str(tmp_path / "run" / "student" / "best.pt"))
-    records = {p: p.read_bytes() for p in (tmp_path / "run").rglob("stage.json")}
+    pipe.record("student").finish(old, model=str(run / "student" / "best.pt"))
     assert said()[4] == ("student", "skipped", "finished; its record upgraded to a movable one")
     assert said()[5] == ("export", "starts", "not begun")
     changed = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}", "backtranslate.beam_size=4")
-    assert [(s.stage, s.action) for s in pipeline_status(changed)][:3] == [
-        ("reverse", "skipped"), ("backtranslate", "redone"), ("teacher", "after")]
-    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("stage.json")} == records  # nothing written
+    assert [(s[0], s[1]) for s in said(changed)][:3] == [("reverse", "skipped"), ("backtranslate", "redone"),
+                                                         ("teacher", "after")]
+    (tmp_path / "mono.de").unlink()  # an input gone: the run stops at the first stage that reads it
+    assert said()[1][:2] == ("backtranslate", "fails") and "mono.de" in said()[1][2]
+
+
+def test_status_sees_a_killed_redo_put_back_and_the_stages_after_it_skipped(tmp_path, monkeypatch):
+    """`--from backtranslate` with other settings, killed inside it, then called with the old
+    settings: the run puts the old output back and skips every stage after it; the status says so."""
+    from xformer_cli.pipeline import pipeline_status, stages
+
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in ("reverse", "backtranslate", "teacher"):
+        stamp = stages.FINGERPRINTS[name](pipe)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp, lines=3)
+    redo = Pipeline(smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}", "backtranslate.beam_size=4"))
+    redo.record("backtranslate").begin(stages.FINGERPRINTS["backtranslate"](redo))  # the old output set aside
+    assert (tmp_path / "run" / "backtranslate.replaced" / "stage.json").is_file()
+    assert [(s.stage, s.action) for s in pipeline_status(config)][:4] == [
+        ("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "skipped"), ("distill", "starts")]
+    assert pipeline_status(config)[1].detail.endswith("(put back from where a redo set it aside)")
+    for name in ("backtranslate", "teacher"):  # and the run does what it said
+        monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a stage the status said is skipped ran"))
+        run_stage(pipe, name)

@@ -109,6 +109,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return upgrade_checkpoint(state)
 
 
+def read_light(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's entries without reading its weights (memory-mapped: its config, step,
+    languages), for a look that should not cost a load; {} when it is not a dict."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - an older file format: read it whole (one-line errors)
+        state = load_checkpoint(path)
+    return state if isinstance(state, dict) else {}
+
+
 def upgrade_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` in the current format, whichever version wrote it: every reader (training,
     translation, export) passes here, so none needs a default for a key added later.

@@ -80,12 +80,9 @@ def write_lines(lines: list[str], path: Optional[Path]) -> None:
 
 
 def complete_rows(path: Path) -> list[tuple[str, dict]]:
-    """(line, row) for each whole JSON object line of a .jsonl file (a run's metrics.jsonl); none
-    when it cannot be read. A line a kill cut off, without its newline, is left out."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
+    """(line, row) for each whole JSON object line of a .jsonl file (a run's metrics.jsonl); a
+    line a kill cut off, without its newline, is left out. A file that cannot be read raises."""
+    text = path.read_text(encoding="utf-8", errors="replace")
     rows = []
     for line in text.splitlines(keepends=True):
         try:

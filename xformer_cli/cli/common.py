@@ -156,7 +156,3 @@ def _direction(languages, target_lang: Optional[str], source_lang: Optional[str]
     if languages is None:  # a model that records no languages: say nothing against the flags
         return Direction(source_lang or "en", target_lang)
     return choose_direction(languages, target_lang, source_lang, text, _log)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    app()

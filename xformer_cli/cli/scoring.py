@@ -221,9 +221,11 @@ def _number_languages(languages, src: Optional[Path], refs: List[Path], target_l
 
 
 def _read_source(src: Path) -> list[str]:
-    from xformer_cli.data.sources import read_lines  # as --ref and --hyp are read: .gz too
+    """--src's lines: a file as --ref and --hyp are read (.gz too), or stdin for "-"."""
+    from xformer_cli.data.sources import read_lines
+    from xformer_cli.textio import iter_lines
 
-    return list(read_lines(src))
+    return list(iter_lines(None) if str(src) == "-" else read_lines(src))
 
 
 def _print_scores(system, ref_lines, *, metrics, lowercase, tokenize, ref_names, confidence, as_json,

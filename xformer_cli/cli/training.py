@@ -77,8 +77,9 @@ def pipeline(
         if from_stage or only:
             raise XformerError("--status looks at every stage: give it without --from and --only")
         settings = load_pipeline_config(config, overrides)
+        statuses = pipeline_status(settings)
         typer.echo(f"pipeline in {settings.run_dir} (what the next run does with each stage):")
-        for stage in pipeline_status(settings):
+        for stage in statuses:
             typer.echo(stage.line())
         return
 

@@ -54,15 +54,9 @@ def model_languages(path: "str | Path") -> Optional[Languages]:
 
 
 def _checkpoint_config(path: Path) -> dict:
-    import torch
+    from xformer_cli.checkpoint_file import read_light
 
-    from xformer_cli.checkpoint_file import load_checkpoint  # (its import lets torch 2.4 read bytes)
-
-    try:  # mmap: the config without reading every weight
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - an older file format: read it whole (one-line errors)
-        state = load_checkpoint(path)
-    config = state.get("config") if isinstance(state, dict) else None
+    config = read_light(path).get("config")
     return config if isinstance(config, dict) else {}
 
 

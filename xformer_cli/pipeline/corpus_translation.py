@@ -105,10 +105,15 @@ class CorpusJob:
     seed: int = 1  # sampling: chunk k draws with seed + k
 
 
+def whole_chunks(inputs_path: Path, outputs_path: Path, chunk_lines: int) -> int:
+    """Lines translated in whole chunks, in both files: where a resumed translation goes on."""
+    done = min(complete_lines(inputs_path), complete_lines(outputs_path))
+    return done - done % chunk_lines
+
+
 def resume_point(job: CorpusJob) -> int:
     """Lines already translated in whole chunks; both files are cut back to them."""
-    done = min(complete_lines(job.inputs_path), complete_lines(job.outputs_path))
-    done -= done % job.chunk_lines
+    done = whole_chunks(job.inputs_path, job.outputs_path, job.chunk_lines)
     for path in (job.inputs_path, job.outputs_path):
         cut_to_lines(path, done)
     return done

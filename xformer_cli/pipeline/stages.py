@@ -36,6 +36,8 @@ class Pipeline:
     progress: bool = True
     _base: Optional[Config] = field(default=None, repr=False)
     old_stamps: bool = False  # fingerprints as records made them before run folders could move (runner)
+    # Stages whose finished record is read where a redo set it aside: the status, seeing what a run would put back.
+    read_aside: frozenset[str] = frozenset()
 
     @property
     def run_dir(self) -> Path:
@@ -68,7 +70,8 @@ class Pipeline:
 
     def finished(self, stage: str) -> dict:
         """A needed stage's finished record, or one line saying to run it first."""
-        record = self.record(stage).read()
+        record = self.record(stage)
+        record = (StageRecord(stage, record.replaced) if stage in self.read_aside else record).read()
         if not record or not record.get("done"):
             raise XformerError(f"pipeline stage {stage} has not finished in {self.run_dir}: run it first "
                                f"(xformer pipeline -c CONFIG --only {stage}, or without --only)")
@@ -146,7 +149,7 @@ def run_backtranslate(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
     lines = _mono(pipe, "target")
     folder = pipe.record("backtranslate").directory
-    job = CorpusJob(lines, folder / f"synthetic.{tgt}", translated_file(pipe, "backtranslate"), _total(lines),
+    job = CorpusJob(lines, *translation_files(pipe, "backtranslate"), _total(lines),
                     pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
     return {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
@@ -315,7 +318,7 @@ def run_distill(pipe: Pipeline) -> dict:
     mono = _mono(pipe, "source") if pipe.config.distill.mono_source else None
     folder = pipe.record("distill").directory
     lines, total = _distill_sources(pipe, mono)
-    job = CorpusJob(lines, folder / f"distilled.{src}", translated_file(pipe, "distill"),
+    job = CorpusJob(lines, *translation_files(pipe, "distill"),
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
     return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": pipe.kept(folder / "distilled"),
@@ -407,11 +410,13 @@ def run_evaluate(pipe: Pipeline) -> dict:
     return {"summary": pipe.kept(summary), "rows": len(rows)}
 
 
-def translated_file(pipe: Pipeline, stage: str) -> Optional[Path]:
-    """Where a translating stage writes its translations (None for the other stages)."""
+def translation_files(pipe: Pipeline, stage: str) -> Optional[tuple[Path, Path]]:
+    """A translating stage's two sides: (the lines it translates, their translations); None for
+    the other stages."""
     src, tgt = pipe.langs
     folder = pipe.record(stage).directory
-    return {"backtranslate": folder / f"synthetic.{src}", "distill": folder / f"distilled.{tgt}"}.get(stage)
+    return {"backtranslate": (folder / f"synthetic.{tgt}", folder / f"synthetic.{src}"),
+            "distill": (folder / f"distilled.{src}", folder / f"distilled.{tgt}")}.get(stage)
 
 
 def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:

@@ -6,24 +6,23 @@ called again with other settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.corpus_translation import complete_lines
+from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import StageRecord
-from xformer_cli.textio import complete_rows
 from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, trained_run_dirs,
-                                         translated_file)
+                                         translation_files)
 
-SKIP, RESUME, START, REDO, AFTER = "skipped", "resumes", "starts", "redone", "after"
+SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
 
 
 @dataclass
 class StageStatus:
     stage: str
-    action: str  # what the next `xformer pipeline` does with it: SKIP, RESUME, START, REDO or AFTER
+    action: str  # what the next `xformer pipeline` does with it: SKIP, RESUME, START, REDO, AFTER or FAIL
     detail: str  # its record's figures, or how far it got, or why it runs
 
     def line(self) -> str:
@@ -31,10 +30,11 @@ class StageStatus:
 
 
 def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda name: False) -> list[StageStatus]:
-    """Each stage in order. ``upgradable(name)``: whether a finished record written before run
-    folders could move would be taken as up to date (the runner's check, read only)."""
+    """Each stage in order, as the runner would meet it. ``upgradable(name)``: whether a finished
+    record written before run folders could move would be taken as up to date (the runner's
+    check, read only)."""
     pipe.base  # the model config is read and checked, as a run would
-    running: set[str] = set()  # the stages the next run does work in
+    running: set[str] = set()  # the stages the next run does work in (or stops at)
     statuses = []
     for name in STAGES:
         waits = [need for need in NEEDS[name] if need in running]
@@ -42,28 +42,34 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
             status = StageStatus(name, AFTER, f"runs after {', '.join(waits)}")
         else:
             status = _one(pipe, name, upgradable)
+            if status.detail.endswith(PUT_BACK):  # later stages read its record where it waits
+                pipe = replace(pipe, read_aside=pipe.read_aside | {name})
         if status.action != SKIP:
             running.add(name)
         statuses.append(status)
     return statuses
 
 
-def _one(pipe: Pipeline, name: str, upgradable) -> StageStatus:
+PUT_BACK = "(put back from where a redo set it aside)"
+
+
+def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageStatus:
+    """One stage whose upstream stages are up to date, in the runner's order of checks."""
     record = pipe.record(name)
     kept = record.read()
     try:
         stamp = FINGERPRINTS[name](pipe)
-    except XformerError as exc:  # an input is missing or unreadable: the run would say the same
-        return StageStatus(name, START, f"cannot start: {exc}")
-    if kept and kept.get("fingerprint") == stamp:
-        if kept.get("done"):
-            return StageStatus(name, SKIP, _finished(kept))
-        return StageStatus(name, RESUME, _how_far(pipe, name))
+    except XformerError as exc:  # an input is missing or unreadable: the run stops here, saying this
+        return StageStatus(name, FAIL, str(exc))
+    if kept and kept.get("done") and kept.get("fingerprint") == stamp:
+        return StageStatus(name, SKIP, _finished(kept))
     aside = StageRecord(name, record.replaced).read()
     if aside and aside.get("done") and aside.get("fingerprint") == stamp:
-        return StageStatus(name, SKIP, f"{_finished(aside)}; put back from {record.replaced.name}/")
+        return StageStatus(name, SKIP, f"{_finished(aside)} {PUT_BACK}")
     if kept and kept.get("done") and upgradable(name):
         return StageStatus(name, SKIP, f"{_finished(kept)}; its record upgraded to a movable one")
+    if kept and kept.get("fingerprint") == stamp:
+        return StageStatus(name, RESUME, _how_far(pipe, name))
     if kept and kept.get("done"):
         return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(kept)})")
     if kept:
@@ -84,25 +90,23 @@ def _finished(record: dict) -> str:
 
 
 def _how_far(pipe: Pipeline, name: str) -> str:
-    """A stage that began with these inputs: its translated lines, or its runs' last logged steps."""
-    translated = translated_file(pipe, name)
-    if translated is not None:
-        return f"after {complete_lines(translated):,} translated lines (whole chunks are kept)"
+    """A stage that began with these inputs: where its translation or its runs go on."""
+    files = translation_files(pipe, name)
+    if files is not None:
+        chunk = getattr(pipe.config, name).chunk_lines
+        return f"after {whole_chunks(*files, chunk):,} translated lines (the whole chunks of {chunk:,})"
     runs = [run for run in trained_run_dirs(pipe, name) if run.is_dir()]
     if not runs:
         return "begun, not finished: it runs again from its beginning"
-    return "from last.pt: " + "; ".join(f"{_run_name(pipe, run)} {_how_far_trained(run)}" for run in runs)
+    named = [(run.relative_to(pipe.run_dir).as_posix(), run) for run in runs]
+    return "from last.pt: " + "; ".join(f"{name} {_how_far_trained(run)}" for name, run in named)
 
 
 def _how_far_trained(run: Path) -> str:
+    from xformer_cli.checkpoint_file import read_light
+
     if (run / TEACHER_DONE).is_file():
         return "finished"
-    return f"at step {_last_step(run):,}"
-
-
-def _run_name(pipe: Pipeline, run: Path) -> str:
-    return run.relative_to(pipe.run_dir).as_posix()
-
-
-def _last_step(run: Path) -> int:
-    return max((row.get("step", 0) for _, row in complete_rows(run / "metrics.jsonl")), default=0)
+    if not (run / "last.pt").is_file():
+        return "nothing saved yet (from step 0)"
+    return f"at step {int(read_light(run / 'last.pt').get('step', 0)):,}"

@@ -34,8 +34,11 @@ def owed(run: RunState) -> bool:
     if not (tc.average_last or tc.tune_length_penalty):
         return False
     step = run.counters.step
-    return not any(row.get(DONE) and row.get("step") == step
-                   for _, row in complete_rows(run.run_dir / "metrics.jsonl"))
+    try:
+        rows = complete_rows(run.run_dir / "metrics.jsonl")
+    except OSError:
+        return True
+    return not any(row.get(DONE) and row.get("step") == step for _, row in rows)
 
 
 def forget_unfinished(run: RunState) -> None:
