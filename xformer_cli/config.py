@@ -686,6 +686,8 @@ def _check_plan_rules(t: TrainConfig) -> None:
 
 
 def _check_schedule(t: TrainConfig) -> None:
+    """The learning-rate schedule, the plan (planned steps and epochs, the rules by them) and
+    where the run starts (train.init_from)."""
     require(t.schedule in SCHEDULES, "train.schedule", f"must be one of {', '.join(SCHEDULES)}")
     require(0 < t.lr_scale < math.inf, "train.lr_scale", "must be positive and finite")
     require(0.0 <= t.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1) (0 = train.warmup_steps)")

@@ -1,4 +1,6 @@
-"""Checkpoint in, text out: the Python API behind ``xformer translate``.
+"""Checkpoint in, text out: xformer's PyTorch engine, and the Python API for translating.
+(``xformer translate`` builds its engine through ``decode.factory.load_engine``, which may
+pick the CTranslate2 engine instead: greedy search on a CPU with AMX or without bf16.)
 
     from xformer_cli import Translator
     translator = Translator.from_checkpoint("runs/multi30k/best.pt")
