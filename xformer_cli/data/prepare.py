@@ -268,9 +268,9 @@ def checkpoint_test_sets(checkpoint: "str | Path", log: Callable[[str], None] = 
     ``config``: that config when already read (an engine's), so the file is not read again."""
     if config is None:
         from xformer_cli.config import config_from_dict
-        from xformer_cli.checkpoint_file import load_checkpoint
+        from xformer_cli.checkpoint_file import read_light
 
-        config = config_from_dict(load_checkpoint(checkpoint)["config"])
+        config = config_from_dict(read_light(checkpoint).get("config", {}))
     sets = eval_sets(config.data, "test", log)
     if not sets:
         raise XformerError(f"{checkpoint}: its config names no data.test; give --src and --ref")
