@@ -693,7 +693,9 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
     from xformer_cli.pipeline import pipeline_status, stages
 
     write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
-    config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    mono = (f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}")  # not the corpus's
+    config = smoke(tmp_path, *mono)
     pipe = Pipeline(config, log=lambda _: None)
     run = tmp_path / "run"
 
@@ -741,7 +743,7 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
     pipe.record("student").finish(old, model=str(run / "student" / "best.pt"))
     assert said()[4] == ("student", "skipped", "finished; its record upgraded to a movable one")
     assert said()[5] == ("export", "starts", "not begun")
-    changed = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}", "backtranslate.beam_size=4")
+    changed = smoke(tmp_path, *mono, "backtranslate.beam_size=4")
     assert [(s[0], s[1]) for s in said(changed)][:3] == [("reverse", "skipped"), ("backtranslate", "redone"),
                                                          ("teacher", "after")]
     (tmp_path / "mono.de").unlink()  # an input gone: the run stops at the first stage that reads it
@@ -754,13 +756,15 @@ def test_status_sees_a_killed_redo_put_back_and_the_stages_after_it_skipped(tmp_
     from xformer_cli.pipeline import pipeline_status, stages
 
     write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
-    config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    mono = (f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}")  # not the corpus's
+    config = smoke(tmp_path, *mono)
     pipe = Pipeline(config, log=lambda _: None)
     for name in ("reverse", "backtranslate", "teacher"):
         stamp = stages.FINGERPRINTS[name](pipe)
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, lines=3)
-    redo = Pipeline(smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}", "backtranslate.beam_size=4"))
+    redo = Pipeline(smoke(tmp_path, *mono, "backtranslate.beam_size=4"))
     redo.record("backtranslate").begin(stages.FINGERPRINTS["backtranslate"](redo))  # the old output set aside
     assert (tmp_path / "run" / "backtranslate.replaced" / "stage.json").is_file()
     assert [(s.stage, s.action) for s in pipeline_status(config)][:4] == [
