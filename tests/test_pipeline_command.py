@@ -110,7 +110,8 @@ def test_a_second_run_skips_every_stage(smoke_data, smoke_run):
     status = pipeline(smoke_data, run_dir, "--status")
     lines = status.stdout.decode().splitlines()
     assert status.returncode == 0 and lines[0] == f"pipeline in {run_dir} (what the next run does with each stage):"
-    assert [line.split()[:2] for line in lines[1:]] == [[stage, "skipped"] for stage in STAGE_NAMES], lines
+    assert [line.split()[:2] for line in lines[1:-1]] == [[stage, "skipped"] for stage in STAGE_NAMES], lines
+    assert lines[-1].startswith("the whole path: ") and lines[-1] in said  # as the run says it
     assert_one_line_error(pipeline(smoke_data, run_dir, "--status", "--only", "teacher"), "--status", "--only")
 
 

@@ -80,6 +80,12 @@ def _upgradable(pipe: Pipeline, name: str) -> Optional[dict]:
     return old if old.get("fingerprint") == FINGERPRINTS[name](replace(pipe, old_stamps=True)) else None
 
 
+def whole_path(config: PipelineConfig) -> Optional[str]:
+    """The line summing every stage's minutes, once each has finished (None before)."""
+    minutes = stage_minutes(Pipeline(config, log=lambda _: None, progress=False))
+    return path_line(minutes) if len(minutes) == len(STAGES) else None
+
+
 def pipeline_status(config: PipelineConfig) -> list[StageStatus]:
     """What the next run would do with each stage, and its record's figures; writes nothing."""
     pipe = Pipeline(config, log=lambda _: None, progress=False)
@@ -111,7 +117,7 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts
     records = {name: run_stage(pipe, name, redo=name in redo) for name in stages}
-    minutes = stage_minutes(pipe)
-    if len(minutes) == len(STAGES):
-        log(path_line(minutes))
+    line = whole_path(config)
+    if line is not None:
+        log(line)
     return records
