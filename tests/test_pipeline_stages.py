@@ -773,3 +773,31 @@ def test_status_sees_a_killed_redo_put_back_and_the_stages_after_it_skipped(tmp_
     for name in ("backtranslate", "teacher"):  # and the run does what it said
         monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a stage the status said is skipped ran"))
         run_stage(pipe, name)
+
+
+def test_a_budget_gives_the_student_what_the_stages_before_it_leave(tmp_path, monkeypatch):
+    from xformer_cli.pipeline import stages
+
+    def student_minutes(*sets: str, spent=(28.1, 12.4, 53.0, 28.4)) -> float:
+        pipe = Pipeline(smoke(tmp_path, "student.set.train.max_minutes=60", *sets), log=lambda _: None)
+        for name, minutes in zip(("reverse", "backtranslate", "teacher", "distill"), spent):
+            pipe.record(name).begin(f"fp-{name}")
+            pipe.record(name).finish(f"fp-{name}", minutes=minutes)
+        first = stages.FINGERPRINTS["student"](pipe)
+        assert stages.FINGERPRINTS["student"](pipe) == first  # the same on every call: a rerun skips or resumes
+        return stages.student_config(pipe).train.max_minutes
+
+    assert student_minutes() == 60  # no budget
+    assert student_minutes("budget_minutes=180") == 48.1  # 180 - 10 - 121.9: a slow CPU's translation stages
+    assert student_minutes("budget_minutes=180", spent=(26.0, 4.0, 51.0, 11.0)) == 60  # a fast one: as set
+    assert student_minutes("budget_minutes=180", "reserve_minutes=20") == 38.1
+    with pytest.raises(XformerError, match="budget_minutes.*nothing is left for the student"):
+        student_minutes("budget_minutes=120")
+    said: list[str] = []
+    pipe = Pipeline(smoke(tmp_path, "student.set.train.max_minutes=60", "budget_minutes=180"), log=said.append)
+    monkeypatch.setattr(stages, "_train", lambda _, config: {"minutes": config.train.max_minutes})
+    assert stages.run_student(pipe) == {"minutes": 48.1}
+    assert said == ["student: 48.1 minutes, what budget_minutes 180 leaves after the stages before it and "
+                    "reserve_minutes 10"]
+    with pytest.raises(XformerError, match="budget_minutes"):
+        smoke(tmp_path, "budget_minutes=-1")

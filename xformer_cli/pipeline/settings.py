@@ -94,6 +94,10 @@ class PipelineConfig:
     model_config: str = ""  # the training config every model starts from, relative to this file
     model_set: dict[str, Any] = field(default_factory=dict)  # overrides for every trained model
     threads: int = 0  # CPU threads for training and translating (train.threads); 0 = all
+    # The whole path's minutes at most (0: no bound): the student trains no longer than the finished
+    # stages before it leave, less reserve_minutes (its passes after training, export, evaluate).
+    budget_minutes: float = 0.0
+    reserve_minutes: float = 10.0
     mono: MonoConfig = field(default_factory=MonoConfig)
     reverse: ReverseStage = field(default_factory=ReverseStage)
     backtranslate: TranslateStage = field(default_factory=TranslateStage)
@@ -128,6 +132,8 @@ def check(config: PipelineConfig) -> None:
     require(bool(config.run_dir.strip()), "run_dir", "must not be empty")
     require(bool(config.model_config), "model_config", "the training config every model starts from (configs/...)")
     require(config.mono.max_lines >= 0, "mono.max_lines", "must be 0 (all) or more")
+    require(config.budget_minutes >= 0 and config.reserve_minutes >= 0, "budget_minutes",
+            "budget_minutes and reserve_minutes must be 0 or more (budget_minutes 0: no bound)")
     for name in ("backtranslate", "distill"):
         stage: TranslateStage = getattr(config, name)
         require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")

@@ -330,7 +330,30 @@ def run_distill(pipe: Pipeline) -> dict:
 def student_config(pipe: Pipeline) -> Config:
     s = pipe.config.student
     prefix = pipe.record("distill").directory / "distilled"
-    return models.stage_config(pipe.config, "student", s.set, models.with_corpus(prefix, s.real_pairs))
+    config = models.stage_config(pipe.config, "student", s.set, models.with_corpus(prefix, s.real_pairs))
+    left = student_minutes_left(pipe)
+    if left is not None and (not config.train.max_minutes or left < config.train.max_minutes):
+        config = models.stage_config(pipe.config, "student", {**s.set, "train.max_minutes": left},
+                                     models.with_corpus(prefix, s.real_pairs))
+    return config
+
+
+def student_minutes_left(pipe: Pipeline) -> Optional[float]:
+    """With budget_minutes: what the finished stages before the student leave of it, less
+    reserve_minutes (None without a budget, or before those stages have finished; the
+    student's fingerprint then needs them anyway). Their recorded minutes are fixed once they
+    finish, so the student's minutes, and its fingerprint, stay the same on every call."""
+    budget = pipe.config.budget_minutes
+    before = STAGES[:STAGES.index("student")]
+    spent = [pipe.record(name).read() or {} for name in before]
+    if not budget or not all(r.get("done") and isinstance(r.get("minutes"), (int, float)) for r in spent):
+        return None
+    left = round(budget - pipe.config.reserve_minutes - sum(r["minutes"] for r in spent), 1)
+    if left < 1:
+        raise XformerError(f"config key 'budget_minutes': the stages before the student took "
+                           f"{sum(r['minutes'] for r in spent):.1f} of its {budget:g} minutes (reserve_minutes "
+                           f"{pipe.config.reserve_minutes:g}): nothing is left for the student")
+    return left
 
 
 def fingerprint_student(pipe: Pipeline) -> str:
@@ -338,7 +361,11 @@ def fingerprint_student(pipe: Pipeline) -> str:
 
 
 def run_student(pipe: Pipeline) -> dict:
-    return _train(pipe, student_config(pipe))
+    config = student_config(pipe)
+    if student_minutes_left(pipe) == config.train.max_minutes:
+        pipe.log(f"student: {config.train.max_minutes:g} minutes, what budget_minutes {pipe.config.budget_minutes:g} "
+                 f"leaves after the stages before it and reserve_minutes {pipe.config.reserve_minutes:g}")
+    return _train(pipe, config)
 
 
 def fingerprint_export(pipe: Pipeline) -> str:
