@@ -23,6 +23,7 @@ from xformer_cli.fileio import atomic_file
 
 RECORD = "stage.json"
 HOME = "<run_dir>"
+DONE, ASIDE, RESUMABLE, CHANGED, STOPPED, NEW = "done", "aside", "resumable", "changed", "stopped", "new"
 
 
 def fingerprint(*parts: Any, home: Optional[Path] = None) -> str:
@@ -122,11 +123,22 @@ class StageRecord:
         os.replace(self.replaced, self.directory)
         return True
 
-    def restore_if_done_with(self, fingerprint: str) -> bool:
-        """Put back the output set aside when it finished with ``fingerprint`` (a redo was
-        killed, and the inputs are back to what they were)."""
+    def standing(self, fingerprint: str) -> str:
+        """Where the stage stands for inputs of ``fingerprint``, read only, in the order a run
+        checks: DONE (finished with them), ASIDE (finished with them and set aside by a redo
+        that was killed: put back, it is done), RESUMABLE (begun with them), CHANGED (finished
+        with other inputs), STOPPED (begun with other inputs) or NEW."""
+        record = self.read()
+        if record and record.get("fingerprint") == fingerprint and record.get("done"):
+            return DONE
         aside = StageRecord(self.name, self.replaced).read()
-        return bool(aside and aside.get("done") and aside.get("fingerprint") == fingerprint) and self.restore()
+        if aside and aside.get("done") and aside.get("fingerprint") == fingerprint:
+            return ASIDE
+        if record and record.get("fingerprint") == fingerprint:
+            return RESUMABLE
+        if record:
+            return CHANGED if record.get("done") else STOPPED
+        return NEW
 
     def drop_replaced(self) -> None:
         shutil.rmtree(self.replaced, ignore_errors=True)

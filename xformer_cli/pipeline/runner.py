@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.record import HOME, rebased
+from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
@@ -33,7 +33,9 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     """One stage: skipped when up to date (unless ``redo``), resumed or done; returns its record."""
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
-    if not redo and (record.done_with(stamp) or record.restore_if_done_with(stamp) or _upgraded(pipe, name, stamp)):
+    standing = record.standing(stamp)
+    if not redo and (standing == DONE or (standing == ASIDE and record.restore())
+                     or (standing == CHANGED and _upgraded(pipe, name, stamp))):
         record.drop_replaced()
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}

@@ -12,7 +12,7 @@ from typing import Callable
 
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
-from xformer_cli.pipeline.record import StageRecord
+from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
 from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, trained_run_dirs,
                                          translation_files)
 
@@ -54,28 +54,26 @@ PUT_BACK = "(put back from where a redo set it aside)"
 
 
 def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageStatus:
-    """One stage whose upstream stages are up to date, in the runner's order of checks."""
+    """One stage whose upstream stages are up to date, as the runner decides (StageRecord.standing)."""
     record = pipe.record(name)
-    kept = record.read()
     try:
         stamp = FINGERPRINTS[name](pipe)
     except XformerError as exc:  # an input is missing or unreadable: the run stops here, saying this
         return StageStatus(name, FAIL, str(exc))
-    if kept and kept.get("done") and kept.get("fingerprint") == stamp:
-        return StageStatus(name, SKIP, _finished(kept))
-    aside = StageRecord(name, record.replaced).read()
-    if aside and aside.get("done") and aside.get("fingerprint") == stamp:
-        return StageStatus(name, SKIP, f"{_finished(aside)} {PUT_BACK}")
-    if kept and kept.get("done") and upgradable(name):
-        return StageStatus(name, SKIP, f"{_finished(kept)}; its record upgraded to a movable one")
-    if kept and kept.get("fingerprint") == stamp:
+    standing = record.standing(stamp)
+    if standing == DONE:
+        return StageStatus(name, SKIP, _finished(record.read()))
+    if standing == ASIDE:
+        return StageStatus(name, SKIP, f"{_finished(StageRecord(name, record.replaced).read())} {PUT_BACK}")
+    if standing == CHANGED and upgradable(name):
+        return StageStatus(name, SKIP, f"{_finished(record.read())}; its record upgraded to a movable one")
+    if standing == RESUMABLE:
         return StageStatus(name, RESUME, _how_far(pipe, name))
-    if kept and kept.get("done"):
-        return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(kept)})")
-    if kept:
+    if standing == CHANGED:
+        return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(record.read())})")
+    if standing == STOPPED:
         return StageStatus(name, START, "afresh: a run of other inputs stopped part-way")
     return StageStatus(name, START, "not begun")
-
 
 def _finished(record: dict) -> str:
     parts = [f"{record['minutes']:.1f} min" if isinstance(record.get("minutes"), (int, float)) else "",
