@@ -71,7 +71,7 @@ def pipeline(
 
     Stages: reverse, backtranslate, teacher, distill, student, export, evaluate. A stage whose
     inputs have not changed since it finished is skipped; a killed one resumes (docs/pipeline.md)."""
-    from xformer_cli.pipeline import load_pipeline_config, pipeline_status, run_pipeline
+    from xformer_cli.pipeline import Pipeline, load_pipeline_config, pipeline_status, run_pipeline
     from xformer_cli.pipeline.runner import whole_path
 
     if status:
@@ -82,7 +82,7 @@ def pipeline(
         typer.echo(f"pipeline in {settings.run_dir} (what the next run does with each stage):")
         for stage in statuses:
             typer.echo(stage.line())
-        line = whole_path(settings)
+        line = whole_path(Pipeline(settings, progress=False))
         if line is not None:
             typer.echo(line)
         return

@@ -126,17 +126,17 @@ def follow_a_moved_run(run_dir: Path, home: Path, log: Callable[[str], None]) ->
     the old folder's corpora and tokenizer, and train's resume check compares those paths: its
     config is rewritten to name the same files in the new folder (weights, optimizer and step
     untouched; an atomic write), so the stage resumes where it stopped."""
-    from xformer_cli.checkpoint_file import load_checkpoint, save_checkpoint
+    from xformer_cli.checkpoint_file import load_checkpoint, read_light, save_checkpoint
 
     last = run_dir / "last.pt"
     if not last.is_file():
         return
-    state = load_checkpoint(last)
-    saved = Path(str(state.get("config", {}).get("run_dir", "")))
+    saved = Path(str(read_light(last).get("config", {}).get("run_dir", "")))  # its weights unread
     inside = run_dir.resolve().relative_to(home.resolve()).parts  # ("teacher",) or ("teacher", "seed-2")
     if saved.resolve() == run_dir.resolve() or saved.parts[-len(inside):] != inside:
         return  # not moved, or not this pipeline's layout: train's own check decides
     old = str(saved.parents[len(inside) - 1])
+    state = load_checkpoint(last)
     state["config"] = rebased(state["config"], old, str(home))
     save_checkpoint(state, last)
     log(f"{last}: its run began in {old}; its config now names the same files in {home}")

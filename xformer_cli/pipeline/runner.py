@@ -82,9 +82,9 @@ def _upgradable(pipe: Pipeline, name: str) -> Optional[dict]:
     return old if old.get("fingerprint") == FINGERPRINTS[name](replace(pipe, old_stamps=True)) else None
 
 
-def whole_path(config: PipelineConfig) -> Optional[str]:
+def whole_path(pipe: Pipeline) -> Optional[str]:
     """The line summing every stage's minutes, once each has finished (None before)."""
-    minutes = stage_minutes(Pipeline(config, log=lambda _: None, progress=False))
+    minutes = stage_minutes(pipe)
     return path_line(minutes) if len(minutes) == len(STAGES) else None
 
 
@@ -119,7 +119,7 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts
     records = {name: run_stage(pipe, name, redo=name in redo) for name in stages}
-    line = whole_path(config)
+    line = whole_path(pipe)
     if line is not None:
         log(line)
     return records

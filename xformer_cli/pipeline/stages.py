@@ -328,14 +328,18 @@ def run_distill(pipe: Pipeline) -> dict:
 # -- student, export -------------------------------------------------------------------------
 
 def student_config(pipe: Pipeline) -> Config:
+    return _budgeted_student(pipe)[0]
+
+
+def _budgeted_student(pipe: Pipeline) -> tuple[Config, bool]:
+    """The student's config, and whether budget_minutes cut its train.max_minutes."""
     s = pipe.config.student
-    prefix = pipe.record("distill").directory / "distilled"
-    config = models.stage_config(pipe.config, "student", s.set, models.with_corpus(prefix, s.real_pairs))
+    data = models.with_corpus(pipe.record("distill").directory / "distilled", s.real_pairs)
+    config = models.stage_config(pipe.config, "student", s.set, data)
     left = student_minutes_left(pipe)
-    if left is not None and (not config.train.max_minutes or left < config.train.max_minutes):
-        config = models.stage_config(pipe.config, "student", {**s.set, "train.max_minutes": left},
-                                     models.with_corpus(prefix, s.real_pairs))
-    return config
+    if left is None or (config.train.max_minutes and left >= config.train.max_minutes):
+        return config, False
+    return models.stage_config(pipe.config, "student", {**s.set, "train.max_minutes": left}, data), True
 
 
 def student_minutes_left(pipe: Pipeline) -> Optional[float]:
@@ -361,8 +365,8 @@ def fingerprint_student(pipe: Pipeline) -> str:
 
 
 def run_student(pipe: Pipeline) -> dict:
-    config = student_config(pipe)
-    if student_minutes_left(pipe) == config.train.max_minutes:
+    config, cut = _budgeted_student(pipe)
+    if cut:
         pipe.log(f"student: {config.train.max_minutes:g} minutes, what budget_minutes {pipe.config.budget_minutes:g} "
                  f"leaves after the stages before it and reserve_minutes {pipe.config.reserve_minutes:g}")
     return _train(pipe, config)
