@@ -605,7 +605,6 @@ def require(ok: bool, key: str, why: str) -> None:
         raise XformerError(f"config key '{key}': {why}")
 
 
-
 def validate(cfg: Config) -> None:
     m, t, d, tok, dec = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.decode
     for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
@@ -616,18 +615,18 @@ def validate(cfg: Config) -> None:
     require(m.activation in ACTIVATION_NAMES, "model.activation", f"must be one of {', '.join(ACTIVATION_NAMES)}")
     require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
     require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
-             "is counted by the trainer with model.restrict_output: true; leave it out")
+            "is counted by the trainer with model.restrict_output: true; leave it out")
     require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
     require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
     require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
-             "must be unigram, bpe, char or word")
+            "must be unigram, bpe, char or word")
     require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
     require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
     require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
     require(t.batching in BATCHINGS, "train.batching", f"must be one of {', '.join(BATCHINGS)}")
     require(not (t.batching == "packed" and t.length_bucket), "train.length_bucket",
-             "must be 0 with train.batching: packed (packed batches have one shape already)")
+            "must be 0 with train.batching: packed (packed batches have one shape already)")
     require(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     require(t.max_steps > 0, "train.max_steps", "must be positive")
     require(t.max_epochs >= 0, "train.max_epochs", "must be >= 0")
@@ -644,19 +643,19 @@ def validate(cfg: Config) -> None:
     for name in ("save_every", "keep_checkpoints", "patience", "average_last"):
         require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
     require(all(alpha >= 0 for alpha in t.tune_length_penalty), "train.tune_length_penalty",
-             "every alpha must be >= 0")
+            "every alpha must be >= 0")
     require(t.average_last <= t.keep_checkpoints, "train.average_last",
-             f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
+            f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")
     require(t.precision in TRAINING_PRECISIONS, "train.precision",
-             f"must be one of {', '.join(TRAINING_PRECISIONS)}, not {t.precision!r}")
+            f"must be one of {', '.join(TRAINING_PRECISIONS)}, not {t.precision!r}")
     require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     require(t.log_every > 0, "train.log_every", "must be positive")
     require(t.threads >= 0, "train.threads", "must be >= 0")
     require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",
-             "must be auto, cpu, cuda, cuda:N or mps")
+            "must be auto, cpu, cuda, cuda:N or mps")
     require(bool(cfg.run_dir.strip()), "run_dir", "must name a directory for the run")
     _check_data(d)
     for name, why in dec.problems():
@@ -664,7 +663,7 @@ def validate(cfg: Config) -> None:
     targets = d.languages().targets
     for code in dec.length_penalty_by_target:
         require(code in targets, f"decode.length_penalty_by_target.{code}",
-                 f"not a target language of this model ({', '.join(targets)})")
+                f"not a target language of this model ({', '.join(targets)})")
     require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 
@@ -673,16 +672,16 @@ def _check_plan_rules(t: TrainConfig) -> None:
     for rule_key, (setting, unit) in PLANNED_RULES.items():
         for amount, value in getattr(t, rule_key).items():
             require(amount > 0 and 0.0 <= value < 1.0, f"train.{rule_key}.{amount}",
-                     f"needs a positive {unit[:-1]} count and a {setting.split('.')[1]} in [0, 1)")
+                    f"needs a positive {unit[:-1]} count and a {setting.split('.')[1]} in [0, 1)")
     for setting in sorted({setting for setting, _ in PLANNED_RULES.values()}):
         given = [k for k, (ruled, _) in PLANNED_RULES.items() if ruled == setting and getattr(t, k)]
         if len(given) > 1:
             require(False, f"train.{given[-1]}", f"give {setting}'s rule in steps or in epochs, not both")
     for amount, value in t.max_tokens_by_planned_epochs.items():
         require(amount > 0 and value > 0, f"train.{BATCH_RULE[0]}.{amount}",
-                 "needs a positive epoch count and a positive whole number of tokens")
+                "needs a positive epoch count and a positive whole number of tokens")
     require(not t.max_tokens_by_planned_epochs or (t.max_tokens != "auto" and not t.tokens_per_update),
-             f"train.{BATCH_RULE[0]}", "needs a number in train.max_tokens and no train.tokens_per_update")
+            f"train.{BATCH_RULE[0]}", "needs a number in train.max_tokens and no train.tokens_per_update")
 
 
 def _check_schedule(t: TrainConfig) -> None:
@@ -699,12 +698,12 @@ def _check_schedule(t: TrainConfig) -> None:
     if t.schedule == "noam":
         require(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
         require(t.lr == 0, "train.lr",
-                 "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
+                "is for train.schedule constant or inverse_sqrt; noam's peak is set by train.lr_scale")
     else:
         require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)")
         require(0 < t.lr < math.inf, "train.lr", f"must be positive and finite with train.schedule: {t.schedule}")
     require(t.init_from is None or bool(t.init_from.strip()), "train.init_from",
-             "give a checkpoint, a MarianMT directory or a Hub id (or leave it out)")
+            "give a checkpoint, a MarianMT directory or a Hub id (or leave it out)")
 
 
 def _check_data(d: DataConfig) -> None:
@@ -712,11 +711,11 @@ def _check_data(d: DataConfig) -> None:
     require(d.valid_max_sentences >= 0, "data.valid_max_sentences", "must be >= 0 (0 = the whole valid set)")
     require(d.max_len_ratio == 0 or d.max_len_ratio >= 1, "data.max_len_ratio", "must be 0 (off) or at least 1")
     require(0 <= d.number_augmentation <= MAX_NUMBER_COPIES, "data.number_augmentation",
-             f"copies of each pair with numbers, 0 (off) to {MAX_NUMBER_COPIES}, got {d.number_augmentation}")
+            f"copies of each pair with numbers, 0 (off) to {MAX_NUMBER_COPIES}, got {d.number_augmentation}")
     require(0 <= d.concat_augmentation <= MAX_JOINED_COPIES, "data.concat_augmentation",
-             f"joined copies of each pair, 0 (off) to {MAX_JOINED_COPIES}, got {d.concat_augmentation}")
+            f"joined copies of each pair, 0 (off) to {MAX_JOINED_COPIES}, got {d.concat_augmentation}")
     require(0 <= d.quote_augmentation <= MAX_QUOTE_COPIES, "data.quote_augmentation",
-             f"copies of each pair with quotes, 0 (off) to {MAX_QUOTE_COPIES}, got {d.quote_augmentation}")
+            f"copies of each pair with quotes, 0 (off) to {MAX_QUOTE_COPIES}, got {d.quote_augmentation}")
     if not d.pairs:
         require(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         require(len(d.train) > 0, "data.train", "needs at least one corpus")
@@ -725,8 +724,8 @@ def _check_data(d: DataConfig) -> None:
     # Without a tag nothing tells the model which target to write: --target-lang would do nothing.
     targets = list(dict.fromkeys(p.tgt_lang for p in d.directions()))
     require(d.target_tag != "none" or len(targets) < 2, "data.target_tag",
-             f"none leaves a model of several target languages ({', '.join(targets)}) no way to tell which to "
-             "write: use auto or source")
+            f"none leaves a model of several target languages ({', '.join(targets)}) no way to tell which to "
+            "write: use auto or source")
     require(d.sampling_temperature > 0, "data.sampling_temperature", "must be positive (1 = as the data is)")
     seen: set[tuple[str, str]] = set()
     for i, pair in enumerate(d.pairs):
@@ -736,11 +735,11 @@ def _check_data(d: DataConfig) -> None:
         require((pair.src_lang, pair.tgt_lang) not in seen, key, f"{pair.name} is listed twice")
         seen.add((pair.src_lang, pair.tgt_lang))
         require(bool(pair.train if pair.train is not None else d.train), f"{key}.train",
-                 f"{pair.name} has no training data: give {key}.train, or data.train for every pair")
+                f"{pair.name} has no training data: give {key}.train, or data.train for every pair")
         _check_corpora(pair.train or [], f"{key}.train", pair.valid, pair.test, f"{key}.")
         require(pair.weight > 0, f"{key}.weight", "must be positive (1 = all of the pair once an epoch)")
         require(pair.weight == 1 or d.sampling_temperature == 1, f"{key}.weight",
-                 "give pair weights or data.sampling_temperature, not both")
+                "give pair weights or data.sampling_temperature, not both")
     _check_tags(d)
 
 
@@ -749,10 +748,10 @@ def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusCo
     for i, corpus in enumerate(train):
         _check_corpus(corpus, f"{key}[{i}]" if len(train) > 1 else key)
         require(corpus.weight > 0, f"{key}[{i}].weight" if len(train) > 1 else f"{key}.weight",
-                 "must be positive (1 = every pair once an epoch)")
+                "must be positive (1 = every pair once an epoch)")
         where = f"{key}[{i}]" if len(train) > 1 else key
         require(corpus.tag is None or CORPUS_TAG.fullmatch(corpus.tag) is not None, f"{where}.tag",
-                 f"{corpus.tag!r} must look like <xxx> (letters, digits, _ or -; no spaces)")
+                f"{corpus.tag!r} must look like <xxx> (letters, digits, _ or -; no spaces)")
     for name, corpus in (("valid", valid), ("test", test)):
         if corpus is not None:
             _check_corpus(corpus, f"{prefix}{name}")
@@ -764,7 +763,7 @@ def _check_tags(d: DataConfig) -> None:
     """data.lang_tags are tags, and every target language has one when the model reads tags."""
     for code, tag in d.lang_tags.items():
         require(TAG.fullmatch(tag) is not None, f"data.lang_tags.{code}",
-                 f"{tag!r} must look like >>xxx<< (no spaces)")
+                f"{tag!r} must look like >>xxx<< (no spaces)")
     if not d.reads_tags():
         return
     for i, pair in enumerate(d.directions()):
@@ -779,6 +778,6 @@ def _check_corpus(c: CorpusConfig, key: str) -> None:
     require(sum(kinds) == 1, key, "give exactly one source: prefix (or src + tgt), dataset, or data_files")
     if kinds[0]:
         require(bool(c.prefix) != bool(c.src and c.tgt) and not (bool(c.src) ^ bool(c.tgt)), key,
-                 "give prefix, or both src and tgt")
+                "give prefix, or both src and tgt")
     require(bool(c.src_column) == bool(c.tgt_column), key, "give both src_column and tgt_column, or neither")
     require(c.max_pairs >= 0, f"{key}.max_pairs", f"must be 0 (all) or more, got {c.max_pairs}")

@@ -139,19 +139,19 @@ def check(config: PipelineConfig) -> None:
         require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
         require(stage.beam_size >= 1, f"{name}.beam_size", "must be 1 or more")
         require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
-                 "sampling draws one translation per sentence: set beam_size to 1")
+                "sampling draws one translation per sentence: set beam_size to 1")
         require(stage.temperature > 0, f"{name}.temperature", "must be positive")
     require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
     seeds = config.teacher.seeds
     require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",
-             "distinct whole numbers, 0 or more (one teacher per seed)")
+            "distinct whole numbers, 0 or more (one teacher per seed)")
     require(len(seeds) < 2 or "teacher" in config.distill.teachers, "teacher.seeds",
-             "several teachers are trained for distill.teachers to use: name 'teacher' there")
+            "several teachers are trained for distill.teachers to use: name 'teacher' there")
     require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
     require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
-             "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")
+            "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")
     require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
-             "evaluate.splits", "valid, test or both")
+            "evaluate.splits", "valid, test or both")
     require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
     require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
     require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
