@@ -72,6 +72,7 @@ def pipeline(
     Stages: reverse, backtranslate, teacher, distill, student, export, evaluate. A stage whose
     inputs have not changed since it finished is skipped; a killed one resumes (docs/pipeline.md)."""
     from xformer_cli.pipeline import Pipeline, load_pipeline_config, pipeline_status, run_pipeline
+    from xformer_cli import run_lock
     from xformer_cli.pipeline.runner import whole_path
 
     if status:
@@ -79,7 +80,10 @@ def pipeline(
             raise XformerError("--status looks at every stage: give it without --from and --only")
         settings = load_pipeline_config(config, overrides)
         statuses = pipeline_status(settings)
-        typer.echo(f"pipeline in {settings.run_dir} (what the next run does with each stage):")
+        holder = run_lock.holder(settings.run_dir)
+        typer.echo(f"pipeline in {settings.run_dir} (what the next run does with each stage):" if holder is None
+                   else f"pipeline in {settings.run_dir}, running now: {holder.describe()} "
+                        "(a second run would stop at once):")
         for stage in statuses:
             typer.echo(stage.line())
         line = whole_path(Pipeline(settings, progress=False))

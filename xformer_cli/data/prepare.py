@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from xformer_cli import run_lock
 from xformer_cli.config import Config, DataConfig
 from xformer_cli.data.cache import Filters, TokenCache, build_or_load
 from xformer_cli.data.directions import (Direction, check_pairs_kept, eval_sets, language_sample, reservoir,
@@ -246,7 +247,10 @@ def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool
                  tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs; ``tokenizer``: a
     given one (a pretrained model's, train.init_from) instead of one trained or loaded."""
-    return build_data(check_inputs(config, log, tokenizer), log, write)
+    if not write:
+        return build_data(check_inputs(config, log, tokenizer), log, write)
+    with run_lock.holding(config.run_dir, "xformer prepare"):
+        return build_data(check_inputs(config, log, tokenizer), log, write)
 
 
 def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print,

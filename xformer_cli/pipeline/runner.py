@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
+from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
@@ -118,7 +119,11 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     stages, redo = _chosen(from_stage, only)
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts
-    records = {name: run_stage(pipe, name, redo=name in redo) for name in stages}
+    with run_lock.holding(pipe.run_dir, "xformer pipeline"):
+        records = {}
+        for name in stages:
+            run_lock.set_stage(pipe.run_dir, name)
+            records[name] = run_stage(pipe, name, redo=name in redo)
     line = whole_path(pipe)
     if line is not None:
         log(line)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
@@ -17,12 +18,14 @@ from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DO
                                          translation_files)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
+RUNNING = "running"  # another process's pipeline is at this stage now (run_lock)
 
 
 @dataclass
 class StageStatus:
     stage: str
-    action: str  # what the next `xformer pipeline` does with it: SKIP, RESUME, START, REDO, AFTER or FAIL
+    action: str  # what the next `xformer pipeline` does with it: SKIP, RESUME, START, REDO, AFTER or FAIL;
+    #              RUNNING: a pipeline running now is at it
     detail: str  # its record's figures, or how far it got, or why it runs
 
     def line(self) -> str:
@@ -34,6 +37,7 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
     record written before run folders could move would be taken as up to date (the runner's
     check, read only)."""
     pipe.base  # the model config is read and checked, as a run would
+    holder = run_lock.holder(pipe.run_dir)
     running: set[str] = set()  # the stages the next run does work in (or stops at)
     statuses = []
     for name in STAGES:
@@ -42,6 +46,8 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
             status = StageStatus(name, AFTER, f"runs after {', '.join(waits)}")
         else:
             status = _one(pipe, name, upgradable)
+            if holder is not None and holder.stage == name and status.action != SKIP:
+                status = StageStatus(name, RUNNING, f"now, by {holder.describe()}: {status.detail}")
             if status.detail.endswith(PUT_BACK):  # later stages read its record where it waits
                 pipe = replace(pipe, read_aside=pipe.read_aside | {name})
         if status.action != SKIP:

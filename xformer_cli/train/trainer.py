@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from xformer_cli import run_lock
 from xformer_cli.checkpoint_file import build_model
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch
@@ -403,4 +404,6 @@ class Trainer:
 
 def train(config: Config, overwrite: bool = False, log: Callable[[str], None] = print,
           progress: bool = True) -> TrainResult:
-    return Trainer(config, overwrite, log, progress).run()
+    """Train the run ``config`` describes, holding its run_dir (run_lock) from first to last."""
+    with run_lock.holding(config.run_dir, "xformer train"):
+        return Trainer(config, overwrite, log, progress).run()

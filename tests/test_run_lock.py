@@ -1,0 +1,135 @@
+"""One writer per run folder (run_lock): a second train, prepare or pipeline on a folder in use
+stops in one line naming the first and touches nothing; the lock goes with its process, kill -9
+included; a pipeline's --status names the stage a running pipeline is at."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from helpers import ROOT, assert_one_line_error, write_lines, xformer
+
+from xformer_cli import run_lock
+from xformer_cli.errors import XformerError
+
+HOLD = """
+import sys, time
+from xformer_cli import run_lock
+with run_lock.holding(sys.argv[1], sys.argv[2]):
+    if len(sys.argv) > 3:
+        run_lock.set_stage(sys.argv[1], sys.argv[3])
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder: Path, command: str, stage: str = "") -> Iterator[subprocess.Popen]:
+    """A process holding ``folder`` until the block ends (killed with SIGKILL then)."""
+    args = [sys.executable, "-c", HOLD, str(folder), command] + ([stage] if stage else [])
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, cwd=ROOT, text=True)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_folder_held_by_another_process_is_refused_in_one_line_naming_it(tmp_path):
+    with held_by_another_process(tmp_path, "xformer train") as other:
+        found = run_lock.holder(tmp_path)
+        assert (found.pid, found.command) == (other.pid, "xformer train")
+        with pytest.raises(XformerError) as refused:
+            with run_lock.holding(tmp_path, "xformer prepare"):
+                pytest.fail("a second writer got in")
+        message = str(refused.value)
+        assert "\n" not in message and f"{tmp_path} is in use by pid {other.pid} (xformer train, since" in message
+    assert run_lock.holder(tmp_path) is None
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
+    with held_by_another_process(tmp_path, "xformer train") as other:
+        os.kill(other.pid, signal.SIGKILL)
+        other.wait()
+        assert run_lock.holder(tmp_path) is None
+        with run_lock.holding(tmp_path, "xformer train"):
+            assert run_lock.holder(tmp_path).pid == os.getpid()
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_hold_inside_a_hold_of_the_same_process_passes_and_the_outer_one_lets_go(tmp_path):
+    with run_lock.holding(tmp_path, "xformer train"):
+        with run_lock.holding(tmp_path, "xformer prepare"):  # prepare_data inside train
+            pass
+        assert run_lock.holder(tmp_path).command == "xformer train"  # still held by the outer one
+        probe = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(600)", "pass"), str(tmp_path), "x"],
+                               capture_output=True, text=True, cwd=ROOT)
+        assert probe.returncode != 0 and "is in use by pid" in probe.stderr
+    assert run_lock.holder(tmp_path) is None
+
+
+def test_a_folder_made_for_a_run_that_wrote_nothing_goes_again(tmp_path):
+    fresh, used = tmp_path / "fresh", tmp_path / "used"
+    with pytest.raises(ValueError):
+        with run_lock.holding(fresh, "xformer train"):
+            raise ValueError("bad input, found before anything was written")
+    assert not fresh.exists()
+    with run_lock.holding(used, "xformer train"):
+        (used / "last.pt").write_bytes(b"x")
+    assert sorted(p.name for p in used.iterdir()) == [run_lock.LOCK_NAME, "last.pt"]
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_torchruns_other_ranks_leave_the_lock_to_rank_0(tmp_path, monkeypatch):
+    with held_by_another_process(tmp_path, "xformer train"):  # rank 0, as far as this test goes
+        monkeypatch.setenv("RANK", "1")
+        with run_lock.holding(tmp_path, "xformer train"):
+            pass
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_train_on_a_folder_in_use_stops_before_touching_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"the other run's checkpoint")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    config = ROOT / "configs" / "multi30k.yaml"
+    with held_by_another_process(run, "xformer train") as other:
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        for args in (["train", "-c", str(config), "--overwrite"], ["prepare", "-c", str(config)]):
+            result = xformer(*args, "--set", f"run_dir={run}")
+            assert_one_line_error(result, str(run), f"is in use by pid {other.pid} (xformer train")
+            assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_status_names_the_stage_a_running_pipeline_is_at(tmp_path):
+    from xformer_cli.pipeline import load_pipeline_config, pipeline_status
+
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    sets = [f"run_dir={tmp_path / 'run'}", f"mono.target={tmp_path / 'mono.de'}",
+            f"mono.source={tmp_path / 'mono.en'}"]
+    config = load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", sets)
+    with held_by_another_process(tmp_path / "run", "xformer pipeline", stage="reverse") as other:
+        reverse = pipeline_status(config)[0]
+        assert (reverse.stage, reverse.action) == ("reverse", "running")
+        assert reverse.detail == f"now, by {run_lock.holder(tmp_path / 'run').describe()}: not begun"
+        assert f"pid {other.pid} (xformer pipeline, stage reverse, since" in reverse.detail
+        given = ["-c", ROOT / "configs" / "pipeline-smoke.yaml", *[a for s in sets for a in ("--set", s)]]
+        result = xformer("pipeline", *given, "--status")
+        assert result.returncode == 0
+        assert result.stdout.decode().splitlines()[0].startswith(
+            f"pipeline in {tmp_path / 'run'}, running now: pid {other.pid} (xformer pipeline, stage reverse")
+        second = xformer("pipeline", *given)
+        assert_one_line_error(second, "is in use by pid", "(xformer pipeline, stage reverse")
+    assert pipeline_status(config)[0].action == "starts"

@@ -1,0 +1,199 @@
+"""One writer per run folder: ``train``, ``prepare`` and ``pipeline`` hold ``<run_dir>/.xformer.lock``
+while they write there, so a second command started on the same folder (another terminal, a
+scheduler's retry) stops at once with one line naming the first, instead of interleaving its
+checkpoints, metrics and caches with the first's.
+
+The lock is an ``flock``: the kernel lets it go when its process ends, ``kill -9`` included, so
+no stale lock outlives a run and there is nothing to clean up. Readers (``translate``, ``serve``,
+``pipeline --status``) take no lock. Without ``fcntl`` (Windows), or on a filesystem that
+refuses locks, commands run unlocked, as before."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from xformer_cli.errors import XformerError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
+
+LOCK_NAME = ".xformer.lock"
+# A peek (``holder``) holds a shared lock for an instant: a writer starting then tries again
+# for this long before it calls the folder in use.
+_PATIENCE_SECONDS = 0.5
+_held: dict[str, "_Hold"] = {}  # folders this process holds: a nested hold passes through
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run folder, as its lock file says."""
+
+    pid: int
+    command: str
+    since: str
+    stage: str = ""  # a pipeline's current stage
+
+    def describe(self) -> str:
+        """"pid 4242 (xformer train, since 2026-11-30 13:40:02)"."""
+        at = f", stage {self.stage}" if self.stage else ""
+        return f"pid {self.pid} ({self.command}{at}, since {self.since})"
+
+
+@dataclass
+class _Hold:
+    fd: int
+    info: dict
+    created: bool = False  # this hold made the folder
+    depth: int = 1
+
+    def write(self) -> None:
+        data = json.dumps(self.info).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+
+def _key(run_dir: Path) -> str:
+    return str(run_dir.resolve())
+
+
+def _is_worker_rank() -> bool:
+    """Under torchrun every rank runs the command; rank 0 holds the folder for all of them."""
+    return os.environ.get("RANK", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def holding(run_dir: Path | str, command: str) -> Iterator[None]:
+    """Hold ``run_dir`` (created if missing) for ``command`` while the block runs; raises a
+    one-line XformerError naming the holder when another process holds it. A folder this
+    made and the block left empty (bad input stops a run before it writes) is removed again."""
+    run_dir = Path(run_dir)
+    if fcntl is None or _is_worker_rank():
+        yield
+        return
+    created = not run_dir.exists()
+    key = _key(run_dir)
+    if key in _held:  # this process holds it already (a pipeline's stage, prepare inside train)
+        _held[key].depth += 1
+    else:
+        fd = _acquire(run_dir)
+        if fd is None:  # a filesystem without locks
+            yield
+            return
+        _held[key] = _Hold(fd, {"pid": os.getpid(), "command": command,
+                                "since": time.strftime("%Y-%m-%d %H:%M:%S")}, created=created)
+        _held[key].write()
+    try:
+        yield
+    finally:
+        _release(key)
+
+
+def _release(key: str) -> None:
+    hold = _held[key]
+    hold.depth -= 1
+    if hold.depth:
+        return
+    del _held[key]
+    folder = Path(key)
+    if hold.created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+        (folder / LOCK_NAME).unlink()  # still held: nobody else is inside (_acquire checks the file it locked)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    os.close(hold.fd)  # closing lets the flock go
+
+
+def _acquire(run_dir: Path) -> Optional[int]:
+    """An fd holding the exclusive flock of ``run_dir``'s lock file (None where the filesystem
+    refuses locks). The file locked must still be the one at the path: a holder that removed
+    its empty folder on the way out may have unlinked the file this opened."""
+    path = run_dir / LOCK_NAME
+    deadline = time.monotonic() + _PATIENCE_SECONDS
+    while True:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the folder went between the two calls
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            raise XformerError(_in_use(run_dir)) from None
+        except OSError:  # e.g. ENOLCK on a network filesystem: run unlocked
+            os.close(fd)
+            return None
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _in_use(run_dir: Path) -> str:
+    found = holder(run_dir)
+    who = found.describe() if found else "another process"
+    return (f"{run_dir} is in use by {who}: one command writes a run folder at a time; "
+            f"wait for it to end, or stop it (run the command again afterwards to go on from where it stopped)")
+
+
+def holder(run_dir: Path | str) -> Optional[Holder]:
+    """Who holds ``run_dir`` now (None: nobody), read without creating or changing anything."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    mine = _held.get(_key(run_dir))
+    if mine is not None:
+        return _holder_of(mine.info)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder_of(_read_info(fd)) or Holder(0, "unknown", "unknown")
+        except OSError:
+            return None
+        return None  # free: the shared lock goes with the fd
+    finally:
+        os.close(fd)
+
+
+def set_stage(run_dir: Path | str, stage: str) -> None:
+    """Name the stage a pipeline holding ``run_dir`` is at now (for ``pipeline --status``)."""
+    hold = _held.get(_key(Path(run_dir)))
+    if hold is not None:
+        hold.info["stage"] = stage
+        hold.write()
+
+
+def _read_info(fd: int) -> dict:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder_of(info: dict) -> Optional[Holder]:
+    if not isinstance(info.get("pid"), int):
+        return None
+    return Holder(info["pid"], str(info.get("command", "")), str(info.get("since", "")), str(info.get("stage", "")))
