@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -179,6 +180,36 @@ def test_an_interrupted_redo_resumes_and_the_old_inputs_get_their_output_back(tm
     stage.inputs, stage.fails = "a", AssertionError("a stage up to date is not run")
     assert run_stage(pipe, "reverse") == first  # the inputs went back: their output came back
     assert (stage.folder / "made").read_text() == "made of a" and not pipe.record("reverse").replaced.exists()
+
+
+def test_a_stages_minutes_are_those_of_all_its_calls(tmp_path, monkeypatch):
+    """A running stage writes its minutes into its record as it goes (what a kill -9 leaves); the
+    call that resumes it goes on from them, so its record (and budget_minutes) counts every call."""
+    from xformer_cli.pipeline import record as record_module, status
+
+    monkeypatch.setattr(record_module, "TICK_SECONDS", 0.01)
+    said: list[str] = []
+    pipe = Pipeline(smoke(tmp_path), log=said.append, progress=False)
+    stage = FakeStage(monkeypatch, pipe)
+    record = pipe.record("reverse")
+
+    def until_a_tick(_pipe) -> dict:
+        for _ in range(1000):
+            if "minutes_so_far" in (record.read() or {}):
+                raise KeyboardInterrupt  # stopped after the clock wrote
+            time.sleep(0.01)
+        pytest.fail("no tick written while the stage ran")
+
+    monkeypatch.setitem(runner.RUNS, "reverse", until_a_tick)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(pipe, "reverse")
+    record.write({**record.read(), "minutes_so_far": 41.5})  # as a call killed 41.5 minutes in leaves it
+    assert status._one(pipe, "reverse", lambda _: False).detail.endswith("; 41.5 min so far")
+    monkeypatch.setitem(runner.RUNS, "reverse", stage.body)
+    done = run_stage(pipe, "reverse")
+    assert 41.5 <= done["minutes"] < 41.6 and "minutes_so_far" not in done
+    assert said[-1].startswith("stage reverse: done in 41.5") and said[-1].endswith("(41.50 of them in earlier calls)")
+    assert run_stage(pipe, "reverse", redo=True)["minutes"] < 0.1  # done afresh: from 0
 
 
 def test_distillation_counts_its_sources_without_reading_them(tmp_path):

@@ -10,20 +10,25 @@ so: a run folder moved or copied elsewhere keeps every finished stage (``at_home
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from xformer_cli.fileio import atomic_file
 
 RECORD = "stage.json"
 HOME = "<run_dir>"
 DONE, ASIDE, RESUMABLE, CHANGED, STOPPED, NEW = "done", "aside", "resumable", "changed", "stopped", "new"
+# How often a running stage writes its minutes so far into its record: what a kill -9 loses of them.
+TICK_SECONDS = 30.0
 
 
 def fingerprint(*parts: Any, home: Optional[Path] = None) -> str:
@@ -139,6 +144,43 @@ class StageRecord:
         if record:
             return CHANGED if record.get("done") else STOPPED
         return NEW
+
+    def minutes_so_far(self) -> float:
+        """The minutes an unfinished run of the stage has spent in the calls before (0: none)."""
+        record = self.read() or {}
+        value = record.get("minutes_so_far", 0.0)
+        return float(value) if isinstance(value, (int, float)) and not record.get("done") else 0.0
+
+    @contextlib.contextmanager
+    def ticking(self, before: float) -> Iterator[Callable[[], float]]:
+        """While the block runs, the record's ``minutes_so_far`` (``before`` plus this call's) is
+        rewritten every TICK_SECONDS and once more when it ends, however it ends: a call that
+        resumes the stage goes on from them, so a stage's minutes are those of all its calls
+        (a kill -9 loses the last tick's). Yields the minutes so far."""
+        started = time.monotonic()
+        stop = threading.Event()
+
+        def total() -> float:
+            return before + (time.monotonic() - started) / 60
+
+        def tick() -> None:
+            while not stop.wait(TICK_SECONDS):
+                self._note(total())
+
+        clock = threading.Thread(target=tick, name=f"{self.name}-minutes", daemon=True)
+        clock.start()
+        try:
+            yield total
+        finally:
+            stop.set()
+            clock.join()
+            self._note(total())
+
+    def _note(self, minutes: float) -> None:
+        with contextlib.suppress(OSError):  # a tick missed (a full disk) costs a few minutes' count only
+            record = self.read()
+            if record is not None and not record.get("done"):
+                self.write({**record, "minutes_so_far": round(minutes, 2)})
 
     def drop_replaced(self) -> None:
         shutil.rmtree(self.replaced, ignore_errors=True)

@@ -41,10 +41,11 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}
     resuming = record.begin(stamp, fresh=redo)
+    before = record.minutes_so_far() if resuming else 0.0
     pipe.log(f"stage {name}: {'resuming' if resuming else 'starting'} in {record.directory}")
-    started = time.time()
     try:
-        results = RUNS[name](pipe)
+        with record.ticking(before) as minutes_so_far:
+            results = RUNS[name](pipe)
     except XformerError as exc:
         if record.restore():
             raise XformerError(f"{exc} (stage {name}: the output of its previous inputs is kept)") from None
@@ -52,10 +53,10 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     except Exception:  # not an interrupt: that one keeps the new run to resume
         record.restore()
         raise
-    minutes = round((time.time() - started) / 60, 2)
+    minutes = round(minutes_so_far(), 2)
     record.finish(stamp, minutes=minutes, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **results)
     record.drop_replaced()
-    pipe.log(f"stage {name}: done in {minutes} min")
+    pipe.log(f"stage {name}: done in {minutes} min" + (f" ({before:.2f} of them in earlier calls)" if before else ""))
     return record.read() or {}
 
 
@@ -97,7 +98,7 @@ def pipeline_status(config: PipelineConfig) -> list[StageStatus]:
 
 def stage_minutes(pipe: Pipeline) -> dict[str, float]:
     """Each finished stage's minutes as its record keeps them: what the whole path cost, also
-    when its stages ran in separate calls (a stage resumed after a kill counts from the resume)."""
+    when its stages ran in separate calls (a stage resumed after a kill: all its calls' minutes)."""
     minutes = {}
     for name in STAGES:
         record = pipe.record(name).read()

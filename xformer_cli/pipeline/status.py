@@ -74,7 +74,8 @@ def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageS
     if standing == CHANGED and upgradable(name):
         return StageStatus(name, SKIP, f"{_finished(record.read())}; its record upgraded to a movable one")
     if standing == RESUMABLE:
-        return StageStatus(name, RESUME, _how_far(pipe, name))
+        spent = record.minutes_so_far()
+        return StageStatus(name, RESUME, _how_far(pipe, name) + (f"; {spent:.1f} min so far" if spent else ""))
     if standing == CHANGED:
         return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(record.read())})")
     if standing == STOPPED:
