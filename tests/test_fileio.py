@@ -132,3 +132,19 @@ def test_input_that_is_not_utf8_is_refused_naming_file_and_line_unless_replacing
     with pytest.raises(XformerError, match=r"in\.en:2: invalid UTF-8 .* at byte 5\); fix the input"):
         next(lines)
     assert list(iter_lines(source, replace_invalid=True)) == ["A man.", "A caf\ufffd here.", "Two dogs."]
+
+
+def test_a_folder_that_cannot_be_made_is_one_line_naming_what_was_to_go_there(tmp_path):
+    (tmp_path / "file").write_text("a file where a folder should be")
+    blocked = tmp_path / "file" / "out"
+    in_the_way = "a file stands in its path"
+    with pytest.raises(XformerError, match=rf"^data.cache_dir: cannot make the folder .*file/out: {in_the_way}$"):
+        fileio.make_folder(blocked, "data.cache_dir")
+    with pytest.raises(XformerError, match=rf"^.*file/out/a.pt: cannot make the folder .*file/out: {in_the_way}$"):
+        save_checkpoint({"step": 1}, blocked / "a.pt")  # xformer average -o, a run's checkpoints
+    with pytest.raises(XformerError, match=r"^.*file/out/export: cannot make the folder"):
+        with atomic_directory(blocked / "export"):  # xformer export -o
+            pytest.fail("wrote into a folder that cannot exist")
+    (tmp_path / "taken").write_text("a file with the folder's name")
+    with pytest.raises(XformerError, match=r"cannot make the folder .*taken: a file has that name$"):
+        fileio.make_folder(tmp_path / "taken")

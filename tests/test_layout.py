@@ -47,8 +47,9 @@ LAYERS = (
     Layer("model", ("model/", "device.py")),
     Layer("config", ("config.py",)),
     Layer("definitions", ("model/config.py", "precisions.py")),
-    Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "number_matching.py")),
-    Layer("base", ("languages.py", "fileio.py", "number_words.py", "run_lock.py")),
+    Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "number_matching.py",
+                    "run_lock.py")),
+    Layer("base", ("languages.py", "fileio.py", "number_words.py")),
     Layer("root", ("errors.py", "version.py", "cpu_cores.py")),
 )
 # This layer and those below it import no torch when imported: a config is read and checked,

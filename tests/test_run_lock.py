@@ -88,6 +88,14 @@ def test_a_folder_made_for_a_run_that_wrote_nothing_goes_again(tmp_path):
     assert sorted(p.name for p in used.iterdir()) == [run_lock.LOCK_NAME, "last.pt"]
 
 
+def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_key(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(XformerError,
+                       match=r"^config key 'run_dir': cannot make the folder .*file/run: a file stands in its path$"):
+        with run_lock.holding(tmp_path / "file" / "run", "xformer train"):
+            pytest.fail("held a folder that cannot exist")
+
+
 @pytest.mark.slow  # another process holds the folder
 def test_torchruns_other_ranks_leave_the_lock_to_rank_0(tmp_path, monkeypatch):
     with held_by_another_process(tmp_path, "xformer train"):  # rank 0, as far as this test goes

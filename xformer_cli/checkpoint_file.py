@@ -24,7 +24,7 @@ import torch
 
 from xformer_cli.config import Config, config_from_dict
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import atomic_file, link_atomically, unchanged_or, writing
+from xformer_cli.fileio import atomic_file, link_atomically, make_folder, unchanged_or, writing
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import PAD_ID, Tokenizer
 
@@ -59,7 +59,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path, also: Sequence[str 
     """Write ``state`` to ``path`` (atomically), and make each of ``also`` another name of
     that file (hard links where the filesystem has them): one write for several names."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, str(path))
     payload = {"format": FORMAT, "version": VERSION, **state}
     intact = f"the previous {path.name} there is unchanged" if path.is_file() else "nothing was written there"
     size = _tensor_bytes(payload)

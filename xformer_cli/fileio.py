@@ -192,6 +192,20 @@ def link_atomically(source: "str | Path", target: "str | Path") -> None:
     sync_directory(target.parent)
 
 
+def make_folder(folder: Path, named: str = "") -> None:
+    """``folder`` and its parents, or one line saying why not (a file in the way, a read-only
+    disk, no permission); ``named``: what the user called it (a config key, an option)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if disk_full(exc):
+            raise
+        said = f"{named}: " if named else ""
+        why = {FileExistsError: "a file has that name", NotADirectoryError: "a file stands in its path"}.get(
+            type(exc), exc.strerror or str(exc))
+        raise XformerError(f"{said}cannot make the folder {folder}: {why}") from None
+
+
 @contextlib.contextmanager
 def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replace: bool = True) -> Iterator[Path]:
     """An empty staging directory beside ``target`` that, when the block succeeds, is fsynced
@@ -203,7 +217,7 @@ def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replac
     ``staging_name`` names the staging directory (it must not exist) instead of a fresh
     temporary name.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent, str(target))
     if staging_name is None:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         staging.chmod(_mode_for(target, 0o777))  # mkdtemp's 0700, as mkdir would have made it

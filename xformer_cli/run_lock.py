@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import make_folder
 
 try:
     import fcntl
@@ -117,7 +118,7 @@ def _acquire(run_dir: Path) -> Optional[int]:
     path = run_dir / LOCK_NAME
     deadline = time.monotonic() + _PATIENCE_SECONDS
     while True:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(run_dir, "config key 'run_dir'")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # the folder went between the two calls

@@ -38,7 +38,7 @@ from xformer_cli.data.number_filter import FILTER_VERSION, without_number_mismat
 from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, quoted_spans, with_quotes_copied
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import atomic_directory, writing
+from xformer_cli.fileio import atomic_directory, make_folder, writing
 from xformer_cli.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -195,7 +195,7 @@ def build_or_load(
             if not per_source or cache.source_pairs is not None:
                 return cache, True
             outdated = True
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(cache_dir, "config key 'data.cache_dir'")
     _remove_abandoned_builds(cache_dir, key)
     building = f".{key}.building-{os.getpid()}"
     shutil.rmtree(cache_dir / building, ignore_errors=True)
