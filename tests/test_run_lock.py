@@ -96,6 +96,67 @@ def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_key(tmp_path):
             pytest.fail("held a folder that cannot exist")
 
 
+def test_a_lock_file_this_user_may_not_write_is_locked_read_only(tmp_path, monkeypatch):
+    """Another user's run folder (its lock file theirs): the lock still keeps two runs apart."""
+    (tmp_path / run_lock.LOCK_NAME).write_text('{"pid": 1, "command": "xformer train", "since": "then"}')
+    opened = os.open
+
+    def not_writable(path, flags, *mode):
+        if str(path).endswith(run_lock.LOCK_NAME) and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, flags, *mode)
+
+    monkeypatch.setattr(run_lock.os, "open", not_writable)
+    with run_lock.holding(tmp_path, "xformer train"):
+        assert run_lock.holder(tmp_path).pid == os.getpid()  # this process's own hold
+    assert (tmp_path / run_lock.LOCK_NAME).read_text().startswith('{"pid": 1,')  # its note left as it was
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_run_inside_a_folder_another_process_holds_is_refused(tmp_path):
+    with held_by_another_process(tmp_path, "xformer pipeline", stage="student") as other:
+        with pytest.raises(XformerError, match=rf"student lies inside {tmp_path}, in use by pid {other.pid} "
+                                               r"\(xformer pipeline, stage student"):
+            with run_lock.holding(tmp_path / "student", "xformer train"):
+                pytest.fail("a run got inside a running pipeline's folder")
+    with run_lock.holding(tmp_path, "xformer pipeline"):  # this process's pipeline trains its stages
+        with run_lock.holding(tmp_path / "student", "xformer train"):
+            pass
+
+
+PEEK = """
+import sys, time
+from xformer_cli import run_lock
+end = time.monotonic() + float(sys.argv[2])
+print("peeking", flush=True)
+while time.monotonic() < end:
+    run_lock.holder(sys.argv[1])
+"""
+
+
+@pytest.mark.slow  # another process peeks
+def test_a_peek_never_makes_a_starting_run_think_its_folder_in_use(tmp_path):
+    """`pipeline --status` in a loop beside runs that start and end (each making and removing
+    its folder): every start gets the lock."""
+    folder = tmp_path / "run"
+    peeker = subprocess.Popen([sys.executable, "-c", PEEK, str(folder), "3"], stdout=subprocess.PIPE, cwd=ROOT,
+                              text=True)
+    try:
+        assert peeker.stdout.readline().strip() == "peeking"
+        for _ in range(1500):  # each makes the folder and removes it again
+            with run_lock.holding(folder, "xformer train"):
+                pass
+            assert not folder.exists()
+        folder.mkdir()
+        (folder / "last.pt").write_bytes(b"a run's")
+        for _ in range(1500):  # the lock file stays: the peek often holds it shared
+            with run_lock.holding(folder, "xformer train"):
+                pass
+    finally:
+        peeker.kill()
+        peeker.wait()
+
+
 @pytest.mark.slow  # another process holds the folder
 def test_torchruns_other_ranks_leave_the_lock_to_rank_0(tmp_path, monkeypatch):
     with held_by_another_process(tmp_path, "xformer train"):  # rank 0, as far as this test goes

@@ -1,12 +1,13 @@
 """One writer per run folder: ``train``, ``prepare`` and ``pipeline`` hold ``<run_dir>/.xformer.lock``
-while they write there, so a second command started on the same folder (another terminal, a
-scheduler's retry) stops at once with one line naming the first, instead of interleaving its
-checkpoints, metrics and caches with the first's.
+while they write there, so a second command started on the same folder, or inside a folder a
+pipeline holds (another terminal, a scheduler's retry), stops at once with one line naming the
+first, instead of interleaving its checkpoints, metrics and caches with the first's.
 
 The lock is an ``flock``: the kernel lets it go when its process ends, ``kill -9`` included, so
 no stale lock outlives a run and there is nothing to clean up. Readers (``translate``, ``serve``,
-``pipeline --status``) take no lock. Without ``fcntl`` (Windows), or on a filesystem that
-refuses locks, commands run unlocked, as before."""
+``pipeline --status``) take no lock. It keeps processes apart, not threads of one process. Without
+``fcntl`` (Windows), or where no lock can be had (a filesystem that refuses locks, a lock file
+that cannot be opened), commands run unlocked, as before."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ LOCK_NAME = ".xformer.lock"
 # A peek (``holder``) holds a shared lock for an instant: a writer starting then tries again
 # for this long before it calls the folder in use.
 _PATIENCE_SECONDS = 0.5
-_held: dict[str, "_Hold"] = {}  # folders this process holds: a nested hold passes through
+_held: dict[str, "_Hold"] = {}  # folders this process holds: a hold inside a hold passes through
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,18 @@ class Holder:
 @dataclass
 class _Hold:
     fd: int
+    writable: bool  # a lock file of another user's is locked read-only, its note left as it is
     info: dict
     created: bool = False  # this hold made the folder
     depth: int = 1
 
     def write(self) -> None:
-        data = json.dumps(self.info).encode()
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, data, 0)
+        """The note ``holder`` reads; only shown, so a failed write is let go."""
+        if self.writable:
+            data = json.dumps(self.info).encode()
+            with contextlib.suppress(OSError):
+                os.pwrite(self.fd, data, 0)  # written over, then cut: never an empty file to a peek
+                os.ftruncate(self.fd, len(data))
 
 
 def _key(run_dir: Path) -> str:
@@ -73,28 +78,43 @@ def _is_worker_rank() -> bool:
 @contextlib.contextmanager
 def holding(run_dir: Path | str, command: str) -> Iterator[None]:
     """Hold ``run_dir`` (created if missing) for ``command`` while the block runs; raises a
-    one-line XformerError naming the holder when another process holds it. A folder this
-    made and the block left empty (bad input stops a run before it writes) is removed again."""
+    one-line XformerError naming the holder when another process holds it or a folder above
+    it. A folder this made and the block left empty (bad input stops a run before it writes)
+    is removed again."""
     run_dir = Path(run_dir)
     if fcntl is None or _is_worker_rank():
         yield
         return
     created = not run_dir.exists()
     key = _key(run_dir)
-    if key in _held:  # this process holds it already (a pipeline's stage, prepare inside train)
+    if key in _held:  # this process holds it already (a library call inside a command that holds it)
         _held[key].depth += 1
     else:
-        fd = _acquire(run_dir)
-        if fd is None:  # a filesystem without locks
+        _refuse_inside_a_held_folder(run_dir)
+        opened = _acquire(run_dir)
+        if opened is None:
             yield
             return
-        _held[key] = _Hold(fd, {"pid": os.getpid(), "command": command,
-                                "since": time.strftime("%Y-%m-%d %H:%M:%S")}, created=created)
-        _held[key].write()
+        hold = _Hold(*opened, {"pid": os.getpid(), "command": command,
+                               "since": time.strftime("%Y-%m-%d %H:%M:%S")}, created=created)
+        hold.write()
+        _held[key] = hold
     try:
         yield
     finally:
         _release(key)
+
+
+def _refuse_inside_a_held_folder(run_dir: Path) -> None:
+    """A train run inside the folder of a pipeline running in another process (its stage's
+    folder, which the pipeline may set aside or remove) is refused as the folder itself is."""
+    for folder in run_dir.resolve().parents:
+        if str(folder) in _held or not (folder / LOCK_NAME).is_file():
+            continue
+        found = holder(folder)
+        if found is not None:
+            raise XformerError(f"{run_dir} lies inside {folder}, in use by {found.describe()}: "
+                               f"wait for it to end, or give another run_dir")
 
 
 def _release(key: str) -> None:
@@ -104,46 +124,63 @@ def _release(key: str) -> None:
         return
     del _held[key]
     folder = Path(key)
-    if hold.created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
-        (folder / LOCK_NAME).unlink()  # still held: nobody else is inside (_acquire checks the file it locked)
+    try:
         with contextlib.suppress(OSError):
-            folder.rmdir()
-    os.close(hold.fd)  # closing lets the flock go
+            if hold.created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+                (folder / LOCK_NAME).unlink()  # still held, so nobody is inside; _acquire checks the file it locks
+                folder.rmdir()
+    finally:
+        os.close(hold.fd)  # closing lets the flock go
 
 
-def _acquire(run_dir: Path) -> Optional[int]:
-    """An fd holding the exclusive flock of ``run_dir``'s lock file (None where the filesystem
-    refuses locks). The file locked must still be the one at the path: a holder that removed
-    its empty folder on the way out may have unlinked the file this opened."""
+def _acquire(run_dir: Path) -> Optional[tuple[int, bool]]:
+    """(an fd holding the exclusive flock of ``run_dir``'s lock file, whether it is writable),
+    or None where no lock can be had. The file locked must still be the one at the path: a
+    holder that removed its empty folder on the way out may have unlinked the file this opened."""
     path = run_dir / LOCK_NAME
     deadline = time.monotonic() + _PATIENCE_SECONDS
     while True:
         make_folder(run_dir, "config key 'run_dir'")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the folder went between the two calls
-            continue
+        opened = _open(path)
+        if opened is None:
+            return None
+        fd, writable = opened
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            if time.monotonic() < deadline:
-                time.sleep(0.05)
-                continue
-            raise XformerError(_in_use(run_dir)) from None
+            if time.monotonic() >= deadline:
+                raise XformerError(_in_use(run_dir)) from None
         except OSError:  # e.g. ENOLCK on a network filesystem: run unlocked
             os.close(fd)
             return None
-        if _same_file(fd, path):
-            return fd
-        os.close(fd)
+        else:
+            if _same_file(fd, path):
+                return fd, writable
+            os.close(fd)
+            if time.monotonic() >= deadline:  # a filesystem whose files change identity: run unlocked
+                return None
+        time.sleep(0.02)
+
+
+def _open(path: Path) -> Optional[tuple[int, bool]]:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True  # the umask decides, as for every file
+    except IsADirectoryError:
+        raise XformerError(f"{path} is a folder: xformer keeps its lock file there; remove it") from None
+    except OSError:  # another user's lock file, a read-only disk: lock it read-only, or not at all
+        try:
+            return os.open(path, os.O_RDONLY), False
+        except OSError:
+            return None
 
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
+        here, locked = os.stat(path), os.fstat(fd)
+    except OSError:
         return False
+    return (here.st_dev, here.st_ino) == (locked.st_dev, locked.st_ino)
 
 
 def _in_use(run_dir: Path) -> str:
@@ -170,7 +207,7 @@ def holder(run_dir: Path | str) -> Optional[Holder]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _holder_of(_read_info(fd)) or Holder(0, "unknown", "unknown")
+            return _holder_of(_read_info(fd)) or Holder(0, "a process that left no note", "unknown")
         except OSError:
             return None
         return None  # free: the shared lock goes with the fd
@@ -187,11 +224,14 @@ def set_stage(run_dir: Path | str, stage: str) -> None:
 
 
 def _read_info(fd: int) -> dict:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+    for _ in range(3):  # a note caught mid-write reads again
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+            continue
+        return info if isinstance(info, dict) else {}
+    return {}
 
 
 def _holder_of(info: dict) -> Optional[Holder]:

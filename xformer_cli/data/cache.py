@@ -195,7 +195,7 @@ def build_or_load(
             if not per_source or cache.source_pairs is not None:
                 return cache, True
             outdated = True
-    make_folder(cache_dir, "config key 'data.cache_dir'")
+    make_folder(cache_dir, "the token cache (data.cache_dir)")
     _remove_abandoned_builds(cache_dir, key)
     building = f".{key}.building-{os.getpid()}"
     shutil.rmtree(cache_dir / building, ignore_errors=True)
