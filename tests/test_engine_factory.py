@@ -128,6 +128,8 @@ def test_threads_rule(monkeypatch):
     assert decode_threads() == 1  # spinning torch threads: one core left, so a busy machine does not collapse
     assert decode_threads(engine="ctranslate2") == 2  # its OpenMP's default waits: every core
     assert decode_threads(2) == 2  # asked for
+    with pytest.raises(XformerError, match=r"^--threads must be >= 0 \(0 = every core\), not -3$"):
+        decode_threads(-3)
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
     assert decode_threads() == 2  # sleeping torch threads: every core
     assert decode_threads(serving=True) == 1  # serve leaves one core to HTTP

@@ -376,3 +376,6 @@ def test_serve_option_errors_are_one_line(tmp_path):
 
     assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--cors", "example.org"), "--cors 'example.org'")
     assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--max-file-bytes", "0"), "--max-file-bytes")
+    # 99999 would be taken modulo 65536 by the socket: the server would listen on 34463
+    assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--port", "99999"), "--port must be 0 to 65535")
+    assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--graceful-timeout", "-1"), "--graceful-timeout")

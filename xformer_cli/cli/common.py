@@ -86,8 +86,6 @@ def _load_engine(models: List[Path], engine: str = "auto", precision: str = "aut
     --compute-type, now a spelling of --precision that selects the CTranslate2 engine."""
     from xformer_cli.decode.factory import load_engine
 
-    if threads < 0:
-        raise XformerError(f"--threads must be >= 0 (0 = every core), not {threads}")
     if compute_type is not None:
         if engine == "xformer":
             raise XformerError("--compute-type is for --engine ctranslate2 (and deprecated: use --precision)")

@@ -74,6 +74,10 @@ def serve(  # long: its signature is its options, one parameter each
         raise XformerError(f"--max-texts ({max_texts}) cannot exceed --max-queue ({max_queue})")
     if max_file_bytes < 1:
         raise XformerError("--max-file-bytes must be at least 1")
+    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536: another port than asked for
+        raise XformerError(f"--port must be 0 to 65535, not {port}")
+    if graceful_timeout < 0:
+        raise XformerError(f"--graceful-timeout must be 0 or more seconds, not {graceful_timeout:g}")
     try:
         origins = [check_origin(origin) for origin in cors or ()]
     except ValueError as exc:

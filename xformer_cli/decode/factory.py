@@ -149,6 +149,8 @@ def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = 
     Spinning torch threads on a machine that runs anything else wait for each other's time
     slices: on two shared cores two of them made a quarter of one thread's speed, two
     sleeping ones more than one (docs/benchmarks/decoding.md, "Threads")."""
+    if requested < 0:
+        raise XformerError(f"--threads must be >= 0 (0 = every core), not {requested}")
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
