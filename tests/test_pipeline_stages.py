@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -252,6 +253,10 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "backtranslate.sampling_topk=10")
     with pytest.raises(XformerError, match="config key 'teacher.set'.*mapping"):
         smoke(Path("/tmp"), "teacher.set=3")
+    with pytest.raises(XformerError, match="config key 'export.quantization': one of int8, int8_float32"):
+        smoke(Path("/tmp"), "export.quantization=int4")  # found before the student trains, not after
+    with pytest.raises(XformerError, match="config key 'threads': must be 0"):
+        smoke(Path("/tmp"), "threads=-1")
     with pytest.raises(XformerError, match="config key 'export.shortlist_per_source'"):
         smoke(Path("/tmp"), "export.shortlist=true", "export.shortlist_per_source=0")
     for seeds in ("[1, 1]", "[1, -2]", "[1, 2.5]", "[true]"):
@@ -259,6 +264,30 @@ def test_the_pipeline_config_names_a_bad_key():
             smoke(Path("/tmp"), f"teacher.seeds={seeds}")
     with pytest.raises(XformerError, match="config key 'teacher.seeds': several teachers.*name 'teacher'"):
         smoke(Path("/tmp"), "teacher.seeds=[1, 2]", "distill.teachers=[/other/best.pt]")
+
+
+def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, monkeypatch):
+    """A misspelt baseline or teacher is found at once, not after hours of the stages before it;
+    --status names the stage that needs it."""
+    from xformer_cli.pipeline import pipeline_status, run_pipeline
+
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    mono = (f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}")
+    for key, value, stage in (("evaluate.baseline", "/no/base.pt", "evaluate"),
+                              ("distill.teachers", "[teacher, /no/t.pt]", "distill"),
+                              ("reverse.checkpoint", "/no/r.pt", "reverse"), ("mono.source", "/no/m.en", "distill")):
+        config = smoke(tmp_path, *mono, f"{key}={value}")
+        missing = value.strip("[]").split(", ")[-1]
+        said = f"config key '{key}': {missing} not found (checked before the first stage runs)"
+        with pytest.raises(XformerError, match=f"^{re.escape(said)}$"):
+            run_pipeline(config, log=lambda _: None, progress=False)
+        assert not (tmp_path / "run").exists()  # nothing ran, nothing was written
+        assert [(s.action, s.detail) for s in pipeline_status(config) if s.stage == stage] == [("fails", said)]
+    with pytest.raises(XformerError, match="^config key 'evaluate.baseline'"):  # --only evaluate checks its own
+        run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="evaluate", log=lambda _: None)
+    monkeypatch.setitem(runner.RUNS, "reverse", lambda _: {})  # --only reverse needs no baseline
+    run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="reverse", log=lambda _: None)
 
 
 def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):

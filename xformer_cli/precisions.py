@@ -11,5 +11,7 @@ TORCH_DECODE_PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICE_DECODE_PRECISIONS = ("auto", *TORCH_DECODE_PRECISIONS, "int8")
 # CTranslate2's own compute types: --precision takes them as well, and they select that engine.
 CT2_ONLY_PRECISIONS = ("int8_float32", "int8_bfloat16", "int8_float16", "int16", "float32", "bfloat16", "float16")
+# The weight types a CTranslate2 export is quantized to (its spec.optimize takes these names).
+EXPORT_QUANTIZATIONS = ("int8", *CT2_ONLY_PRECISIONS)
 # Every name --precision takes (decode/factory.py checks it).
 DECODE_PRECISIONS = (*DEVICE_DECODE_PRECISIONS, *CT2_ONLY_PRECISIONS)

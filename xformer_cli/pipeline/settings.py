@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from xformer_cli.config import apply_overrides, build_section, read_tree, require
 from xformer_cli.errors import XformerError
+from xformer_cli.precisions import EXPORT_QUANTIZATIONS
 
 
 @dataclass
@@ -154,5 +155,8 @@ def check(config: PipelineConfig) -> None:
             "evaluate.splits", "valid, test or both")
     require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
     require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
+    require(config.export.quantization in EXPORT_QUANTIZATIONS, "export.quantization",
+            f"one of {', '.join(EXPORT_QUANTIZATIONS)}")
+    require(config.threads >= 0, "threads", "must be 0 (every core) or more")
     require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
     require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")

@@ -460,5 +460,21 @@ def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:
     return [Path(config.run_dir) for config in configs]
 
 
+def missing_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
+    """A file the config names for ``stage`` that is not there, said in one line (None: all are).
+    The run checks every stage it will visit before the first starts: a misspelt baseline must
+    not wait hours for the evaluate stage to be found."""
+    c = pipe.config
+    named = {"reverse": [("reverse.checkpoint", c.reverse.checkpoint)],
+             "backtranslate": [("mono.target", c.mono.target)],
+             "distill": [("mono.source", c.mono.source if c.distill.mono_source else None)]
+             + [("distill.teachers", name) for name in c.distill.teachers if name != "teacher"],
+             "evaluate": [("evaluate.baseline", c.evaluate.baseline)]}.get(stage, [])
+    for key, given in named:
+        if given and not Path(given).exists():
+            return f"config key '{key}': {given} not found (checked before the first stage runs)"
+    return None
+
+
 FINGERPRINTS = {name: globals()[f"fingerprint_{name}"] for name in STAGES}
 RUNS = {name: globals()[f"run_{name}"] for name in STAGES}
