@@ -1,6 +1,7 @@
 import pytest
 
-from xformer_cli.config import CorpusConfig, load_config, parse_override, validate
+from xformer_cli.config import CorpusConfig, load_config, validate
+from xformer_cli.settings_file import parse_override
 from xformer_cli.errors import XformerError
 
 from helpers import ROOT

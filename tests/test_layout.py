@@ -46,7 +46,7 @@ LAYERS = (
     Layer("checkpoint", ("checkpoint_file.py",)),
     Layer("model", ("model/", "device.py")),
     Layer("config", ("config.py",)),
-    Layer("definitions", ("model/config.py", "precisions.py")),
+    Layer("definitions", ("model/config.py", "precisions.py", "settings_file.py")),
     Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "number_matching.py",
                     "run_lock.py")),
     Layer("base", ("languages.py", "fileio.py", "number_words.py")),

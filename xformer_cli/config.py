@@ -1,30 +1,27 @@
-"""Run configuration: typed dataclasses, YAML loading, dotted overrides, validation.
+"""Run configuration: its typed dataclasses, the rules by the plan, loading, validation.
 
 A config file mirrors ``Config`` below: top-level sections ``data``, ``tokenizer``,
 ``model``, ``train`` and ``decode``. Every key is checked: an unknown key, a value of
 the wrong type or an impossible combination is an ``XformerError`` naming the key.
 String values may use ``${VAR}`` or ``${VAR:-default}`` to read the environment
-(the shipped configs find the corpora through ``${XFORMER_DATA:-../shared/data}``).
+(the shipped configs find the corpora through ``${XFORMER_DATA:-../shared/data}``); reading
+the file and the overrides into these dataclasses is ``settings_file.py``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import os
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
-
-import yaml
 
 from xformer_cli.errors import XformerError
 from xformer_cli.languages import TAG, Languages, tag_for
 from xformer_cli.model.config import ACTIVATION_NAMES, ModelConfig  # torch-free: importing config loads no torch
 from xformer_cli.precisions import TRAINING_PRECISIONS
+from xformer_cli.settings_file import apply_overrides, build_section, dotted_keys, merge_trees, read_tree, require
 
 
 @dataclass
@@ -357,119 +354,6 @@ class Config:
         return dataclasses.replace(self.decode, max_input_len=self.decode.max_input_len or self.data.max_len)
 
 
-# -- building dataclasses from plain dicts, with errors that name the key ---------------
-
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _expand_env(text: str, key: str) -> str:
-    def repl(m: re.Match) -> str:
-        value = os.environ.get(m.group(1), m.group(2))
-        if value is None:
-            raise XformerError(f"config key '{key}': environment variable {m.group(1)} is not set")
-        return value
-
-    return _ENV.sub(repl, text)
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    if tp is Any:  # a value handed on as it is (the pipeline's overrides, checked where they apply)
-        return value
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X], or one of several types (the first that takes the value)
-        arms = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None and len(arms) < len(typing.get_args(tp)):
-            return None
-        for arm in arms:
-            try:
-                return _coerce(value, arm, key)
-            except XformerError:
-                continue
-        names = [repr(c) for a in arms for c in typing.get_args(a)] if len(arms) > 1 else []
-        if not names:
-            return _coerce(value, arms[0], key)  # its own message
-        kinds = [a.__name__ for a in arms if typing.get_origin(a) is not Literal] + names
-        raise XformerError(f"config key '{key}': expected {' or '.join(kinds)}, got {value!r}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
-            return value
-        raise XformerError(f"config key '{key}': expected {' or '.join(map(repr, choices))}, got {value!r}")
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        items = value if isinstance(value, list) else [value]  # a single item stands for a list of one
-        return [_coerce(item, inner, f"{key}[{i}]") for i, item in enumerate(items)]
-    if origin is dict:
-        key_type, value_type = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise XformerError(f"config key '{key}': expected a mapping, got {value!r}")
-        return {_coerce(k, key_type, key): _coerce(v, value_type, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp) and isinstance(value, str) and hasattr(tp, "from_text"):
-        return tp.from_text(value, key)  # a short form: data.pairs: [en-de]
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise XformerError(f"config key '{key}': expected a mapping of keys, got {value!r}")
-        return _build(tp, value, key + ".")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return _expand_env(str(value), key)
-    raise XformerError(f"config key '{key}': expected {tp.__name__}, got {value!r}")
-
-
-def _build(cls: type, values: dict, prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-            raise XformerError(f"unknown config key '{prefix}{key}'{hint}")
-        kwargs[key] = _coerce(value, hints[key], prefix + key)
-    return cls(**kwargs)
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise XformerError(f"override '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """'model.d_model=256' -> ('model.d_model', 256); the value is read as YAML."""
-    if "=" not in text:
-        raise XformerError(f"override '{text}' must look like key.path=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
 # The settings a rule by the plan sets: the rule's key under train -> (the setting, the plan's unit).
 PLANNED_RULES = {"dropout_by_planned_steps": ("model.dropout", "steps"),
                  "label_smoothing_by_planned_steps": ("train.label_smoothing", "steps"),
@@ -531,78 +415,19 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     """Read a YAML file (or start from ``base``), apply ``key=value`` overrides, validate."""
     tree: dict = dict(base or {})
     if path is not None:
-        tree = _merge(tree, read_tree(path))
+        tree = merge_trees(tree, read_tree(path))
     overridden = apply_overrides(tree, overrides or [])
     _clear_replaced_rules(tree, overridden)
-    cfg = _build(Config, tree)
+    cfg = build_section(Config, tree)
     validate(cfg)
-    cfg.set_keys = frozenset(_dotted_keys(tree))
+    cfg.set_keys = frozenset(dotted_keys(tree))
     return cfg
-
-
-def apply_overrides(tree: dict, overrides: list[str]) -> set[str]:
-    """``key.path=value`` overrides (values read as YAML) set in ``tree``; returns the keys set."""
-    overridden = set()
-    for item in overrides:
-        key, value = parse_override(item)
-        _set_dotted(tree, key, value)
-        overridden.add(key)
-    return overridden
-
-
-def build_section(cls: type, values: dict, prefix: str = "") -> Any:
-    """A config dataclass from a mapping: types coerced, ${ENV:-default} expanded, an unknown
-    or mistyped key named in one line (what every config file of xformer gets)."""
-    return _build(cls, values, prefix)
-
-
-def read_tree(path: str | Path) -> dict:
-    """A YAML config file as a mapping; a missing, unreadable or non-mapping file in one line."""
-    path = Path(path)
-    if not path.is_file():
-        raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
-        raise XformerError(f"config file {where} is not valid YAML: {problem}") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise XformerError(f"config file {path} must hold a mapping of sections")
-    return loaded
-
-
-def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
-    """'model.d_model', 'train.lr', ... for every leaf of a config tree (a list is a leaf)."""
-    keys = []
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            keys.extend(_dotted_keys(value, f"{prefix}{key}."))
-        else:
-            keys.append(f"{prefix}{key}")
-    return keys
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def config_from_dict(tree: dict) -> Config:
-    cfg = _build(Config, tree)
+    cfg = build_section(Config, tree)
     validate(cfg)
     return cfg
-
-
-def require(ok: bool, key: str, why: str) -> None:
-    """A check of one config key: when not ``ok``, one line naming the key and why."""
-    if not ok:
-        raise XformerError(f"config key '{key}': {why}")
 
 
 def validate(cfg: Config) -> None:

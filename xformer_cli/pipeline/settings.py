@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from xformer_cli.config import apply_overrides, build_section, read_tree, require
 from xformer_cli.errors import XformerError
 from xformer_cli.precisions import EXPORT_QUANTIZATIONS
+from xformer_cli.settings_file import apply_overrides, build_section, read_tree, require
 
 
 @dataclass
