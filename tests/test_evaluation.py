@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from xformer_cli.errors import XformerError
 from xformer_cli.evaluate import compare_systems, hypothesis_warnings, score_lines
 from xformer_cli.plots import REPORT_DPI, REPORT_SIZE
 
@@ -180,3 +181,19 @@ def test_the_report_keeps_the_averaged_checkpoint_apart_from_the_runs_validation
     assert "average of 5 checkpoints (steps 200-300): valid loss 2.600, BLEU 31.50" in summary
     with Image.open(tmp_path / "report.png") as image:
         assert image.size == (int(REPORT_SIZE[0] * REPORT_DPI), int(REPORT_SIZE[1] * REPORT_DPI))
+
+
+def test_the_report_reads_a_killed_runs_metrics_and_names_a_damaged_line(tmp_path):
+    """A kill -9 while the run logged leaves its last line cut, without its newline: the report
+    reads the lines before it; a damaged line anywhere else is named."""
+    from xformer_cli.plots import read_metrics
+
+    whole = '{"step": 25, "train_loss": 5.0}\n{"step": 50, "train_loss": 4.5}\n'
+    (tmp_path / "metrics.jsonl").write_text(whole + '{"step": 75, "train_lo')
+    assert [row["step"] for row in read_metrics(tmp_path)] == [25, 50]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 25, "train_lo\n' + whole)
+    with pytest.raises(XformerError, match=r"metrics.jsonl:1: not a JSON line$"):
+        read_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(whole + "3\n")
+    with pytest.raises(XformerError, match=r"metrics.jsonl:3: not a JSON object$"):
+        read_metrics(tmp_path)

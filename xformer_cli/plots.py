@@ -33,13 +33,19 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     if not path.is_file():
         raise XformerError(f"no metrics.jsonl in {run_dir}: is it a run directory written by xformer train?")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")  # the last: after the last newline
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: a run killed while it logged (train cuts it on resume)
+                continue
             raise XformerError(f"{path}:{number}: not a JSON line") from None
+        if not isinstance(row, dict):
+            raise XformerError(f"{path}:{number}: not a JSON object")
+        rows.append(row)
     if not rows:
         raise XformerError(f"{path} is empty: the run has not logged anything yet")
     return rows
