@@ -148,3 +148,37 @@ def test_a_folder_that_cannot_be_made_is_one_line_naming_what_was_to_go_there(tm
     (tmp_path / "taken").write_text("a file with the folder's name")
     with pytest.raises(XformerError, match=r"cannot make the folder .*taken: a file has that name$"):
         fileio.make_folder(tmp_path / "taken")
+
+
+def test_a_tokenizer_whose_write_failed_is_trained_again_not_reused(tmp_path, monkeypatch):
+    """Its models are written whole or not at all, and settings.json (which lets a run reuse
+    them) goes first and comes back last: a run that dies while writing leaves nothing reused."""
+    from helpers import ROOT
+    from xformer_cli.config import load_config
+    from xformer_cli.data.prepare import check_inputs
+
+    english = [f"A man with {n} dogs runs in the park number {n}." for n in range(80)]
+    german = [f"Ein Mann mit {n} Hunden läuft im Park Nummer {n}." for n in range(80)]
+    for split in ("train", "valid", "test"):
+        write_lines(english, tmp_path / f"{split}.en")
+        write_lines(german, tmp_path / f"{split}.de")
+    sets = [f"data.{split}.prefix={tmp_path}/{split}" for split in ("train", "valid", "test")]
+    sets += [f"run_dir={tmp_path}/run", "tokenizer.vocab_size=120"]
+    said: list[str] = []
+
+    def inputs(*more: str):
+        return check_inputs(load_config(ROOT / "configs" / "multi30k.yaml", sets + list(more)), said.append)
+
+    first = inputs()
+    first.plan.save(first.tokenizer)
+    folder = tmp_path / "run" / "tokenizer"
+    kept = (folder / "joint.model").read_bytes()
+    other = inputs("tokenizer.vocab_size=110")  # settings changed: trained again, then saved over the old
+    monkeypatch.setattr(fileio.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "killed")))
+    with pytest.raises(OSError):
+        other.plan.save(other.tokenizer)
+    monkeypatch.undo()
+    assert (folder / "joint.model").read_bytes() == kept and not (folder / "settings.json").exists()
+    said.clear()
+    inputs()  # the first settings again: nothing says the files there are theirs
+    assert any(line.startswith("tokenizer: trained") for line in said), said

@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 import sentencepiece as spm
 
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file, make_folder
 from xformer_cli.languages import TAG
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -222,13 +223,14 @@ class Tokenizer:
 
     def save(self, directory: str | Path) -> list[Path]:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        make_folder(directory)
         if self.joint:
             paths = [(directory / "joint.model", self.src_model_bytes)]
         else:
             paths = [(directory / "src.model", self.src_model_bytes), (directory / "tgt.model", self.tgt_model_bytes)]
         for path, data in paths:
-            path.write_bytes(data)
+            with atomic_file(path) as f:  # whole or not at all, as every output
+                f.write(data)
         return [p for p, _ in paths]
 
     @property

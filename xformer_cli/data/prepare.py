@@ -23,6 +23,7 @@ from xformer_cli.data.encoded import EncodedCorpus, encode_corpus
 from xformer_cli.data.sources import ParallelCorpus, PairSource
 from xformer_cli.data.weights import data_weighted, describe as describe_weights, source_weights
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file
 from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import Tokenizer
 
@@ -157,8 +158,11 @@ class TokenizerPlan:
         if self.config.tokenizer.model or self.given is not None:
             return
         directory = self.run_dir / "tokenizer"
+        # settings.json says the models there are whole and of these settings: gone until they are
+        (directory / "settings.json").unlink(missing_ok=True)
         tokenizer.save(directory)
-        (directory / "settings.json").write_text(self.settings, encoding="utf-8")
+        with atomic_file(directory / "settings.json", "w", encoding="utf-8") as f:
+            f.write(self.settings)
 
 
 def cache_dir_for(config: Config) -> Path:
