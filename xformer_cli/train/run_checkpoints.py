@@ -22,6 +22,7 @@ import yaml
 from xformer_cli.checkpoint_file import kept_checkpoints, load_checkpoint, step_checkpoint
 from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings, with_setting
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import atomic_file
 from xformer_cli.train import batch_size
 from xformer_cli.train.state import Counters, RunState
 
@@ -44,7 +45,8 @@ def write_config(config: Config, precision: Optional[str] = None) -> None:
     included), headed by the precision this machine resolved ``train.precision`` to."""
     header = f"# train.precision {config.train.precision} ran as {precision} on this machine\n" if precision else ""
     text = header + yaml.safe_dump(config.to_dict(), sort_keys=False)
-    (Path(config.run_dir) / "config.yaml").write_text(text, encoding="utf-8")
+    with atomic_file(Path(config.run_dir) / "config.yaml", "w", encoding="utf-8") as f:  # a kill keeps the old one
+        f.write(text)
 
 
 # Settings a resumed run must share with the run it continues: they decide the model, the
