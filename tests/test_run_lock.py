@@ -202,3 +202,24 @@ def test_status_names_the_stage_a_running_pipeline_is_at(tmp_path):
         second = xformer("pipeline", *given)
         assert_one_line_error(second, "is in use by pid", "(xformer pipeline, stage reverse")
     assert pipeline_status(config)[0].action == "starts"
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_stage_does_not_clear_a_folder_another_process_trains_in(tmp_path, monkeypatch):
+    """A train started by hand in a stage's folder before the pipeline: the stage (other inputs,
+    so it would start that folder afresh) stops in one line and the run there keeps its files."""
+    from xformer_cli.pipeline import load_pipeline_config, runner
+    from xformer_cli.pipeline.stages import Pipeline
+
+    config = load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path / 'run'}"])
+    pipe = Pipeline(config, log=lambda _: None, progress=False)
+    monkeypatch.setitem(runner.FINGERPRINTS, "reverse", lambda _: "new inputs")
+    monkeypatch.setitem(runner.RUNS, "reverse", lambda _: pytest.fail("the stage ran over a folder in use"))
+    record = pipe.record("reverse")
+    record.begin("old inputs")  # stopped part-way: a start with other inputs removes the folder
+    (record.directory / "last.pt").write_bytes(b"the other run's")
+    with held_by_another_process(record.directory, "xformer train") as other:
+        with pytest.raises(XformerError, match=rf"^stage reverse: .*reverse is in use by pid {other.pid} "
+                                               r"\(xformer train, since"):
+            runner.run_stage(pipe, "reverse")
+        assert (record.directory / "last.pt").read_bytes() == b"the other run's"

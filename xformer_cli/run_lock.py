@@ -215,6 +215,20 @@ def holder(run_dir: Path | str) -> Optional[Holder]:
         os.close(fd)
 
 
+def held_inside(folder: Path) -> Optional[tuple[Path, Holder]]:
+    """A run folder under ``folder`` (or ``folder`` itself) that another process holds, and
+    who: a pipeline stage about to clear its folder asks first."""
+    if not folder.is_dir():
+        return None
+    for lock in folder.rglob(LOCK_NAME):
+        if _key(lock.parent) in _held:
+            continue
+        found = holder(lock.parent)
+        if found is not None:
+            return lock.parent, found
+    return None
+
+
 def set_stage(run_dir: Path | str, stage: str) -> None:
     """Name the stage a pipeline holding ``run_dir`` is at now (for ``pipeline --status``)."""
     hold = _held.get(_key(Path(run_dir)))

@@ -40,6 +40,11 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
         record.drop_replaced()
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}
+    for folder in (record.directory, record.replaced):  # what begin may clear or set aside
+        busy = run_lock.held_inside(folder)
+        if busy is not None:
+            raise XformerError(f"stage {name}: {busy[0]} is in use by {busy[1].describe()}: wait for it to end, "
+                               "or stop it, before the stage runs there")
     resuming = record.begin(stamp, fresh=redo)
     before = record.minutes_so_far() if resuming else 0.0
     pipe.log(f"stage {name}: {'resuming' if resuming else 'starting'} in {record.directory}")
