@@ -109,9 +109,7 @@ def _refuse_inside_a_held_folder(run_dir: Path) -> None:
     """A train run inside the folder of a pipeline running in another process (its stage's
     folder, which the pipeline may set aside or remove) is refused as the folder itself is."""
     for folder in run_dir.resolve().parents:
-        if str(folder) in _held or not (folder / LOCK_NAME).is_file():
-            continue
-        found = holder(folder)
+        found = _other_holder(folder)
         if found is not None:
             raise XformerError(f"{run_dir} lies inside {folder}, in use by {found.describe()}: "
                                f"wait for it to end, or give another run_dir")
@@ -221,12 +219,15 @@ def held_inside(folder: Path) -> Optional[tuple[Path, Holder]]:
     if not folder.is_dir():
         return None
     for lock in folder.rglob(LOCK_NAME):
-        if _key(lock.parent) in _held:
-            continue
-        found = holder(lock.parent)
+        found = _other_holder(lock.parent)
         if found is not None:
             return lock.parent, found
     return None
+
+
+def _other_holder(folder: Path) -> Optional[Holder]:
+    """Who holds ``folder`` when it is another process (None: nobody, or this one)."""
+    return None if _key(folder) in _held else holder(folder)
 
 
 def set_stage(run_dir: Path | str, stage: str) -> None:

@@ -8,6 +8,7 @@ ready its run directory and ``build_data`` write the tokenizer and the cache.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -251,9 +252,8 @@ def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool
                  tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs; ``tokenizer``: a
     given one (a pretrained model's, train.init_from) instead of one trained or loaded."""
-    if not write:
-        return build_data(check_inputs(config, log, tokenizer), log, write)
-    with run_lock.holding(config.run_dir, "xformer prepare"):
+    held = run_lock.holding(config.run_dir, "xformer prepare") if write else contextlib.nullcontext()
+    with held:
         return build_data(check_inputs(config, log, tokenizer), log, write)
 
 

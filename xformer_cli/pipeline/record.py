@@ -89,13 +89,7 @@ class StageRecord:
         return record if isinstance(record, dict) else None
 
     def done_with(self, fingerprint: str) -> bool:
-        record = self.read()
-        return bool(record and record.get("fingerprint") == fingerprint and record.get("done"))
-
-    def fingerprint(self) -> Optional[str]:
-        """The fingerprint of the stage's finished output, None when it has not finished."""
-        record = self.read()
-        return record.get("fingerprint") if record and record.get("done") else None
+        return self.standing(fingerprint) == DONE
 
     @property
     def replaced(self) -> Path:

@@ -85,6 +85,7 @@ def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageS
         return StageStatus(name, START, "afresh: a run of other inputs stopped part-way")
     return StageStatus(name, START, "not begun")
 
+
 def _finished(record: dict) -> str:
     parts = [f"{record['minutes']:.1f} min" if isinstance(record.get("minutes"), (int, float)) else "",
              f"finished {record['finished']}" if record.get("finished") else ""]
