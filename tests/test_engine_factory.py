@@ -158,8 +158,8 @@ def test_loading_ctranslate2_leaves_torch_its_thread_count():
 
 @pytest.mark.slow
 def test_the_cli_makes_torch_threads_sleep_and_leaves_ctranslate2_its_default():
-    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli.common import _before_torch; "
-            "_before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules); "
+    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); from xformer_cli.cli.common import before_torch; "
+            "before_torch(); print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules); "
             "from xformer_cli.decode import factory; factory._default_waits_for_ctranslate2(); "
             "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), factory.torch_waits_passive())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -52,6 +52,9 @@ def test_bootstrap_confidence_interval_and_paired_significance():
     assert rows[0][0].p_value is None and rows[1][0].p_value is not None
     assert rows[1][0].score < rows[0][0].score
     assert set(signatures) == {"BLEU", "chrF2"}
+    for test, samples in (("bs", -1), ("ar", 1)):  # sacreBLEU would run its default, or one trial: p = 0.5
+        with pytest.raises(XformerError, match=rf"resamples \(--samples\) are 0 .* or at least 2, not {samples}$"):
+            compare_systems([("good", HYPS), ("bad", worse)], [REF1], ("bleu",), test=test, samples=samples)
 
 
 def test_warnings_for_tokenized_or_unk_hypotheses():
@@ -188,7 +191,8 @@ def test_the_report_reads_a_killed_runs_metrics_and_names_a_damaged_line(tmp_pat
     reads the lines before it; a damaged line anywhere else is named."""
     from xformer_cli.plots import read_metrics
 
-    whole = '{"step": 25, "train_loss": 5.0}\n{"step": 50, "train_loss": 4.5}\n'
+    row = '"epoch": 1, "lr": 0.001, "tokens_per_s": 100.0, "minutes": 0.5'
+    whole = f'{{"step": 25, "train_loss": 5.0, {row}}}\n{{"step": 50, "train_loss": 4.5, {row}}}\n'
     (tmp_path / "metrics.jsonl").write_text(whole + '{"step": 75, "train_lo')
     assert [row["step"] for row in read_metrics(tmp_path)] == [25, 50]
     (tmp_path / "metrics.jsonl").write_text('{"step": 25, "train_lo\n' + whole)
@@ -196,4 +200,31 @@ def test_the_report_reads_a_killed_runs_metrics_and_names_a_damaged_line(tmp_pat
         read_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(whole + "3\n")
     with pytest.raises(XformerError, match=r"metrics.jsonl:3: not a JSON object$"):
+        read_metrics(tmp_path)
+
+
+def test_the_report_names_a_row_without_a_figure_it_draws(tmp_path):
+    """A hand-made or foreign metrics.jsonl: the line and the key, not a KeyError or a plot of strings."""
+    from xformer_cli.plots import read_metrics
+
+    train = {"step": 25, "epoch": 1, "train_loss": 5.0, "lr": 1e-3, "tokens_per_s": 100.0, "minutes": 0.2}
+    valid = {"step": 25, "epoch": 1, "minutes": 0.3, "valid_loss": 3.0, "valid_ppl": 20.0, "valid_bleu": 10.0}
+    passes = {"step": 25, "epoch": 1, "minutes": 0.4, "length_penalty": 0.6}  # no figure the report draws
+
+    def write(*rows):
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(train, valid, passes)
+    assert len(read_metrics(tmp_path)) == 3
+    write(train, {k: v for k, v in train.items() if k != "lr"})
+    with pytest.raises(XformerError, match=r"metrics.jsonl:2: a training row without a number for 'lr'$"):
+        read_metrics(tmp_path)
+    write(train, {**valid, "valid_bleu": "high"})
+    with pytest.raises(XformerError, match=r"metrics.jsonl:2: a validation row without a number for 'valid_bleu'$"):
+        read_metrics(tmp_path)
+    write({**valid, "directions": {"en-de": {"valid_loss": 3.0}}})
+    with pytest.raises(XformerError, match=r"metrics.jsonl:1: 'directions' is not each direction's figures"):
+        read_metrics(tmp_path)
+    write({**valid, "averaged_steps": []})
+    with pytest.raises(XformerError, match=r"metrics.jsonl:1: an averaging row without the list"):
         read_metrics(tmp_path)

@@ -77,17 +77,17 @@ def test_an_output_path_that_is_a_directory_a_symlink_or_an_existing_file(tmp_pa
 
 
 def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
-    from xformer_cli.cli.common import _check_output
+    from xformer_cli.cli.common import check_output
 
     model = tmp_path / "m.pt"
     model.write_bytes(b"weights")
     source = write_lines(tmp_path / "in.en", ["A dog."])
     for output, option in ((model, "--checkpoint"), (source, "--input")):
         with pytest.raises(XformerError, match=f"is the {option} file"):
-            _check_output(output, [(source, "--input"), (model, "--checkpoint")])
+            check_output(output, [(source, "--input"), (model, "--checkpoint")])
     with pytest.raises(XformerError, match="plots are written as PNG"):
-        _check_output(tmp_path / "out.de", [(source, "--input")], attention=tmp_path / "a.txt")
-    _check_output(tmp_path / "out.de", [(source, "--input"), (model, "--checkpoint")], attention=tmp_path / "a.png")
+        check_output(tmp_path / "out.de", [(source, "--input")], attention=tmp_path / "a.txt")
+    check_output(tmp_path / "out.de", [(source, "--input"), (model, "--checkpoint")], attention=tmp_path / "a.png")
     assert model.read_bytes() == b"weights"
 
 

@@ -560,7 +560,7 @@ def test_without_py3langid_a_source_that_needs_detecting_is_asked_for_in_one_lin
     with pytest.raises(XformerError) as caught:
         choose_direction(langs, "en", None, text=lambda: "Zwei Hunde spielen im Schnee.")
     assert str(caught.value) == ("the model reads de, fr: give --source-lang, or install py3langid to detect it "
-                                 "(pip install 'xformer[serve]')")
+                                 "(pip install 'xformer[langid]')")
 
 
 def test_eval_bleu_scores_each_direction_of_a_multilingual_checkpoint(checkpoint, tmp_path):

@@ -51,6 +51,7 @@ def sources_of(root):
         "saved": CorpusConfig(dataset=str(root / "saved")),
         "parquet": CorpusConfig(data_files=str(root / "train.parquet")),
         "jsonl": CorpusConfig(data_files=str(root / "train.jsonl")),
+        "absolute glob": CorpusConfig(data_files=str(root / "train.parq*")),
         "tsv": CorpusConfig(data_files=str(root / "train.tsv"), src_column="english", tgt_column="german"),
     }
 

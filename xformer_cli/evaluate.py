@@ -102,6 +102,9 @@ def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     return score_lines(hyps, [refs], ("bleu",), allow_empty=True)[0]
 
 
+DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}  # sacreBLEU's resamples (bootstrap) and trials (randomisation)
+
+
 def compare_systems(
     systems: Sequence[tuple[str, Sequence[str]]],
     refs: Sequence[Sequence[str]],
@@ -122,6 +125,9 @@ def compare_systems(
         raise XformerError(f"unknown paired test '{test}' (bs = paired bootstrap, ar = approximate randomisation)")
     if len(systems) < 2:
         raise XformerError("a paired test needs at least two systems (the first is the baseline)")
+    if samples < 0 or samples == 1:  # sacreBLEU takes a negative for its default, one trial for a p-value of 0.5
+        raise XformerError(f"the paired test's resamples (--samples) are 0 (sacreBLEU's default: "
+                           f"{DEFAULT_SAMPLES[test]}) or at least 2, not {samples}")
     ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
     for name, hyps in systems:
         _checked(hyps, refs, name, ref_names)

@@ -110,6 +110,11 @@ class Languages:
         return _unique(t for _, t in self.pairs)
 
     @property
+    def codes(self) -> list[str]:
+        """Every language the model reads or writes, sources first."""
+        return _unique([*self.sources, *self.targets])
+
+    @property
     def tagged(self) -> bool:
         return bool(self.tags)
 

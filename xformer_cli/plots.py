@@ -45,10 +45,38 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             raise XformerError(f"{path}:{number}: not a JSON line") from None
         if not isinstance(row, dict):
             raise XformerError(f"{path}:{number}: not a JSON object")
+        _check_row(row, f"{path}:{number}")
         rows.append(row)
     if not rows:
         raise XformerError(f"{path} is empty: the run has not logged anything yet")
     return rows
+
+
+# What the report reads of each kind of row (train writes them all): a row it draws lacks none.
+_ROW_KEYS = {"train_loss": ("training", ("step", "minutes", "train_loss", "lr", "tokens_per_s")),
+             "averaged_steps": ("averaging", ("step", "minutes", "valid_loss", "valid_bleu")),
+             "valid_loss": ("validation", ("step", "minutes", "valid_loss", "valid_ppl", "valid_bleu"))}
+
+
+def _check_row(row: dict, where: str) -> None:
+    """One line naming the line and the key, instead of a KeyError or a plot of strings."""
+    for marker, (kind, keys) in _ROW_KEYS.items():
+        if marker not in row:
+            continue
+        for key in keys:
+            if not _is_number(row.get(key)):
+                raise XformerError(f"{where}: a {kind} row without a number for '{key}'")
+        if kind == "averaging" and not (isinstance(row["averaged_steps"], list) and row["averaged_steps"]):
+            raise XformerError(f"{where}: an averaging row without the list of its 'averaged_steps'")
+        directions = row.get("directions", {})
+        if not isinstance(directions, dict) or not all(
+                isinstance(figures, dict) and _is_number(figures.get("valid_bleu")) for figures in directions.values()):
+            raise XformerError(f"{where}: 'directions' is not each direction's figures with its 'valid_bleu'")
+        return
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def summarize(rows: Sequence[dict]) -> str:

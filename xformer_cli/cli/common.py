@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
 
 import typer
 
 from xformer_cli.errors import XformerError
 from xformer_cli.version import __version__
+
+if TYPE_CHECKING:
+    from xformer_cli.decode.direction import Direction
+    from xformer_cli.decode.engine import Engine
+    from xformer_cli.languages import Languages
+
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 
 app = typer.Typer(
@@ -28,7 +35,7 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def user_errors(fn):
+def user_errors(fn: Command) -> Command:
     """Turn library errors into one line on stderr and a non-zero exit, never a traceback."""
 
     @functools.wraps(fn)
@@ -52,10 +59,10 @@ def user_errors(fn):
             target = getattr(exc, "filename", None) or "a file"
             _fail(f"could not write {target}: no space left on device; files written before it are intact")
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]
 
 
-def _log(message: str) -> None:
+def log(message: str) -> None:
     typer.echo(message, err=True)  # stderr: stdout is for data
 
 
@@ -73,15 +80,15 @@ def main(
     """xformer: from parallel text to a trained Transformer, translations and BLEU."""
 
 
-def _before_torch() -> None:
+def before_torch() -> None:
     """For the commands that translate: OpenMP threads that sleep at barriers (decode.factory)."""
     from xformer_cli.decode.factory import prefer_passive_waits
 
     prefer_passive_waits()
 
 
-def _load_engine(models: List[Path], engine: str = "auto", precision: str = "auto", device: str = "auto",
-                 threads: int = 0, needs: tuple[str, ...] = (), compute_type: Optional[str] = None):
+def load_engine_logged(models: List[Path], engine: str = "auto", precision: str = "auto", device: str = "auto",
+                       threads: int = 0, needs: tuple[str, ...] = (), compute_type: Optional[str] = None) -> Engine:
     """``decode.factory.load_engine``, logging what it chose; ``compute_type``: the deprecated
     --compute-type, now a spelling of --precision that selects the CTranslate2 engine."""
     from xformer_cli.decode.factory import load_engine
@@ -91,12 +98,12 @@ def _load_engine(models: List[Path], engine: str = "auto", precision: str = "aut
             raise XformerError("--compute-type is for --engine ctranslate2 (and deprecated: use --precision)")
         if precision != "auto":
             raise XformerError("give --precision or the deprecated --compute-type, not both")
-        _log("warning: --compute-type is deprecated; --precision takes CTranslate2's compute types")
+        log("warning: --compute-type is deprecated; --precision takes CTranslate2's compute types")
         engine, precision = "ctranslate2", "auto" if compute_type == "default" else compute_type
-    return load_engine(models, engine, precision=precision, device=device, threads=threads, needs=needs, log=_log)
+    return load_engine(models, engine, precision=precision, device=device, threads=threads, needs=needs, log=log)
 
 
-def _warn_cut_lines(translator, max_input_len: Optional[int] = None) -> None:
+def warn_cut_lines(translator: Engine, max_input_len: Optional[int] = None) -> None:
     """One warning line for the input lines cut to the source length limit, if any."""
     if translator.truncated_lines:
         limit = max_input_len or translator.decode.max_input_len
@@ -104,33 +111,7 @@ def _warn_cut_lines(translator, max_input_len: Optional[int] = None) -> None:
                    f"to {limit} (--max-input-len / decode.max_input_len)", err=True)
 
 
-# The options the commands that translate share.
-_beam = typer.Option(None, "--beam-size", "-b", help="1 = greedy; default from the checkpoint's decode config.")
-_alpha = typer.Option(None, "--length-penalty", help="GNMT length penalty alpha (paper: 0.6).")
-_len_a = typer.Option(None, "--max-len-a", help="Max output length = a * source length + b.")
-_len_b = typer.Option(None, "--max-len-b", help="Max output length = a * source length + b.")
-_min_len = typer.Option(None, "--min-len", help="Output pieces before eos at least (default 1: no empty translations).")
-_batch = typer.Option(None, "--batch-size", help="Sentences per decoding batch.")
-_device = typer.Option("auto", "--device",
-                       help="auto (CUDA when the engine sees a GPU, else the CPU), cpu, cuda or cuda:N.")
-_engine = typer.Option("auto", "--engine",
-                       help="auto (--precision decides), xformer (PyTorch), or ctranslate2 "
-                            "(an export directory, or a checkpoint exported at start).")
-_precision = typer.Option("auto", "--precision",
-                          help="auto (the fastest whose BLEU stays within 0.2 of fp32; stderr says "
-                               "which), fp32, bf16, fp16, int8 or another CTranslate2 compute type.")
-_threads = typer.Option(0, "--threads",
-                        help="CPU threads; 0 = $OMP_NUM_THREADS if set, else every core.")
-_compute_type = typer.Option(None, "--compute-type", hidden=True,
-                             help="Deprecated: --precision takes CTranslate2's compute types.")
-_target_lang = typer.Option(None, "--target-lang", "-t",
-                            help="Target language (fr, or fra): needed for a multilingual model with several.")
-_source_lang = typer.Option(None, "--source-lang",
-                            help="Source language (default: the one the model "
-                                 "translates into the target from, else detected).")
-
-
-def _check_output(output: Optional[Path], inputs: list, attention: Optional[Path] = None) -> None:
+def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attention: Optional[Path] = None) -> None:
     """Before any work: an output that is one of the command's inputs (a checkpoint, the source)
     would destroy it; an attention plot path that cannot be written would fail the run after
     the translation was written."""
@@ -145,7 +126,8 @@ def _check_output(output: Optional[Path], inputs: list, attention: Optional[Path
             raise XformerError(f"--output {output} is the {option} file: write the translation elsewhere")
 
 
-def _direction(languages, target_lang: Optional[str], source_lang: Optional[str], text=lambda: ""):
+def direction_for(languages: Optional[Languages], target_lang: Optional[str], source_lang: Optional[str],
+                  text: Callable[[], str] = lambda: "") -> Direction:
     """The direction to translate (decode/direction.py) among ``languages`` (the engine's): --target-lang
     needed on a model with several target languages, --source-lang given or detected in ``text()``;
     zero-shot with a warning."""
@@ -153,4 +135,4 @@ def _direction(languages, target_lang: Optional[str], source_lang: Optional[str]
 
     if languages is None:  # a model that records no languages: say nothing against the flags
         return Direction(source_lang or "en", target_lang)
-    return choose_direction(languages, target_lang, source_lang, text, _log)
+    return choose_direction(languages, target_lang, source_lang, text, log)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from xformer_cli.cli.common import app, user_errors
+from xformer_cli.cli.common import app, log, user_errors
 from xformer_cli.errors import XformerError
 
 
@@ -67,8 +67,7 @@ def _shortlist(loaded, per_source: int, frequent: int):
 
     settings = ShortlistSettings(per_source=per_source, frequent=frequent)
     settings.check("--shortlist-per-source / --shortlist-frequent")
-    say = lambda line: typer.echo(line, err=True)  # noqa: E731
-    return build_shortlist(loaded[1], training_pairs(loaded[2].data, say), settings, say)
+    return build_shortlist(loaded[1], training_pairs(loaded[2].data, log), settings, log)
 
 
 @app.command("import")

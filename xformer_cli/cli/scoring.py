@@ -11,8 +11,9 @@ from typing import List, Optional
 import typer
 
 from xformer_cli.cli.common import (
-    _alpha, _batch, _beam, _before_torch, _check_output, _device, _direction, _engine, _load_engine, _log,
-    _precision, _source_lang, _target_lang, _threads, _warn_cut_lines, app, user_errors)
+    app, before_torch, check_output, direction_for, load_engine_logged, log, user_errors, warn_cut_lines)
+from xformer_cli.cli.options import (
+    BATCH_SIZE, BEAM_SIZE, DEVICE, ENGINE, LENGTH_PENALTY, PRECISION, SOURCE_LANG, TARGET_LANG, THREADS)
 from xformer_cli.errors import XformerError
 
 
@@ -44,15 +45,15 @@ def eval_bleu(  # long: its signature is its options, one parameter each
                                          "or ar (approximate randomisation)."),
     samples: int = typer.Option(0, "--samples", help="Resamples/trials of the paired test (0 = sacrebleu's default)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
-    beam_size: Optional[int] = _beam,
-    length_penalty: Optional[float] = _alpha,
-    batch_size: Optional[int] = _batch,
-    engine: str = _engine,
-    device: str = _device,
-    precision: str = _precision,
-    threads: int = _threads,
-    target_lang: Optional[str] = _target_lang,
-    source_lang: Optional[str] = _source_lang,
+    beam_size: Optional[int] = BEAM_SIZE,
+    length_penalty: Optional[float] = LENGTH_PENALTY,
+    batch_size: Optional[int] = BATCH_SIZE,
+    engine: str = ENGINE,
+    device: str = DEVICE,
+    precision: str = PRECISION,
+    threads: int = THREADS,
+    target_lang: Optional[str] = TARGET_LANG,
+    source_lang: Optional[str] = SOURCE_LANG,
 ) -> None:
     """Score with sacreBLEU (BLEU, chrF, TER, always with signatures): --hyp H --ref R, or --checkpoint C
     --src S --ref R, or --checkpoint C alone (the test set its training config names; a multilingual
@@ -60,7 +61,7 @@ def eval_bleu(  # long: its signature is its options, one parameter each
     Where the source is known (--checkpoint with --src or alone on a one-direction model, or --src
     with --hyp), also the number accuracy: the share of source numbers whose value the output holds,
     in digits or as a word of the target language (docs/evaluation.md#number-accuracy)."""
-    _before_torch()
+    before_torch()
     from xformer_cli.data.sources import read_lines
     from xformer_cli.evaluate import hypothesis_warnings, make_metrics
 
@@ -105,7 +106,7 @@ def _eval_engine(checkpoint: Optional[Path], src: Optional[Path], refs: List[Pat
         raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
     *args, search = engine_args
     needs = ("beam_search",) if search["beam_size"] != 1 else ()
-    return _load_engine([checkpoint], *args, needs)
+    return load_engine_logged([checkpoint], *args, needs)
 
 
 def _translate_source(translator, checkpoint: Path, src: Path, source_lines, search: dict, target_lang,
@@ -113,10 +114,10 @@ def _translate_source(translator, checkpoint: Path, src: Path, source_lines, sea
     """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
     its off-target rate said), and written to --output when given."""
     lines = source_lines if source_lines is not None else _read_source(src)
-    direction = _direction(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
-    _check_output(output, [(src, "--src"), (checkpoint, "--checkpoint")])
+    direction = direction_for(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
+    check_output(output, [(src, "--src"), (checkpoint, "--checkpoint")])
     translated = translator.translate(lines, **search, target_lang=direction.target)
-    _warn_cut_lines(translator)
+    warn_cut_lines(translator)
     _say_off_target(translator, translated, direction)
     if output is not None:
         from xformer_cli.textio import write_lines
@@ -137,21 +138,13 @@ def _eval_directions(translator, checkpoint: Path, metrics, scoring, search, tar
     (--target-lang / --source-lang keep only theirs), one row each (decode/direction_scores.py);
     --output PATH writes PATH.SRC-TGT per direction."""
     from xformer_cli.data.prepare import checkpoint_test_sets
-    from xformer_cli.decode.direction_scores import direction_table, score_directions
+    from xformer_cli.decode.direction_scores import direction_table, score_directions, sets_asked_for
 
     languages = translator.languages
-    sets = checkpoint_test_sets(checkpoint, log=_log, config=translator.config)
-    if target_lang:
-        target = languages.target(target_lang)
-        sets = {d: c for d, c in sets.items() if d[1] == target}
-    if source_lang:
-        source = languages.source(source_lang)
-        sets = {d: c for d, c in sets.items() if d[0] == source}
-    if not sets:
-        raise XformerError(f"{checkpoint}: no test set of its config is in the directions asked for "
-                           f"({languages.describe()})")
-    results = score_directions(translator, sets, languages, metrics, search, *scoring, log=_log)
-    _warn_cut_lines(translator)
+    sets = checkpoint_test_sets(checkpoint, log=log, config=translator.config)
+    sets = sets_asked_for(sets, languages, target_lang, source_lang, str(checkpoint))
+    results = score_directions(translator, sets, languages, metrics, search, *scoring, log=log)
+    warn_cut_lines(translator)
     if output is not None:
         from xformer_cli.textio import write_lines
 
@@ -167,10 +160,9 @@ def _say_off_target(translator, translated: list[str], direction) -> None:
         return
     from xformer_cli.decode.direction_scores import off_target
 
-    candidates = list(dict.fromkeys([*languages.sources, *languages.targets]))
-    wrong, scored = off_target(translated, direction.target, candidates)
+    wrong, scored = off_target(translated, direction.target, languages.codes)
     if wrong is not None:
-        _log(f"off-target: {wrong} of {scored} outputs ({100 * wrong / max(scored, 1):.1f}%) "
+        log(f"off-target: {wrong} of {scored} outputs ({100 * wrong / max(scored, 1):.1f}%) "
              f"are not in {direction.target} "
              f"({direction.describe()}{'' if direction.trained else ', zero-shot'}; py3langid)")
 
@@ -183,7 +175,7 @@ def _references(translator, checkpoint: Optional[Path], src: Optional[Path], ref
     if checkpoint is not None and src is None and not refs:
         from xformer_cli.data.prepare import checkpoint_test_set
 
-        test = checkpoint_test_set(checkpoint, log=_log, config=translator.config)
+        test = checkpoint_test_set(checkpoint, log=log, config=translator.config)
         return test.src, [test.tgt], [test.origin], Path(test.origin)
     if not refs:
         raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")

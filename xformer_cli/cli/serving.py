@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from xformer_cli.cli.common import _before_torch, _device, _engine, _log, _precision, app, user_errors
+from xformer_cli.cli.common import app, before_torch, log, user_errors
+from xformer_cli.cli.options import DEVICE, ENGINE, PRECISION
 from xformer_cli.errors import XformerError
 
 
@@ -19,9 +20,9 @@ def serve(  # long: its signature is its options, one parameter each
                                          "a directory written by xformer export."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(5000, "--port", help="Port to listen on (0: any free one; the log line says which)."),
-    engine: str = _engine,
-    precision: str = _precision,
-    device: str = _device,
+    engine: str = ENGINE,
+    precision: str = PRECISION,
+    device: str = DEVICE,
     source: Optional[str] = typer.Option(None, "--source",
                                          help="Source language code (default: the checkpoint's data.src_lang)."),
     target: Optional[str] = typer.Option(None, "--target",
@@ -62,7 +63,7 @@ def serve(  # long: its signature is its options, one parameter each
     Requests from all clients are batched together (one engine call at a time). Needs
     pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits.
     Every option in detail: docs/serving.md."""
-    _before_torch()
+    before_torch()
     from xformer_cli.serve.cors import check_origin
     from xformer_cli.serve.protocol import Limits
     from xformer_cli.serve.server import serve as run_server
@@ -87,5 +88,5 @@ def serve(  # long: its signature is its options, one parameter each
                limits=Limits(max_chars=max_chars, max_texts=max_texts),
                batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
                             max_queued=max_queue),
-               access_log=access_log, graceful_timeout=graceful_timeout, log=_log, glossary=glossary, cors=origins,
+               access_log=access_log, graceful_timeout=graceful_timeout, log=log, glossary=glossary, cors=origins,
                max_file_bytes=max_file_bytes)

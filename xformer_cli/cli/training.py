@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from xformer_cli.cli.common import _log, app, user_errors
+from xformer_cli.cli.common import app, log, user_errors
 from xformer_cli.errors import XformerError
 
 
@@ -32,7 +32,7 @@ def train(
     from xformer_cli.train.trainer import train as run_training
 
     cfg = load_config(config, overrides + ([f"train.threads={threads}"] if threads is not None else []))
-    result = run_training(cfg, overwrite=overwrite, log=_log, progress=not quiet)
+    result = run_training(cfg, overwrite=overwrite, log=log, progress=not quiet)
     if result.stopped_because == "interrupted":
         raise typer.Exit(130)
 
@@ -48,7 +48,6 @@ def prepare(
     from xformer_cli.data.prepare import prepare_data
     from xformer_cli.train.init_from import for_prepare
 
-    log = lambda message: typer.echo(message, err=True)  # noqa: E731
     cfg, tokenizer = for_prepare(load_config(config, overrides), log)
     prepared = prepare_data(cfg, log, tokenizer=tokenizer)
     meta = prepared.train.meta
@@ -91,9 +90,9 @@ def pipeline(
             typer.echo(line)
         return
 
-    # No _before_torch(): the pipeline is a training job and keeps OpenMP's default waits, as
+    # No before_torch(): the pipeline is a training job and keeps OpenMP's default waits, as
     # train does; sleeping waits cost its training a fifth of its steps (docs/pipeline.md, "Threads").
-    run_pipeline(load_pipeline_config(config, overrides), from_stage, only, log=_log, progress=not quiet)
+    run_pipeline(load_pipeline_config(config, overrides), from_stage, only, log=log, progress=not quiet)
 
 
 @app.command()

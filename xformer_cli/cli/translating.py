@@ -10,9 +10,10 @@ from typing import List, Optional
 import typer
 
 from xformer_cli.cli.common import (
-    _alpha, _batch, _beam, _before_torch, _check_output, _compute_type, _device, _direction, _engine, _len_a,
-    _len_b, _load_engine, _min_len, _precision, _source_lang, _target_lang, _threads, _warn_cut_lines, app,
-    user_errors)
+    app, before_torch, check_output, direction_for, load_engine_logged, user_errors, warn_cut_lines)
+from xformer_cli.cli.options import (
+    BATCH_SIZE, BEAM_SIZE, COMPUTE_TYPE, DEVICE, ENGINE, LENGTH_PENALTY, MAX_LEN_A, MAX_LEN_B, MIN_LEN, PRECISION,
+    SOURCE_LANG, TARGET_LANG, THREADS)
 from xformer_cli.errors import XformerError
 
 
@@ -25,12 +26,12 @@ def translate(  # long: its signature is its options, one parameter each
     input: Optional[Path] = typer.Option(None, "--input", "-i",
                                          help="Source text, one sentence per line (default stdin)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations (default stdout)."),
-    beam_size: Optional[int] = _beam,
-    length_penalty: Optional[float] = _alpha,
-    max_len_a: Optional[float] = _len_a,
-    max_len_b: Optional[int] = _len_b,
-    min_len: Optional[int] = _min_len,
-    batch_size: Optional[int] = _batch,
+    beam_size: Optional[int] = BEAM_SIZE,
+    length_penalty: Optional[float] = LENGTH_PENALTY,
+    max_len_a: Optional[float] = MAX_LEN_A,
+    max_len_b: Optional[int] = MAX_LEN_B,
+    min_len: Optional[int] = MIN_LEN,
+    batch_size: Optional[int] = BATCH_SIZE,
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens",
                                              help="Padded source tokens x beam per batch at most."),
     max_input_len: Optional[int] = typer.Option(None, "--max-input-len",
@@ -49,13 +50,13 @@ def translate(  # long: its signature is its options, one parameter each
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
                                             help="Progress bar on stderr (default: when "
                                                  "reading a file and stderr is a terminal)."),
-    engine: str = _engine,
-    compute_type: Optional[str] = _compute_type,
+    engine: str = ENGINE,
+    compute_type: Optional[str] = COMPUTE_TYPE,
     no_cache: bool = typer.Option(False, "--no-cache",
                                   help="Recompute every decoder position at each step (slow; for comparison)."),
-    device: str = _device,
-    precision: str = _precision,
-    threads: int = _threads,
+    device: str = DEVICE,
+    precision: str = PRECISION,
+    threads: int = THREADS,
     attention: Optional[Path] = typer.Option(None, "--attention",
                                              help="Also plot encoder-decoder attention to this PNG."),
     attention_sentences: int = typer.Option(1, "--attention-sentences", help="Plot the first N non-empty lines."),
@@ -68,8 +69,8 @@ def translate(  # long: its signature is its options, one parameter each
     glossary: Optional[Path] = typer.Option(None, "--glossary",
                                             help="TSV file of source term<TAB>target term: the "
                                                  "target term appears wherever the source term does."),
-    target_lang: Optional[str] = _target_lang,
-    source_lang: Optional[str] = _source_lang,
+    target_lang: Optional[str] = TARGET_LANG,
+    source_lang: Optional[str] = SOURCE_LANG,
     invalid_utf8: str = typer.Option("error", "--invalid-utf8",
                                      help="A line that is not UTF-8: error (stop, naming the file "
                                           "and line) or replace (its bad bytes become U+FFFD)."),
@@ -83,17 +84,17 @@ def translate(  # long: its signature is its options, one parameter each
     given with --output appears only once it is complete. Every option in detail:
     docs/translation.md.
     """
-    _before_torch()
-    _check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
+    before_torch()
+    check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
     lines = _input_lines(input, chunk_lines, invalid_utf8)
     terms = _glossary(format, glossary)  # a bad --format or glossary file: said before the model loads
     # tags and terms follow attention
     aligning = attention is not None or format == "html" or glossary is not None or keep_numbers
     needs = _needs(aligning, sampling_topk != 0, temperature != 1.0, seed is not None, no_cache, beam_size != 1)
-    translator = _load_engine(checkpoints, engine, precision, device, threads, needs, compute_type)
+    translator = load_engine_logged(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine (fp32, bf16 or fp16), not {translator.name}")
-    direction = _direction(translator.languages, target_lang, source_lang, lines.text)  # the engine read them
+    direction = direction_for(translator.languages, target_lang, source_lang, lines.text)  # the engine read them
     text_options = _text_options(direction, split_sentences, format, terms, nbest, keep_numbers)
     options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
@@ -102,7 +103,7 @@ def translate(  # long: its signature is its options, one parameter each
                                  target_lang=direction.target)
     wanted = max(attention_sentences, 1) if attention is not None else 0
     plotted = _translate_stream(translator, options, text_options, lines, input, output, progress, chunk_lines, wanted)
-    _warn_cut_lines(translator, max_input_len)
+    warn_cut_lines(translator, max_input_len)
     if attention is not None:
         _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
 
@@ -116,7 +117,7 @@ def _needs(*wanted: bool) -> tuple[str, ...]:
 
 def _input_lines(input: Optional[Path], chunk_lines: int, invalid_utf8: str = "error") -> "_Peek":
     """The input lines, of which the first chunk is read ahead only where the source language
-    must be detected (``_direction``); the options checked before anything loads."""
+    must be detected (``direction_for``); the options checked before anything loads."""
     from xformer_cli.textio import iter_lines
 
     if chunk_lines < 1:

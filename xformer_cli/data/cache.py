@@ -37,6 +37,7 @@ from xformer_cli.data.number_augmentation import AUGMENTATION_VERSION, with_augm
 from xformer_cli.data.number_filter import FILTER_VERSION, without_number_mismatch
 from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, quoted_spans, with_quotes_copied
 from xformer_cli.data.sources import PairSource, describe
+from xformer_cli.cpu_cores import available_cores
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_directory, make_folder, writing
 from xformer_cli.tokenizer import Tokenizer
@@ -237,7 +238,7 @@ def _write_meta(path: Path, data: dict) -> None:
 def _build(sources, tokenizer: Tokenizer, filters: Filters, out: Path, log, threads: int) -> dict:
     started = time.time()
     dtype = np.dtype(np.uint16 if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 65535 else np.uint32)
-    threads = threads or os.cpu_count() or 1
+    threads = threads or available_cores()  # the cores this process may use, not the machine's
     dropped: Counter = Counter()
     seen: set[int] = set()
     src_lens: list[np.ndarray] = []

@@ -8,6 +8,7 @@ sets are small and read whole.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import zlib
 import hashlib
@@ -137,7 +138,8 @@ def open_dataset(corpus: CorpusConfig, split: str):
     try:
         if corpus.data_files:
             pattern = any(ch in corpus.data_files for ch in "*?[")
-            files = sorted(Path().glob(corpus.data_files)) if pattern else [Path(corpus.data_files)]
+            # glob.glob, not Path().glob: an absolute pattern ("/data/wmt/*.parquet") is the usual one
+            files = sorted(map(Path, glob.glob(corpus.data_files))) if pattern else [Path(corpus.data_files)]
             if not files or not all(f.is_file() for f in files):
                 raise XformerError(f"data files not found: {corpus.data_files}")
             suffix = files[0].suffix.lower()

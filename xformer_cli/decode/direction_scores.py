@@ -68,8 +68,24 @@ def score_direction(engine: Engine, source: str, target: str, corpus: ParallelCo
     scored against its references, its off-target rate measured."""
     hyps = engine.translate(corpus.src, target_lang=target, **search)
     scores = score_lines(hyps, [corpus.tgt], metrics, lowercase, tokenize, 0, f"{source}->{target}", [corpus.origin])
-    wrong, scored = off_target(hyps, target, list(dict.fromkeys([*languages.sources, *languages.targets])))
+    wrong, scored = off_target(hyps, target, languages.codes)
     return DirectionResult(source, target, len(hyps), scores, wrong, scored, hyps)
+
+
+def sets_asked_for(sets: dict[tuple[str, str], ParallelCorpus], languages: Languages, target_lang: Optional[str],
+                   source_lang: Optional[str], origin: str) -> dict[tuple[str, str], ParallelCorpus]:
+    """The test sets of the directions into ``target_lang`` and from ``source_lang`` (each: any
+    when None); ``origin`` (the checkpoint) names them when none is left."""
+    if target_lang:
+        target = languages.target(target_lang)
+        sets = {d: c for d, c in sets.items() if d[1] == target}
+    if source_lang:
+        source = languages.source(source_lang)
+        sets = {d: c for d, c in sets.items() if d[0] == source}
+    if not sets:
+        raise XformerError(f"{origin}: no test set of its config is in the directions asked for "
+                           f"({languages.describe()})")
+    return sets
 
 
 def score_directions(engine: Engine, sets: dict[tuple[str, str], ParallelCorpus], languages: Languages,
@@ -98,7 +114,7 @@ def direction_table(results: Sequence[DirectionResult]) -> str:
     for index, name in enumerate(names):
         lines.append(f"{name} signature: {results[0].scores[index].signature}")
     if any(r.off_target is None for r in results):
-        lines.append("off-target: needs py3langid (pip install 'xformer[serve]')")
+        lines.append("off-target: needs py3langid (pip install 'xformer[langid]')")
     else:
         lines.append("off-target: outputs py3langid finds in another of the model's languages than the one asked for")
     return "\n".join(lines)

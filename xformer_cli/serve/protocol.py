@@ -88,7 +88,7 @@ def language_name(code: str) -> str:
 def languages(model: Languages) -> list[dict[str, Any]]:
     """``GET /languages``: every language of the model (sources first) with the targets it
     translates to, one entry per direction the model has."""
-    codes = list(dict.fromkeys([*model.sources, *model.targets]))
+    codes = model.codes
     return [{"code": code, "name": language_name(code), "targets": [t for s, t in model.pairs if s == code]}
             for code in codes]
 
