@@ -1,11 +1,13 @@
 """xformer: a from-scratch Transformer translation trainer (train, translate, eval-bleu)."""
 
+from typing import Any
+
 from xformer_cli.version import __version__
 
 __all__ = ["Translator", "load_engine", "__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Lazy so that `xformer --help` does not pay for importing torch.
     if name == "Translator":
         from xformer_cli.decode.translator import Translator

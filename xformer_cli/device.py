@@ -61,11 +61,11 @@ def pick_device(name: str = "auto") -> torch.device:
 def configure_cuda() -> None:
     """TF32 tensor cores for fp32 matmuls, and no cuDNN attention backend.
 
-    Measured on an H100 (torch 2.11, docs/benchmarks/gpu.md, "the first lease"): with a padding mask in bf16,
-    ``scaled_dot_product_attention`` picked cuDNN, which builds a graph for every new batch
-    shape (the first epoch of WMT-news ran at 7k target tokens/s instead of 94k, bf16
-    decoding at half the fp32 speed) and produced non-finite losses after ~700 steps where
-    fp32 trained on; the memory-efficient kernel has neither problem."""
+    Measured on an H100 (torch 2.11; docs/benchmarks/gpu.md, "GPU: the first lease"): with a padding
+    mask in bf16, ``scaled_dot_product_attention`` picked cuDNN, which builds a graph for every new
+    batch shape (the first epoch of WMT-news ran at a fraction of its speed, and bf16 decoding
+    slower than fp32) and produced non-finite losses early in the run where fp32 trained on; the
+    memory-efficient kernel has neither problem."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -84,10 +84,10 @@ def keep_freed_memory(libc: Optional[object] = None) -> bool:
 
     By default it maps every block over 32 MB afresh and returns it on free (and trims the
     heap's top): a step's logits and their gradient then come back as new pages, each zeroed
-    by a page fault, step after step (BENCHMARKS.md: a 36 MB block, ~9 ms). A training loop
-    asks for the same sizes every step, so the process keeps its peak instead, as PyTorch's
-    CUDA allocator does. True when applied; elsewhere than Linux with glibc, nothing changes.
-    ``libc``: what provides ``mallopt`` (tests pass a fake)."""
+    by a page fault, step after step (docs/benchmarks/cpu-speed.md, "A faster CPU training
+    step"). A training loop asks for the same sizes every step, so the process keeps its peak
+    instead, as PyTorch's CUDA allocator does. True when applied; elsewhere than Linux with
+    glibc, nothing changes. ``libc``: what provides ``mallopt`` (tests pass a fake)."""
     if libc is None:
         if not sys.platform.startswith("linux"):
             return False
@@ -212,7 +212,7 @@ def autocast_dtype(precision: str) -> Optional[torch.dtype]:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
-def autocast(device: torch.device, precision: str = "fp32"):
+def autocast(device: torch.device, precision: str = "fp32") -> torch.autocast:
     """Mixed precision for a resolved ``precision`` (bf16 | fp16 | fp32): autocast on CUDA
     and CPU alike (weights stay fp32, matmuls run in the half type); fp32 = off."""
     dtype = autocast_dtype(precision)
@@ -223,7 +223,8 @@ def autocast(device: torch.device, precision: str = "fp32"):
 
 def torch_cpu_precision(flags: Optional[Iterable[str]] = None) -> tuple[str, str]:
     """The PyTorch engine's precision for translating on a CPU with ``flags``: (bf16 | fp32, why).
-    bf16 where the CPU computes it natively (faster than fp32 there, BLEU within 0.2), else fp32."""
+    bf16 where the CPU computes it natively (faster than fp32 there, at fp32's BLEU:
+    docs/benchmarks/decoding.md, "Choosing the engine"), else fp32."""
     bf16_flag = first_flag(NATIVE_BF16_FLAGS, flags)
     if bf16_flag:
         return "bf16", f"the CPU computes bf16 natively ({bf16_flag})"

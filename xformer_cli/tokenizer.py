@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import random
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import sentencepiece as spm
 
@@ -101,7 +101,8 @@ class VocabPieces:
         if len(self.ids) != len(self.pieces) or len(self.pieces) <= EOS_ID:
             raise XformerError(f"{what}: the vocabulary needs distinct pieces and more than {EOS_ID + 1} of them")
 
-    def encode(self, lines, out_type=int, **kwargs):
+    def encode(self, lines: str | Sequence[str], out_type: type = int,
+               **kwargs: Any) -> list[int] | list[str] | list[list[int]] | list[list[str]]:
         pieces = self.sp.encode(lines, out_type=str, **kwargs)
         if out_type is str:
             return pieces
@@ -109,12 +110,12 @@ class VocabPieces:
             return [self.ids.get(p, UNK_ID) for p in pieces]
         return [[self.ids.get(p, UNK_ID) for p in line] for line in pieces]
 
-    def decode(self, ids):
+    def decode(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> str | list[str]:
         if ids and isinstance(ids[0], int):
             return self._text(ids)
         return [self._text(line) for line in ids]
 
-    def _text(self, ids) -> str:
+    def _text(self, ids: Sequence[int]) -> str:
         """MarianTokenizer's text (``batch_decode(..., skip_special_tokens=True)``): pad, unk
         and eos left out, the pieces decoded, and every "▁" left over turned into a space.
         The vocabulary is shared by both sides, so the decoder may emit a piece only the
@@ -214,7 +215,7 @@ class Tokenizer:
 
     @classmethod
     def train(
-        cls, src_sentences: Sequence[str], tgt_sentences: Sequence[str], joint: bool, vocab_size: int, **kwargs
+        cls, src_sentences: Sequence[str], tgt_sentences: Sequence[str], joint: bool, vocab_size: int, **kwargs: Any
     ) -> "Tokenizer":
         if joint:
             return cls(train_sentencepiece(list(src_sentences) + list(tgt_sentences), vocab_size, **kwargs))

@@ -55,7 +55,7 @@ def make_batches(
 
     Examples are sorted by length, the source's first (ties broken by a seeded shuffle), so a
     batch holds similar lengths and little padding. Sorted by the target's first, the target
-    side (the dearer: the decoder, the output layer and the loss) went from 7% padding to 0.3%,
+    side (the dearer: the decoder, the output layer and the loss) carried almost no padding,
     but models trained on batches of one target length each lost valid BLEU under beam search
     (docs/benchmarks/training-recipe.md, "An output layer over the target side's pieces"). The batch order is then
     shuffled with the same seed, so (seed, epoch) fixes the whole epoch and a batch index is a resumable position.

@@ -4,7 +4,7 @@ corpus lives in the token cache, ``data/cache.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ class EncodedCorpus:
     def tgt_lens(self) -> np.ndarray:
         return np.fromiter((len(t) for t in self.tgt), dtype=np.int64, count=len(self.tgt))
 
-    def batch(self, indices) -> Batch:
+    def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices])
 
 

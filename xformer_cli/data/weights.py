@@ -14,11 +14,15 @@ cache kept, so it is the same whenever the epoch is rebuilt.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
 from xformer_cli.errors import XformerError
+
+if TYPE_CHECKING:
+    from xformer_cli.config import CorpusConfig, DataConfig
+    from xformer_cli.data.cache import TokenCache
 
 _STREAM = 0x5EED  # keeps these draws apart from make_batches' (seed, epoch) stream
 
@@ -70,7 +74,8 @@ def epoch_lengths(src_lens: np.ndarray, tgt_lens: np.ndarray,
     return src_lens[picked], tgt_lens[picked]
 
 
-def epoch_pairs(cache, data, seed: int, epoch: int) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
+def epoch_pairs(cache: TokenCache, data: DataConfig | Sequence[CorpusConfig], seed: int,
+                epoch: int) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
     """(picked cache indices or None, their source lengths, their target lengths) for one
     epoch of ``cache`` (a ``TokenCache``) under the weights of ``data``: the ``DataConfig``
     (pairs, their weights or the sampling temperature, and every corpus's weight), or, as
@@ -80,7 +85,7 @@ def epoch_pairs(cache, data, seed: int, epoch: int) -> tuple[Optional[np.ndarray
     return (picked, *epoch_lengths(cache.src_lens, cache.tgt_lens, picked))
 
 
-def source_weights(data, source_pairs: Optional[Sequence[int]]) -> list[float]:
+def source_weights(data: DataConfig | Sequence[CorpusConfig], source_pairs: Optional[Sequence[int]]) -> list[float]:
     """Each cached source's sampling factor: its corpus's weight times its pair's factor
     (``pair_factors``). The sources lie in the cache pair by pair, corpus by corpus."""
     if not hasattr(data, "directions"):  # the list data.train: one pair
@@ -112,12 +117,12 @@ def pair_factors(sizes: Sequence[float], weights: Sequence[float], temperature: 
     return [total * s / (norm * n) if n else 1.0 for s, n in zip(scaled, sizes)]
 
 
-def weighted(corpora: Sequence) -> bool:
+def weighted(corpora: Sequence[CorpusConfig]) -> bool:
     """Whether any corpus of data.train has a weight other than 1."""
     return any(c.weight != 1 for c in corpora)
 
 
-def data_weighted(data) -> bool:
+def data_weighted(data: DataConfig) -> bool:
     """Whether an epoch draws anything (a corpus or pair weight, or a sampling temperature)."""
     return data.sampling_temperature != 1 or any(p.weight != 1 or weighted(p.train) for p in data.directions())
 

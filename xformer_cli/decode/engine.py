@@ -13,7 +13,7 @@ evaluation and serving never ask which one they hold. ``decode/factory.py`` buil
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from xformer_cli.config import Config, DecodeConfig
 from xformer_cli.decode.inputs import SourceTag
@@ -43,7 +43,7 @@ class Engine:
     # here); None for an export directory or a model in memory.
     config: Optional[Config] = None
 
-    def options(self, **given) -> SearchOptions:
+    def options(self, **given: Any) -> SearchOptions:
         """Search options: the given ones (None = unset), the rest from the model's decode
         defaults; checked, and refused when this engine cannot honour them. ``target_lang``
         becomes the model's code for it (fra -> fr), refused when the model lacks it; with no
@@ -92,7 +92,7 @@ class Engine:
         max_len_b: Optional[int] = None,
         batch_size: Optional[int] = None,
         target_lang: Optional[str] = None,
-        **more,
+        **more: Any,
     ) -> list[str]:
         """One output line per input line, in input order; blank input gives blank output.
         ``target_lang``: a multilingual model's target language (fr; needed when it has

@@ -43,7 +43,13 @@ from xformer_cli.export.format import is_export_directory
 from xformer_cli.precisions import DECODE_PRECISIONS, TORCH_DECODE_PRECISIONS
 
 if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI can set OpenMP up first
+    import torch
+
+    from xformer_cli.config import DecodeConfig
     from xformer_cli.decode.engine import Engine
+    from xformer_cli.languages import Languages
+    from xformer_cli.model.transformer import Transformer
+    from xformer_cli.tokenizer import Tokenizer
 
 ENGINES = ("auto", "xformer", "ctranslate2")
 # xformer's precision names in CTranslate2's terms; any other name goes to CTranslate2 as is.
@@ -51,7 +57,7 @@ CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported
 # and the rest): with any of them, precision auto stays on PyTorch.
 # "beam_search": xformer's GNMT-exact beam search (CTranslate2's ranks and stops otherwise and
-# lost 0.2-0.3 BLEU against it: docs/benchmarks/decoding.md, "Choosing the engine").
+# lost BLEU against it: docs/benchmarks/decoding.md, "Choosing the engine").
 # Each need, as the log line names it.
 XFORMER_ONLY_WORDS = {"ensemble": "an ensemble",
                       "attention": "attention weights (--attention, HTML tags, glossaries, --keep-numbers)",
@@ -103,8 +109,8 @@ def auto_choice(flags: Iterable[str], ct2_available: bool, blockers: Sequence[st
     ``beam_search`` for a caller that wants xformer's beam search, whose output training's
     validation scored): its greedy output is fp32's, and since it runs parallel batches it is the
     faster engine on AMX too. Else PyTorch bf16 where the CPU computes bf16 (AMX, AVX512-BF16:
-    within 0.05 BLEU), fp32 elsewhere. On AVX512-BF16 without AMX PyTorch bf16 stays: there it
-    was faster than CTranslate2's one batch, and CTranslate2's beam search lost 0.19-0.27 BLEU."""
+    well within that margin), fp32 elsewhere. On AVX512-BF16 without AMX PyTorch bf16 stays: there it
+    was faster than CTranslate2's one batch, and CTranslate2's beam search lost more than 0.2 BLEU."""
     from xformer_cli.device import torch_cpu_precision
 
     flags = frozenset(flags)
@@ -147,8 +153,8 @@ def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = 
     every core, one fewer for PyTorch when its OpenMP threads spin rather than sleep at a
     barrier (``torch_waits_passive``), and one fewer when ``serving`` (that core runs HTTP).
     Spinning torch threads on a machine that runs anything else wait for each other's time
-    slices: on two shared cores two of them made a quarter of one thread's speed, two
-    sleeping ones more than one (docs/benchmarks/decoding.md, "Threads")."""
+    slices: on two shared cores two of them were slower than one thread, two sleeping ones
+    faster (docs/benchmarks/decoding.md, "Threads")."""
     if requested < 0:
         raise XformerError(f"--threads must be >= 0 (0 = every core), not {requested}")
     if requested > 0:
@@ -300,7 +306,8 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
     return built
 
 
-def engine_for_model(model, tokenizer, decode, device, precision: str = "auto", languages=None) -> Engine:
+def engine_for_model(model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
+                     precision: str = "auto", languages: Optional[Languages] = None) -> Engine:
     """The xformer engine on an in-memory model (the trainer's validation), in the precision
     ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule
     (``device.resolve_decode_precision``: on CUDA by compute capability, on a CPU bf16 where it

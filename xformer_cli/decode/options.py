@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from xformer_cli.config import DecodeConfig
 from xformer_cli.errors import XformerError
@@ -40,7 +40,7 @@ class SearchOptions(DecodeConfig):
         return self
 
 
-def resolve_options(decode: DecodeConfig, **given) -> SearchOptions:
+def resolve_options(decode: DecodeConfig, **given: Any) -> SearchOptions:
     """``given`` options (None = unset) over a model's decode defaults, checked."""
     unknown = sorted(set(given) - set(SearchOptions.__dataclass_fields__))
     if unknown:

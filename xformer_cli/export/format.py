@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from xformer_cli.languages import Languages
+
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
+
+    from xformer_cli.tokenizer import VocabPieces
 
 EXPORT_INFO = "xformer_export.json"
 # Rows of an exported position table at least: CTranslate2 and Marian cannot grow theirs
@@ -22,7 +27,7 @@ MIN_POSITIONS = 1024
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm.model"
 
 
-def piece_list(sp) -> list[str]:
+def piece_list(sp: SentencePieceProcessor | VocabPieces) -> list[str]:
     """A sentencepiece model's pieces in id order: the vocabulary an export lists, and the
     id <-> piece mapping an engine reading that export needs."""
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]

@@ -87,21 +87,27 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xformer_cli.errors import XformerError
 from xformer_cli.export.common import load_for_export, output_directory, special_pieces, write_directory
 from xformer_cli.export.format import EXPORT_INFO, MIN_POSITIONS
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
+if TYPE_CHECKING:  # torch loads when an export runs, not when the CLI imports this module
+    from torch import Tensor, nn
+
+    from xformer_cli.model.config import ModelConfig
+    from xformer_cli.model.transformer import FeedForward, MultiHeadAttention, Transformer
+
 MISSING_HF = "Hugging Face export needs transformers and safetensors: pip install 'xformer[hf]'"
 # Hugging Face's length_penalty for xformer's GNMT alpha. No setting makes |Y| ** lp equal
 # ((5 + |Y|) / 6) ** alpha; ranking hypotheses of nearby lengths alike needs equal slopes in
 # log-length, alpha / (5 + |Y|) = lp / |Y|, i.e. lp = alpha * |Y| / (5 + |Y|): 0.75 alpha at
-# |Y| = 15 pieces (eos included), about a Multi30k translation (14.2 on test2016). Measured
-# on test2016 with alpha 0.6 (docs/benchmarks/import-export.md, "Hugging Face export"): lp 0.45 gave BLEU
-# within 0.05 of xformer's beam and 991/1000 identical lines; lp 0.6 (alpha itself) +0.22
-# BLEU with 965 identical, its outputs longer. Corpora of longer sentences want a larger scale.
+# |Y| = 15 pieces (eos included), about a Multi30k translation (14.2 on test2016). On test2016
+# this scale came closest to xformer's beam, in BLEU and in identical lines, and alpha itself
+# gave longer outputs (docs/benchmarks/import-export.md, "Hugging Face export"). Corpora of
+# longer sentences want a larger scale.
 HF_LENGTH_PENALTY_SCALE = 0.75
 
 
@@ -293,14 +299,14 @@ def _write_json(path: Path, value: Any) -> None:
 
 # -- weights -------------------------------------------------------------------------------
 
-def hidden_permutation(d_model: int):
+def hidden_permutation(d_model: int) -> Tensor:
     """Marian's hidden index -> xformer's: sines (xformer's even columns) first, then cosines."""
     import torch
 
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def marian_state_dict(model) -> dict:
+def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     """xformer's weights under MarianMTModel's names, the hidden dimension permuted to
     Marian's order (see the module docstring); tied weights are written once, as
     ``save_pretrained`` writes them."""
@@ -330,7 +336,7 @@ def marian_state_dict(model) -> dict:
     return weights.out
 
 
-def _float32(x):
+def _float32(x: Tensor) -> Tensor:
     """A float32 copy of its own (tied weights must not share storage in the file)."""
     import torch
 
@@ -340,29 +346,29 @@ def _float32(x):
 class _MarianWeights:
     """Collects xformer's tensors in ``out`` under Marian's names, hidden dimension permuted."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         self.perm = hidden_permutation(cfg.d_model)
         self.out: dict[str, Any] = {}
 
-    def reads(self, weight):  # a projection that reads the residual stream: permute its input columns
+    def reads(self, weight: Tensor) -> Tensor:  # a projection that reads the residual stream: permute its input columns
         return _float32(weight[:, self.perm])
 
-    def writes(self, weight):  # one that writes it: permute its output rows
+    def writes(self, weight: Tensor) -> Tensor:  # one that writes it: permute its output rows
         return _float32(weight[self.perm])
 
-    def bias(self, linear, rows: int, permuted: bool = False):
+    def bias(self, linear: nn.Linear, rows: int, permuted: bool = False) -> Tensor:
         if linear.bias is None:
             import torch
 
             return torch.zeros(rows)
         return _float32(linear.bias[self.perm] if permuted else linear.bias)
 
-    def layer_norm(self, prefix: str, norm) -> None:
+    def layer_norm(self, prefix: str, norm: nn.LayerNorm) -> None:
         self.out[f"{prefix}.weight"] = _float32(norm.weight[self.perm])
         self.out[f"{prefix}.bias"] = _float32(norm.bias[self.perm])
 
-    def attention(self, prefix: str, attn) -> None:
+    def attention(self, prefix: str, attn: MultiHeadAttention) -> None:
         out, d = self.out, self.cfg.d_model
         out[f"{prefix}.q_proj.weight"], out[f"{prefix}.q_proj.bias"] = (
             self.reads(attn.q_proj.weight), self.bias(attn.q_proj, d))
@@ -374,7 +380,7 @@ class _MarianWeights:
         out[f"{prefix}.out_proj.weight"] = self.writes(attn.out_proj.weight)
         out[f"{prefix}.out_proj.bias"] = self.bias(attn.out_proj, d, permuted=True)
 
-    def ffn(self, prefix: str, ffn_module, norm) -> None:
+    def ffn(self, prefix: str, ffn_module: FeedForward, norm: nn.LayerNorm) -> None:
         out = self.out
         out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = (
             self.reads(ffn_module.w1.weight), self.bias(ffn_module.w1, self.cfg.d_ff))
@@ -392,7 +398,7 @@ class _MarianWeights:
         self.out["model.encoder.embed_positions.weight"] = self.reads(table)
         self.out["model.decoder.embed_positions.weight"] = self.reads(table)  # a copy: no shared storage
 
-    def embeddings(self, model) -> None:
+    def embeddings(self, model: Transformer) -> None:
         src_embedding, tgt_embedding = model.src_embed.tokens.weight, model.tgt_embed.tokens.weight
         shared = model.src_embed.tokens is model.tgt_embed.tokens
         if shared and self.cfg.tie_embeddings:  # one matrix: embeddings and output

@@ -1,7 +1,8 @@
 """Dropout (Srivastava et al. 2014; the paper's P_drop, section 5.4) with a faster CPU mask.
 
 ``nn.Dropout`` draws its mask on a CPU with ``bernoulli_``, one Mersenne-Twister draw per
-element: measured at 13-17% of a small model's bf16 training step. Here one 64-bit draw
+element: a large share of a small model's bf16 training step (docs/benchmarks/cpu-speed.md,
+"Where the time went, and what changed"). Here one 64-bit draw
 gives the bits of four elements (16 bits each), so the keep probability is exact to 1/65536.
 The mask is multiplied in as 0/1 of the activations' own dtype: a product of bf16 (or fp32)
 with bools takes ATen's mixed-dtype path, several times slower than the same-dtype one, and
@@ -12,6 +13,8 @@ Philox kernel is already fast) it is ``F.dropout``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,14 +38,14 @@ def _as_dtype(keep: Tensor, dtype: torch.dtype) -> Tensor:
 
 class _MaskedScale(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+    def forward(ctx: Any, x: Tensor, keep: Tensor, scale: float) -> Tensor:
         mask = _as_dtype(keep, x.dtype)
         ctx.save_for_backward(mask)
         ctx.scale = scale
         return torch.mul(x, mask).mul_(scale)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (mask,) = ctx.saved_tensors  # autograd hands the gradient over in the output's dtype: the mask's
         return torch.mul(grad, mask).mul_(ctx.scale), None, None
 

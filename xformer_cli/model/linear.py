@@ -1,12 +1,13 @@
 """``nn.Linear`` that keeps oneDNN's compiled bf16 kernels in use on a CPU.
 
 On a CPU, bf16 matmuls run on oneDNN (AMX / AVX512-BF16), which compiles a kernel for every
-new matrix shape: measured at ~11 ms for a (2900 x 256) x (256 x 1024) product that itself
-takes 2.5 ms. Token-budget batches and beam search give a new row count (batch x length, or
-live beams) almost every step, so without care most bf16 steps pay that again and again.
+new matrix shape, and the compiling costs several times the product it serves (the timings are
+in docs/benchmarks/cpu-speed.md, "Where the time went, and what changed"). Token-budget batches
+and beam search give a new row count (batch x length, or live beams) almost every step, so
+without care most bf16 steps pay that again and again.
 Here the rows go into a zero-padded bf16 buffer whose height is a multiple of 64 (the cast
 to bf16 and the padding are one copy), and the three products of forward and backward run
-on the padded height: at most 63 wasted rows (about 2% of a training batch), a few dozen
+on the padded height: at most 63 wasted rows (about 2% of a 3000-token batch), a few dozen
 distinct shapes in a whole run, each compiled once. fp32 (MKL: nothing compiled per shape)
 and other devices take the plain ``F.linear``.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ def _padded_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple[
 
 class _PaddedLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         out, xp, w = _padded_product(x, weight, bias)
         ctx.save_for_backward(xp, w)
         ctx.rows, ctx.x_shape, ctx.x_dtype = x.numel() // x.size(-1), x.shape, x.dtype
@@ -79,7 +80,7 @@ class _PaddedLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         xp, w = ctx.saved_tensors
         gp = _padded_rows(grad, ctx.rows, torch.bfloat16)
         grad_x = grad_w = grad_b = None
@@ -97,12 +98,12 @@ class _PadRows(torch.autograd.Function):
     last ``row_dims`` dims; the gradient of the real rows comes back in the input's dtype and shape."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, row_dims: int) -> Tensor:
+    def forward(ctx: Any, x: Tensor, row_dims: int) -> Tensor:
         ctx.rows, ctx.x_shape, ctx.x_dtype = math.prod(x.shape[:-row_dims]), x.shape, x.dtype
         return _padded_rows(x, ctx.rows, torch.bfloat16)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return grad[: ctx.rows].view(ctx.x_shape).to(ctx.x_dtype), None
 
 
@@ -112,7 +113,7 @@ def cpu_bf16_training(x: Tensor, weight: Tensor) -> bool:
     return torch.is_grad_enabled() and weight.dtype != torch.bfloat16 and _cpu_bf16(x, weight)
 
 
-def padded_bf16_block(x: Tensor, block, row_dims: int = 1) -> Tensor:
+def padded_bf16_block(x: Tensor, block: Callable[[Tensor], Tensor], row_dims: int = 1) -> Tensor:
     """``block`` (row-wise: linears and element-wise functions of them) on the rows of ``x``
     padded once to a multiple of ROW_MULTIPLE in bf16, its output cut back to ``x``'s rows (a
     row: the last ``row_dims`` dims of ``x``). Every product inside then takes the padded
@@ -137,7 +138,7 @@ class _CachedHalfLinear(torch.autograd.Function):
     products, cast back to the fp32 masters' and the input's dtypes)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor,
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor,
                 half_b: Optional[Tensor]) -> Tensor:
         xh = x.to(half_w.dtype)
         ctx.save_for_backward(xh, half_w)
@@ -145,7 +146,7 @@ class _CachedHalfLinear(torch.autograd.Function):
         return F.linear(xh, half_w, half_b)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], None, None]:
         xh, w = ctx.saved_tensors
         g = grad.to(w.dtype).reshape(-1, grad.size(-1))
         grad_x = grad_w = grad_b = None

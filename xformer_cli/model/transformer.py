@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,15 +106,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, ca
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (3.2.1), per head.
 
     ``F.scaled_dot_product_attention`` computes it, except for the handful of queries of
-    an incremental decoding step (no gradients), where its tiled CPU kernel costs about
-    twice the plain matmul-softmax-matmul written here (measured in BENCHMARKS.md).
+    an incremental decoding step (no gradients), where its tiled CPU kernel costs more than
+    the plain matmul-softmax-matmul written here (docs/benchmarks/decoding.md, "Decoding
+    speed: KV cache, CTranslate2 export, OpenNMT-py").
     """
     q = q.to(k.dtype)  # a bf16 model on a CPU keeps its decoding cache in fp32 (see DecoderLayer.cached)
     if q.size(-2) > _FEW_QUERIES or causal or dropout > 0.0 or torch.is_grad_enabled():
         if (q.device.type == "cpu" and torch.is_grad_enabled() and not cuda_code_path()
                 and (q.dtype != torch.float32 or torch.is_autocast_enabled("cpu"))):
             # Training under CPU autocast (bf16 q, k, v, or fp32 ones from the padded path): the
-            # CPU flash-attention kernel's bf16 backward is ~7x its fp32 one (measured), so the
+            # CPU flash-attention kernel's bf16 backward is several times slower than its fp32 one
+            # (docs/benchmarks/cpu-speed.md, "Where the time went, and what changed"), so the
             # scores are computed in fp32, outside autocast (which would cast them back), and
             # only the projections around them in bf16.
             with torch.autocast("cpu", enabled=False):
@@ -227,7 +229,7 @@ class Sublayer(nn.Module):
         self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
-    def forward(self, x: Tensor, fn) -> Tensor:
+    def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
             return x + self.dropout(fn(self.norm(x)))
         return self.norm(x + self.dropout(fn(x)))

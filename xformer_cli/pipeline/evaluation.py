@@ -8,9 +8,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from xformer_cli.data.sources import ParallelCorpus
+
+if TYPE_CHECKING:
+    from xformer_cli.config import DataConfig
 
 
 @dataclass
@@ -151,7 +154,7 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def split_sets(data, splits: Sequence[str], config_path: str, log: Callable[[str], None],
+def split_sets(data: DataConfig, splits: Sequence[str], config_path: str, log: Callable[[str], None],
                max_lines: int = 0) -> dict[str, ParallelCorpus]:
     """The config's valid and/or test set (``data``: its DataConfig), each cut to ``max_lines``;
     a split the config has no set for is one line naming its key."""

@@ -19,7 +19,7 @@ drains the queue and stops.
 # (``request: Request``, imported inside create_app so fastapi loads only when serving).
 import asyncio
 import contextlib
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from xformer_cli.languages import Languages
 from xformer_cli.serve.batcher import Batcher, Translation
@@ -29,6 +29,13 @@ from xformer_cli.serve.protocol import (ApiError, Limits, TranslateRequest, lang
                                         translate_response)
 from xformer_cli.serve.queueing import ClientGone, run_translation
 from xformer_cli.serve.reading import check_api_key, read_fields
+
+if TYPE_CHECKING:  # fastapi loads only when serving: the names below are quoted
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from xformer_cli.serve.extras import TranslateFields
 
 
 def create_app(
@@ -41,7 +48,7 @@ def create_app(
     cors: Sequence[str] = (),
     max_file_bytes: int = 1 << 20,
     files: Optional[FileStore] = None,
-):
+) -> "FastAPI":
     """``engine``: a ``serve.engine.ServedModel`` (or anything with its fields and ``translate``);
     ``batcher``: keyword arguments of ``Batcher`` (max_wait, max_sentences, ...); ``cors``:
     the origins allowed to call from a browser (``*``: any; none: no CORS headers);
@@ -85,7 +92,7 @@ def create_app(
     return app
 
 
-def error(status: int, message: str, headers: Optional[dict[str, str]] = None):
+def error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> "JSONResponse":
     """Every error's shape: ``{"error": message}``."""
     from fastapi.responses import JSONResponse
 
@@ -97,10 +104,10 @@ class Unexpected:
     ASGI middleware inside the CORS one, so a browser can read this answer too (starlette's
     own last-resort handler sits outside every middleware)."""
 
-    def __init__(self, app, log: Callable[[str], None]):
+    def __init__(self, app: "ASGIApp", log: Callable[[str], None]):
         self.app, self.log = app, log
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = False
@@ -119,7 +126,7 @@ class Unexpected:
             await error(500, f"internal error ({type(exc).__name__})")(scope, receive, send)
 
 
-def add_error_handlers(app) -> None:
+def add_error_handlers(app: "FastAPI") -> None:
     """Our own errors, FastAPI's (404, 405, ...), invalid requests and clients gone, all as
     ``{"error": ...}`` (anything else: ``Unexpected``)."""
     from fastapi.exceptions import RequestValidationError
@@ -159,7 +166,7 @@ def decode_options(req: TranslateRequest, engine: Any) -> dict[str, Any]:
     return options
 
 
-def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]):
+def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]) -> "TranslateFields":
     """``translate_fields(request, fields, limits) -> (TranslateRequest, Translation)``: check
     a /translate request's fields and translate its texts; POST /translate_file calls it too."""
     model = served_languages(engine)
@@ -175,7 +182,8 @@ def translation_call(engine: Any, queue: Batcher, log: Callable[[str], None]):
     return translate_fields
 
 
-def add_translate_route(app, engine: Any, limits: Limits, api_key: Optional[str], translate_fields) -> None:
+def add_translate_route(app: "FastAPI", engine: Any, limits: Limits, api_key: Optional[str],
+                        translate_fields: "TranslateFields") -> None:
     """POST /translate: parse and check the request, queue its texts, answer when they are done."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
@@ -200,7 +208,7 @@ def served_info(engine: Any, limits: Limits, api_key: Optional[str]) -> dict[str
     }
 
 
-def add_info_routes(app, engine: Any, queue: Batcher, info: dict[str, Any]) -> None:
+def add_info_routes(app: "FastAPI", engine: Any, queue: Batcher, info: dict[str, Any]) -> None:
     """GET /languages, GET /health (503 while stopping) and the page at /."""
     from fastapi.responses import HTMLResponse, JSONResponse
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # starlette loads only when serving
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 _ORIGIN = re.compile(r"^https?://[^/\s]+$")
 ALLOW_METHODS = "GET, POST, OPTIONS"
@@ -37,7 +40,7 @@ def _header(scope: dict[str, Any], name: bytes) -> "str | None":
 
 
 class CorsMiddleware:
-    def __init__(self, app, origins: Sequence[str]):
+    def __init__(self, app: ASGIApp, origins: Sequence[str]):
         self.app = app
         self.any = "*" in origins
         self.origins = frozenset(check_origin(origin) for origin in origins)
@@ -47,7 +50,7 @@ class CorsMiddleware:
             return [(b"access-control-allow-origin", b"*")]
         return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         origin = _header(scope, b"origin") if scope["type"] == "http" else None
         if origin is None:
             return await self.app(scope, receive, send)

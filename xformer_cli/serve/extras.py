@@ -14,20 +14,25 @@ other clients' requests instead of holding the engine.
 # No ``from __future__ import annotations``: FastAPI reads the handlers' annotations.
 import asyncio
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
+from xformer_cli.serve.batcher import Translation
 from xformer_cli.serve.detect import candidates
 from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, content_disposition, decode_text,
                                      download_name, file_kind, split_lines)
-from xformer_cli.serve.protocol import ApiError, Limits, language_name
+from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, language_name
 from xformer_cli.serve.reading import Upload, check_api_key, read_fields, read_form
 
+if TYPE_CHECKING:  # fastapi loads only when serving: the names below are quoted
+    from fastapi import FastAPI
+    from starlette.requests import Request
+
 # (request, fields, limits) -> (the parsed request, its Translation): POST /translate's call
-TranslateFields = Callable[[Any, dict[str, Any], Limits], Awaitable[tuple[Any, Any]]]
+TranslateFields = Callable[["Request", dict[str, Any], Limits], Awaitable[tuple[TranslateRequest, Translation]]]
 FRONTEND_TIMEOUT_MS = 300  # the page's pause after the last keystroke before it asks
 
 
-def add_detect_route(app, limits: Limits, api_key: Optional[str]) -> None:
+def add_detect_route(app: "FastAPI", limits: Limits, api_key: Optional[str]) -> None:
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
@@ -64,7 +69,7 @@ def frontend_settings(engine: Any, limits: Limits, api_key: Optional[str]) -> di
     }
 
 
-def add_settings_route(app, engine: Any, limits: Limits, api_key: Optional[str]) -> None:
+def add_settings_route(app: "FastAPI", engine: Any, limits: Limits, api_key: Optional[str]) -> None:
     from fastapi.responses import JSONResponse
 
     settings = frontend_settings(engine, limits, api_key)
@@ -79,7 +84,7 @@ def output_text(out: Any) -> str:
     return getattr(out, "text", out)
 
 
-async def translate_text_file(request, text: str, fields: dict[str, Any], limits: Limits,
+async def translate_text_file(request: "Request", text: str, fields: dict[str, Any], limits: Limits,
                               translate_fields: TranslateFields) -> str:
     """A .txt file's translation: line by line (blank lines kept), line endings as they were."""
     lines, endings = split_lines(text)
@@ -99,7 +104,7 @@ async def translate_text_file(request, text: str, fields: dict[str, Any], limits
     return "".join(line + ending for line, ending in zip(out, endings))
 
 
-def add_file_routes(app, limits: Limits, api_key: Optional[str], store: FileStore, max_file_bytes: int,
+def add_file_routes(app: "FastAPI", limits: Limits, api_key: Optional[str], store: FileStore, max_file_bytes: int,
                     translate_fields: TranslateFields) -> None:
     from fastapi import Request
     from fastapi.responses import JSONResponse, Response

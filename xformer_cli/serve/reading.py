@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from xformer_cli.serve.protocol import ApiError, parse_body
 
+if TYPE_CHECKING:  # starlette loads only when serving
+    from starlette.requests import Request
 
-async def read_body(request, limit: int) -> bytes:
+
+async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes before more is read."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -29,12 +32,12 @@ async def read_body(request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def query_fields(request) -> dict[str, Any]:
+def query_fields(request: Request) -> dict[str, Any]:
     """The query string's fields; ``q`` given more than once is a list, as in a form."""
     return _collect(request.query_params.multi_items())
 
 
-def _collect(items) -> dict[str, Any]:
+def _collect(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """(name, value) pairs as fields: the last value of a name wins, but ``q`` given more than
     once is the list of its texts."""
     fields: dict[str, Any] = {}
@@ -46,7 +49,7 @@ def _collect(items) -> dict[str, Any]:
     return fields
 
 
-async def read_fields(request, limit: int) -> dict[str, Any]:
+async def read_fields(request: Request, limit: int) -> dict[str, Any]:
     """The request's fields: the body's (JSON, a form, or a multipart form as a browser's
     FormData sends it), over the query string's."""
     body = await read_body(request, limit)
@@ -63,7 +66,7 @@ def _media_type(content_type: str) -> str:
     return content_type.split(";")[0].strip().lower()
 
 
-async def _multipart(request, body: bytes, max_files: int) -> list[tuple[str, Any]]:
+async def _multipart(request: Request, body: bytes, max_files: int) -> list[tuple[str, Any]]:
     """The fields of a multipart (or URL-encoded) ``body``: (name, a string or an ``Upload``)."""
     from starlette.requests import Request
 
@@ -98,7 +101,7 @@ class Upload:
     data: bytes
 
 
-async def read_form(request, limit: int) -> dict[str, Any]:
+async def read_form(request: Request, limit: int) -> dict[str, Any]:
     """A multipart (or URL-encoded) form of at most ``limit`` bytes, over the query string's
     fields: field name -> a string or an ``Upload``; 400 when the body is not such a form."""
     body = await read_body(request, limit)
@@ -110,7 +113,7 @@ async def read_form(request, limit: int) -> dict[str, Any]:
     return fields
 
 
-def check_api_key(expected: Optional[str], in_body: Any, headers) -> None:
+def check_api_key(expected: Optional[str], in_body: Any, headers: Mapping[str, str]) -> None:
     """403 unless ``expected`` is unset or given: in the body (LibreTranslate's ``api_key``),
     an ``X-API-Key`` header, or ``Authorization: Bearer KEY``."""
     if not expected:

@@ -44,34 +44,34 @@ class _Tokenizer(HTMLParser):
         line, column = self.getpos()
         self.starts.append((self.line_starts[line - 1] + column, kind, tag))
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._mark("start", tag)
 
-    def handle_startendtag(self, tag, attrs):
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._mark("void", tag)
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         self._mark("end", tag)
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         self._mark("text")
 
-    def handle_entityref(self, name):
+    def handle_entityref(self, name: str) -> None:
         self._mark("text")
 
-    def handle_charref(self, name):
+    def handle_charref(self, name: str) -> None:
         self._mark("text")
 
-    def handle_comment(self, data):
+    def handle_comment(self, data: str) -> None:
         self._mark("other")
 
-    def handle_decl(self, decl):
+    def handle_decl(self, decl: str) -> None:
         self._mark("other")
 
-    def handle_pi(self, data):
+    def handle_pi(self, data: str) -> None:
         self._mark("other")
 
-    def unknown_decl(self, data):
+    def unknown_decl(self, data: str) -> None:
         self._mark("other")
 
 

@@ -11,13 +11,18 @@ shape, several pairs back to back in a row (``data/packing.py``).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 import numpy as np
 
 from xformer_cli.data.batching import Batch, bucket_shape, declared_shapes, make_batches, make_bucketed_batches, shard
-from xformer_cli.data.packing import PackedBatch, PackShape, collate_packed, make_packed_batches, pack_shape
+from xformer_cli.data.packing import (PackedBatch, PackedRows, PackShape, collate_packed, make_packed_batches,
+                                      pack_shape)
 from xformer_cli.data.weights import epoch_pairs, to_cache_indices
+
+if TYPE_CHECKING:
+    from xformer_cli.config import CorpusConfig, DataConfig
+    from xformer_cli.data.cache import TokenCache
 
 
 class TrainingData(Protocol):
@@ -29,7 +34,7 @@ class TrainingData(Protocol):
     @property
     def tgt_lens(self) -> np.ndarray: ...
 
-    def batch(self, indices) -> Batch: ...
+    def batch(self, indices: np.ndarray) -> Batch: ...
 
 
 class BatchPlan(Protocol):
@@ -88,14 +93,14 @@ class PackedPlan:
 
     static_shapes = True
 
-    def __init__(self, data, max_tokens: int, seed: int):
+    def __init__(self, data: TokenCache, max_tokens: int, seed: int):
         self.data, self.seed = data, seed
         self.shape: PackShape = pack_shape(data.src_lens, data.tgt_lens, max_tokens)
 
     def batches(self, epoch: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> list:
         return make_packed_batches(src_lens, tgt_lens, self.shape, self.seed, epoch)
 
-    def load(self, rows) -> PackedBatch:
+    def load(self, rows: PackedRows) -> PackedBatch:
         d = self.data
         return collate_packed(d.src_ids, d.src_offsets, d.tgt_ids, d.tgt_offsets, rows, self.shape)
 
@@ -113,7 +118,8 @@ def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int,
     return TokenBudgetPlan(data, max_tokens, seed)
 
 
-def epoch_share(plan: BatchPlan, cache, data, seed: int, epoch: int, rank: int = 0, world_size: int = 1) -> list:
+def epoch_share(plan: BatchPlan, cache: TokenCache, data: DataConfig | Sequence[CorpusConfig], seed: int, epoch: int,
+                rank: int = 0, world_size: int = 1) -> list:
     """This rank's batches of ``epoch`` (cache indices): the pairs the weights of ``data`` (the
     DataConfig: corpus weights, pair weights or temperature) pick for the epoch, batched by
     ``plan``, cut to a multiple of the ranks (every rank takes the same number of steps) and

@@ -7,23 +7,24 @@ caller can normalise by the real number of target tokens across accumulated batc
 The gradient is written by hand: d loss / d logits = softmax(logits) - q, with q the
 smoothed target. Autograd would instead run separate backward passes for log_softmax,
 gather and mean over the (tokens x vocabulary) matrix; on a CPU those memory-bound
-passes cost about a quarter of a small model's training step. The forward pass computes
-loss and gradient together in fp32 whatever the logits' dtype; the gradient is stored in
-the logits' dtype and scaled in the backward pass.
+passes are a large share of a small model's training step (docs/benchmarks/cpu-speed.md,
+"Training throughput and FLOP utilisation"). The forward pass computes loss and gradient
+together in fp32 whatever the logits' dtype; the gradient is stored in the logits' dtype
+and scaled in the backward pass.
 
 Two paths compute the same thing. ``blocked`` walks the rows a few hundred at a time so
-each block stays in the CPU's cache (measured 2x faster than whole-matrix passes on a
-CPU). ``one_pass`` treats the whole matrix at once: a fixed dozen kernels whatever the
-batch, which is what a GPU wants (there the blocked walk costs a dozen launches per 256
-rows, the one launch cost that grows with the batch). The device picks the path (compiled
-code always takes one pass);
+each block stays in the CPU's cache, faster than whole-matrix passes on a CPU
+(docs/benchmarks/cpu-speed.md, "Where the time went, and what changed"). ``one_pass``
+treats the whole matrix at once: a fixed dozen kernels whatever the batch, which is what a
+GPU wants (there the blocked walk costs a dozen launches per 256 rows, the one launch cost
+that grows with the batch). The device picks the path (compiled code always takes one pass);
 ``forced_path`` overrides it, so a test or the op counter can run the GPU path on a CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -107,7 +108,8 @@ def _one_pass(flat: Tensor, gold: Tensor, epsilon: float, pad_id: int, compute: 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, grad_scale: Optional[Tensor]):
+    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float, pad_id: int,
+                grad_scale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         vocab = logits.size(-1)
         flat, gold = logits.reshape(-1, vocab), target.reshape(-1, 1)
         want_grad = ctx.needs_input_grad[0]
@@ -125,7 +127,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None, None]:
         (grad,) = ctx.saved_tensors
         # The graph is never backpropagated twice, so the saved buffer can be scaled in place.
         if ctx.prescaled is None:

@@ -13,7 +13,7 @@ model, so probing changes neither the run's initial weights nor its dropout draw
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -24,6 +24,10 @@ from xformer_cli.train.epoch_batches import PackedPlan
 from xformer_cli.train.batch_size import free_memory, largest_fitting, with_headroom
 from xformer_cli.train.distributed import Distributed
 from xformer_cli.train.step import TrainStep
+
+if TYPE_CHECKING:
+    from xformer_cli.data.cache import TokenCache
+    from xformer_cli.tokenizer import Tokenizer
 
 COMPILED_TRIES = 3  # a compiled step's size is lowered by the headroom share at most this many times
 
@@ -36,7 +40,7 @@ def probe_shape(tokens: int, width: int, length_bucket: int) -> tuple[int, int]:
     return max(1, tokens // width), width
 
 
-def widest_batch(config: Config, data, tokens: int, width: int, vocab: int, bos_id: int) -> Batch:
+def widest_batch(config: Config, data: TokenCache, tokens: int, width: int, vocab: int, bos_id: int) -> Batch:
     """The batch of ``tokens`` slots that needs the most memory: a real packed batch (one
     shape per run, masks included) with train.batching packed, else random ids of the
     widest (rows, width) shape."""
@@ -50,8 +54,8 @@ def widest_batch(config: Config, data, tokens: int, width: int, vocab: int, bos_
     return Batch(ids, ids, ids, rows * padded)
 
 
-def step_fits(config: Config, tokenizer, data, device: torch.device, precision: str, dist: Distributed,
-              width: int, compiled: bool) -> Callable[[int], bool]:
+def step_fits(config: Config, tokenizer: Tokenizer, data: TokenCache, device: torch.device, precision: str,
+              dist: Distributed, width: int, compiled: bool) -> Callable[[int], bool]:
     """fits(tokens): does one ``TrainStep`` on the widest batch of ``tokens`` slots fit on ``device``?"""
     tc = config.train
     model = build_model(config, tokenizer).to(device).train()
@@ -76,8 +80,8 @@ def step_fits(config: Config, tokenizer, data, device: torch.device, precision: 
     return fits
 
 
-def largest_batch_on_gpu(config: Config, tokenizer, data, device: torch.device, precision: str, dist: Distributed,
-                         width: int) -> int:
+def largest_batch_on_gpu(config: Config, tokenizer: Tokenizer, data: TokenCache, device: torch.device, precision: str,
+                         dist: Distributed, width: int) -> int:
     """The largest token batch (multiple of 256) whose training step fits on ``device`` at ``width``."""
     with torch.random.fork_rng(devices=[device]):
         fits = step_fits(config, tokenizer, data, device, precision, dist, width, compiled=False)
@@ -91,8 +95,8 @@ def largest_batch_on_gpu(config: Config, tokenizer, data, device: torch.device, 
     return size
 
 
-def _fitting_compiled(config: Config, tokenizer, data, device: torch.device, precision: str, dist: Distributed,
-                      width: int, size: int) -> int:
+def _fitting_compiled(config: Config, tokenizer: Tokenizer, data: TokenCache, device: torch.device, precision: str,
+                      dist: Distributed, width: int, size: int) -> int:
     """``size`` (found eagerly) checked with the compiled step at the batch the run will take
     (``with_headroom``), and lowered by the headroom share until that fits."""
     fits = step_fits(config, tokenizer, data, device, precision, dist, width, compiled=True)
@@ -107,8 +111,8 @@ def _fitting_compiled(config: Config, tokenizer, data, device: torch.device, pre
         free_memory()
 
 
-def gpu_probe(config: Config, tokenizer, data, device: torch.device, precision: str, dist: Distributed,
-              width: int) -> Callable[[], int] | None:
+def gpu_probe(config: Config, tokenizer: Tokenizer, data: TokenCache, device: torch.device, precision: str,
+              dist: Distributed, width: int) -> Callable[[], int] | None:
     """The probe ``batch_size.resolved`` calls on CUDA; None elsewhere (nothing to probe)."""
     if device.type != "cuda":
         return None

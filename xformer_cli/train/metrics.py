@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from xformer_cli.fileio import atomic_file, writing
 from xformer_cli.textio import complete_rows
+
+if TYPE_CHECKING:  # tensorboard is optional
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class StepStats:
@@ -83,7 +86,7 @@ def scalars(entry: dict) -> list[tuple[str, float]]:
     return found
 
 
-def tensorboard_writer(directory: Path):
+def tensorboard_writer(directory: Path) -> Optional[SummaryWriter]:
     """A TensorBoard SummaryWriter on ``directory``; None without tensorboard."""
     try:
         from torch.utils.tensorboard import SummaryWriter

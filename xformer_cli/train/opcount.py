@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.utils._foreach_utils as foreach_utils
@@ -43,7 +43,8 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.ops: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple = (),
+                           kwargs: Optional[dict[str, Any]] = None) -> Any:
         if func.namespace == "aten":  # not prim.device and other queries
             self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
@@ -94,7 +95,8 @@ class _StandInReads(TorchDispatchMode):
     gradient scale (a float: 1.0) and compares it with the gradient it is sent, which never
     matches on CUDA (the CPU's shortcut stands aside: the scaling pass runs, as there)."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple = (),
+                           kwargs: Optional[dict[str, Any]] = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
             return 1.0 if args[0].dtype.is_floating_point else 1
         if func is torch.ops.aten.equal.default and any(isinstance(a, FakeTensor) for a in args):

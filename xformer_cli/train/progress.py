@@ -54,7 +54,7 @@ class RunProgress:
             self.total = self.bar.total = max_steps
             self.bar.refresh()
 
-    def update(self, step: int, **postfix) -> None:
+    def update(self, step: int, **postfix: object) -> None:
         unit = self.limit(step)
         if unit != self.unit:  # the other limit now ends the run first: count toward it instead
             self.unit = unit

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from xformer_cli.config import TrainConfig
+
+if TYPE_CHECKING:  # this module itself needs no torch
+    from torch.optim import Optimizer
 
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -73,7 +76,8 @@ class LrSchedule:
     cool-down factor; its state is the step, the planned steps (which the budget keeper may
     revise mid-run, train/time_budget.py) and, after a revision inside the cool-down, its anchor."""
 
-    def __init__(self, optimizer, formula: Callable[[int], float], planned_steps: int = 0, cooldown_steps: int = 0):
+    def __init__(self, optimizer: Optimizer, formula: Callable[[int], float], planned_steps: int = 0,
+                 cooldown_steps: int = 0):
         self.optimizer, self.formula = optimizer, formula
         self.step_num = 0
         self.planned_steps, self.cooldown_steps = planned_steps, cooldown_steps
@@ -119,7 +123,7 @@ class LrSchedule:
 
 
 class NoamSchedule(LrSchedule):
-    def __init__(self, optimizer, d_model: int, warmup: int, scale: float = 1.0, planned_steps: int = 0,
+    def __init__(self, optimizer: Optimizer, d_model: int, warmup: int, scale: float = 1.0, planned_steps: int = 0,
                  cooldown_steps: int = 0):
         super().__init__(optimizer, functools.partial(noam_lr, d_model=d_model, warmup=warmup, scale=scale),
                          planned_steps, cooldown_steps)
@@ -137,7 +141,7 @@ def cooldown_steps(train: TrainConfig) -> int:
     return round(train.cooldown * train.planned_steps) if train.planned_steps > 0 else 0
 
 
-def make_schedule(optimizer, train: TrainConfig, d_model: int) -> LrSchedule:
+def make_schedule(optimizer: Optimizer, train: TrainConfig, d_model: int) -> LrSchedule:
     """The schedule ``train.schedule`` names, with its settings and the cool-down over the
     planned steps (train.planned_steps, worked out before the run by train/time_budget.py)."""
     warmup, planned, cooldown = warmup_steps(train), train.planned_steps, cooldown_steps(train)

@@ -27,6 +27,6 @@ class StopSignals:
             raise KeyboardInterrupt
         self.received = signum
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -97,7 +97,7 @@ class RunState:
         return engine_for_model(self.model, self.tokenizer, self.config.decode_settings(), self.device,
                                 self.decode_precision, languages=self.config.data.languages())
 
-    def event(self, **figures) -> dict:
+    def event(self, **figures: Any) -> dict:
         """A metrics.jsonl row for an event of this run (validation, averaging, ...): where and when."""
         c = self.counters
         return {"step": c.step, "epoch": c.epoch, "minutes": round(self.minutes(), 3), **figures}

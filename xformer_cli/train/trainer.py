@@ -38,7 +38,7 @@ from xformer_cli.train.prefetch import prefetch
 from xformer_cli.train.progress import RunProgress
 from xformer_cli.train.schedule import make_schedule
 from xformer_cli.train.signals import StopSignals
-from xformer_cli.train.state import RunState, ValidSet
+from xformer_cli.train.state import Counters, RunState, ValidSet
 from xformer_cli.train.step import TrainStep
 
 _AGREE_EVERY = 10  # steps between the ranks' agreement on stopping (a signal, the clock)
@@ -122,7 +122,7 @@ class Trainer:
         return step
 
     @property
-    def counters(self):
+    def counters(self) -> Counters:
         return self.state.counters
 
     def train_step(self, group: list[Batch]) -> int:

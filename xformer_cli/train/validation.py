@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -114,7 +114,7 @@ def _ppl(nll: float, tokens: float) -> float:
     return math.exp(min(nll / max(tokens, 1.0), 50))
 
 
-def translate_shares(run: RunState, beam_size: int, **search) -> list[list[str]]:
+def translate_shares(run: RunState, beam_size: int, **search: Any) -> list[list[str]]:
     """Every direction's valid set translated into its target, each rank translating its share
     (every world_size-th line) and the shares gathered: the whole of each set on every rank."""
     dist = run.dist
