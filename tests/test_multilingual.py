@@ -468,7 +468,7 @@ def test_a_model_trained_on_two_directions_answers_in_the_language_asked_for(par
     direction, under 10% of the outputs are in another language than the one asked for (4% and 0%
     when written; 7% at 150 steps, too near the bound)."""
     from xformer_cli import Translator
-    from xformer_cli.data.prepare import checkpoint_test_sets
+    from xformer_cli.data.directions import checkpoint_test_sets
     from xformer_cli.decode.direction_scores import score_directions
     from xformer_cli.train.trainer import train
 

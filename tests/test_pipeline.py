@@ -10,7 +10,8 @@ from xformer_cli.config import CorpusConfig, load_config
 from xformer_cli.data import cache as cache_module
 from xformer_cli.data.batching import make_batches, padding_efficiency, shard
 from xformer_cli.data.cache import Filters, build_or_load
-from xformer_cli.data.prepare import prepare_data, sample_pairs
+from xformer_cli.data.prepare import prepare_data
+from xformer_cli.data.tokenizer_plan import sample_pairs
 from xformer_cli.data.sources import PairSource
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer

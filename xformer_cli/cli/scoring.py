@@ -137,7 +137,7 @@ def _eval_directions(translator, checkpoint: Path, metrics, scoring, search, tar
     """eval-bleu on a multilingual checkpoint alone: each direction's test set from its config
     (--target-lang / --source-lang keep only theirs), one row each (decode/direction_scores.py);
     --output PATH writes PATH.SRC-TGT per direction."""
-    from xformer_cli.data.prepare import checkpoint_test_sets
+    from xformer_cli.data.directions import checkpoint_test_sets
     from xformer_cli.decode.direction_scores import direction_table, score_directions, sets_asked_for
 
     languages = translator.languages
@@ -173,7 +173,7 @@ def _references(translator, checkpoint: Optional[Path], src: Optional[Path], ref
     from xformer_cli.data.sources import read_lines
 
     if checkpoint is not None and src is None and not refs:
-        from xformer_cli.data.prepare import checkpoint_test_set
+        from xformer_cli.data.directions import checkpoint_test_set
 
         test = checkpoint_test_set(checkpoint, log=log, config=translator.config)
         return test.src, [test.tgt], [test.origin], Path(test.origin)

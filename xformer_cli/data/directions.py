@@ -1,6 +1,6 @@
 """A config's translation directions as data: the training sources of every pair (with its
 target-language tag), the valid and test sets per direction, and the tokenizer's sample
-balanced across languages.
+balanced across languages; the test sets of the config a checkpoint was trained with.
 
 A bilingual config is one direction, read as before. With ``data.pairs`` every pair reads its
 corpora with its own languages, so one multi-parallel prefix (Multi30k's train.{en,de,fr,cs})
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
-from xformer_cli.config import DataConfig
+from xformer_cli.config import Config, DataConfig
 from xformer_cli.data.sources import ParallelCorpus, PairSource, load_corpus, open_sources
 from xformer_cli.errors import XformerError
 
@@ -146,3 +147,31 @@ def check_pairs_kept(source_pairs: Sequence[int], sources: Sequence[PairSource],
             where = f"data.pairs[{index}]" if d.pairs else "data.train"
             raise XformerError(f"{where} ({pair.name}): no training pair left (the files are empty, or data.max_len "
                                "and data.max_len_ratio drop every line)")
+
+
+def checkpoint_test_set(checkpoint: "str | Path", log: Callable[[str], None] = print,
+                        config: Optional[Config] = None) -> ParallelCorpus:
+    """data.test of the config a checkpoint was trained with (its fallback dataset included):
+    what `xformer eval-bleu --checkpoint C` scores when given no --src and --ref. A
+    multilingual checkpoint has one per direction: ``checkpoint_test_sets``."""
+    sets = checkpoint_test_sets(checkpoint, log, config)
+    if len(sets) > 1:
+        raise XformerError(f"{checkpoint} has test sets for {len(sets)} directions; "
+                           "score them with checkpoint_test_sets")
+    return next(iter(sets.values()))
+
+
+def checkpoint_test_sets(checkpoint: "str | Path", log: Callable[[str], None] = print,
+                         config: Optional[Config] = None) -> dict[Direction, ParallelCorpus]:
+    """Every direction's data.test (data.pairs[i].test, else data.test read with the pair's
+    languages) in the config a checkpoint was trained with; source lines without tags.
+    ``config``: that config when already read (an engine's), so the file is not read again."""
+    if config is None:
+        from xformer_cli.config import config_from_dict
+        from xformer_cli.checkpoint_file import read_light
+
+        config = config_from_dict(read_light(checkpoint).get("config", {}))
+    sets = eval_sets(config.data, "test", log)
+    if not sets:
+        raise XformerError(f"{checkpoint}: its config names no data.test; give --src and --ref")
+    return sets
