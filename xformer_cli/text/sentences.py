@@ -1,9 +1,10 @@
 """Paragraphs into sentences and back, with the whitespace between them kept exactly.
 
 The splitter is ``sentencex`` (rules for some 240 languages, with fallbacks between related
-ones; pure Python). On newstest2014 joined into 5-sentence paragraphs it found as many
-sentence joins as ``pysbd`` and split about 150 times faster (the figures are in
-BENCHMARKS.md), which matters because splitting runs on every line of ``translate``.
+ones; a compiled extension). On newstest2014 joined into 5-sentence paragraphs it finds about
+as many of the joins as ``pysbd`` in a small fraction of its time (docs/benchmarks/text.md,
+"The sentence splitter against pysbd"), which matters because splitting runs on every line
+of ``translate``.
 """
 
 from __future__ import annotations
