@@ -1,10 +1,10 @@
-"""``--nbest``'s rows (text/pipeline.py: ``result_lines``, ``nbest_rows``): one formatter for
+"""``--nbest``'s rows (text/translation.py: ``result_lines``, ``nbest_rows``): one formatter for
 every path, exactly K rows per input line, best first."""
 
 import math
 
 from xformer_cli.text import TextOptions, translate_texts
-from xformer_cli.text.pipeline import nbest_rows, result_lines, translate_text_stream
+from xformer_cli.text.translation import nbest_rows, result_lines, translate_text_stream
 
 from text_fakes import FakeEngine
 

@@ -151,10 +151,10 @@ class _Peek:
 def _glossary(format: str, glossary: Optional[Path]):
     """--format checked and --glossary read (None without one)."""
     from xformer_cli.text import load_glossary
-    from xformer_cli.text.pipeline import FORMATS
+    from xformer_cli.text.translation import TEXT_FORMATS
 
-    if format not in FORMATS:
-        raise XformerError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if format not in TEXT_FORMATS:
+        raise XformerError(f"--format must be one of {', '.join(TEXT_FORMATS)}, not {format!r}")
     return load_glossary(glossary) if glossary is not None else None
 
 
@@ -174,7 +174,7 @@ def _translate_stream(translator, options, text_options, lines, input: Optional[
     the first ``keep`` non-empty input lines (for an attention plot), kept as they stream by."""
     from tqdm import tqdm
 
-    from xformer_cli.text.pipeline import result_lines, translate_text_stream
+    from xformer_cli.text.translation import result_lines, translate_text_stream
     from xformer_cli.textio import count_lines, open_output
 
     from_file = input is not None and str(input) != "-"

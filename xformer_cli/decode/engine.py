@@ -36,7 +36,7 @@ class Engine:
     threads: int = 0  # CPU threads it computes with (set by decode.factory.load_engine; 0: not set)
     unsupported: tuple[str, ...] = ()
     # The directions the model translates and its tags, read with the model (None: not known, e.g.
-    # an old export; its lines then bring their own tags). The CLI and the text pipeline ask here
+    # an old export; its lines then bring their own tags). The CLI and text/translation.py ask here
     # rather than read the model's file again.
     languages: Optional[Languages] = None
     # The training config of the checkpoint it was built from (eval-bleu reads its test sets

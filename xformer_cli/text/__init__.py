@@ -4,12 +4,12 @@ sentences cut, HTML translated around its tags, glossaries and do-not-translate 
     from xformer_cli.text import TextOptions, translate_texts
     translate_texts(engine, ["One sentence. Another one."], TextOptions(source_lang="en"))
 
-``pipeline.py`` plans every text into engine-sized units (``sentences.py``, ``long.py``,
+``translation.py`` plans every text into engine-sized units (``sentences.py``, ``long.py``,
 ``glossary.py``, ``html.py``), sends all the units of a chunk to the engine in one call, and
 joins the translations back, whitespace and tags as in the source.
 """
 
 from xformer_cli.text.glossary import Glossary, load_glossary
-from xformer_cli.text.pipeline import TextOptions, TextResult, translate_texts
+from xformer_cli.text.translation import TextOptions, TextResult, translate_texts
 
 __all__ = ["Glossary", "TextOptions", "TextResult", "load_glossary", "translate_texts"]

@@ -1,4 +1,4 @@
-"""What the text pipeline and the HTML reader share: a segment of plain text to translate
+"""What text/translation.py and the HTML reader share: a segment of plain text to translate
 (with positions, such as inline tags, to find again in its translation) and a rendered
 translation of one."""
 

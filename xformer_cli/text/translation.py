@@ -19,7 +19,7 @@ from xformer_cli.text.offsets import normalize_with_map
 from xformer_cli.text.segments import Rendered, Segment
 from xformer_cli.text.sentences import Span, split_spans
 
-FORMATS = ("text", "html")
+TEXT_FORMATS = ("text", "html")  # what translate --format reads
 MAX_UNITS_PER_TEXT = 256  # past it the rest of a text is one unit, cut by the engine with its warning
 
 
