@@ -379,3 +379,23 @@ def test_serve_option_errors_are_one_line(tmp_path):
     # 99999 would be taken modulo 65536 by the socket: the server would listen on 34463
     assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--port", "99999"), "--port must be 0 to 65535")
     assert_one_line_error(xformer("serve", "-m", tmp_path / "m.pt", "--graceful-timeout", "-1"), "--graceful-timeout")
+
+
+def test_the_python_api_checks_the_servers_settings_before_it_loads_anything(tmp_path):
+    """serve() itself refuses what the CLI would (the model path does not exist: a check that
+    ran after loading would fail on it instead)."""
+    from xformer_cli.errors import XformerError
+    from xformer_cli.serve.protocol import Limits
+    from xformer_cli.serve.server import serve
+
+    missing = str(tmp_path / "none.pt")
+    for settings, message in ((dict(port=99999), "--port must be 0 to 65535, not 99999"),
+                              (dict(graceful_timeout=-1.0), "--graceful-timeout must be 0 or more"),
+                              (dict(limits=Limits(max_chars=0)), "must be at least 1"),
+                              (dict(batcher=dict(max_wait=-0.5)), "--max-wait-ms at least 0"),
+                              (dict(limits=Limits(max_texts=9), batcher=dict(max_queued=4)),
+                               r"--max-texts \(9\) cannot exceed --max-queue \(4\)"),
+                              (dict(max_file_bytes=0), "--max-file-bytes must be at least 1"),
+                              (dict(cors=["example.org"]), "--cors 'example.org'")):
+        with pytest.raises(XformerError, match=message):
+            serve(missing, **settings)

@@ -1,4 +1,4 @@
-"""``xformer serve``: its options checked, then the server (``xformer_cli.serve``)."""
+"""``xformer serve``: its options, handed to the server (``xformer_cli.serve``), which checks them first."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import typer
 
 from xformer_cli.cli.common import app, before_torch, log, user_errors
 from xformer_cli.cli.options import DEVICE, ENGINE, PRECISION
-from xformer_cli.errors import XformerError
 
 
 @app.command()
@@ -64,29 +63,13 @@ def serve(  # long: its signature is its options, one parameter each
     pip install 'xformer[serve]'. SIGTERM or Ctrl-C finishes the requests in flight, then exits.
     Every option in detail: docs/serving.md."""
     before_torch()
-    from xformer_cli.serve.cors import check_origin
     from xformer_cli.serve.protocol import Limits
     from xformer_cli.serve.server import serve as run_server
 
-    if min(max_batch, max_batch_tokens, max_queue, max_chars, max_texts) < 1 or max_wait_ms < 0:
-        raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at "
-                           "least 1; --max-wait-ms at least 0")
-    if max_texts > max_queue:
-        raise XformerError(f"--max-texts ({max_texts}) cannot exceed --max-queue ({max_queue})")
-    if max_file_bytes < 1:
-        raise XformerError("--max-file-bytes must be at least 1")
-    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536: another port than asked for
-        raise XformerError(f"--port must be 0 to 65535, not {port}")
-    if graceful_timeout < 0:
-        raise XformerError(f"--graceful-timeout must be 0 or more seconds, not {graceful_timeout:g}")
-    try:
-        origins = [check_origin(origin) for origin in cors or ()]
-    except ValueError as exc:
-        raise XformerError(str(exc)) from None
     run_server(str(checkpoint), engine=engine, device=device, precision=precision, source=source, target=target,
                name=name, host=host, port=port, api_key=api_key, threads=threads,
                limits=Limits(max_chars=max_chars, max_texts=max_texts),
                batcher=dict(max_wait=max_wait_ms / 1000, max_sentences=max_batch, max_tokens=max_batch_tokens,
                             max_queued=max_queue),
-               access_log=access_log, graceful_timeout=graceful_timeout, log=log, glossary=glossary, cors=origins,
+               access_log=access_log, graceful_timeout=graceful_timeout, log=log, glossary=glossary, cors=cors or (),
                max_file_bytes=max_file_bytes)

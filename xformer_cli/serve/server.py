@@ -12,6 +12,8 @@ import socket
 from typing import Any, Callable, Optional, Sequence
 
 from xformer_cli.errors import XformerError
+from xformer_cli.serve.cors import check_origin
+from xformer_cli.serve.protocol import Limits
 
 MISSING = "xformer serve needs FastAPI and uvicorn: pip install 'xformer[serve]'"
 
@@ -68,13 +70,40 @@ def run(app: Any, host: str = "127.0.0.1", port: int = 5000, *, access_log: bool
         raise XformerError("the server did not start (see the log above)")
 
 
+def check_settings(port: int, graceful_timeout: Optional[float], limits: Optional[Limits],
+                   batcher: Optional[dict[str, Any]], max_file_bytes: int, cors: Sequence[str]) -> list[str]:
+    """The server's settings checked before anything loads, each refusal naming its option; the
+    CORS origins normalised."""
+    batcher = batcher or {}
+    counts = [*(getattr(limits, key) for key in ("max_chars", "max_texts") if limits is not None),
+              *(batcher[key] for key in ("max_sentences", "max_tokens", "max_queued") if key in batcher)]
+    if min(counts, default=1) < 1 or batcher.get("max_wait", 0) < 0:
+        raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at "
+                           "least 1; --max-wait-ms at least 0")
+    if limits is not None and limits.max_texts > batcher.get("max_queued", limits.max_texts):
+        raise XformerError(f"--max-texts ({limits.max_texts}) cannot exceed --max-queue ({batcher['max_queued']})")
+    if max_file_bytes < 1:
+        raise XformerError("--max-file-bytes must be at least 1")
+    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536: another port than asked for
+        raise XformerError(f"--port must be 0 to 65535, not {port}")
+    if graceful_timeout is not None and graceful_timeout < 0:
+        raise XformerError(f"--graceful-timeout must be 0 or more seconds, not {graceful_timeout:g}")
+    try:
+        return [check_origin(origin) for origin in cors]
+    except ValueError as exc:
+        raise XformerError(str(exc)) from None
+
+
 def serve(model: str, *, engine: str = "auto", device: str = "auto", precision: str = "auto",
           source: Optional[str] = None, target: Optional[str] = None, name: Optional[str] = None,
           host: str = "127.0.0.1", port: int = 5000, api_key: Optional[str] = None, threads: int = 0,
-          limits: Any = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
+          limits: Optional[Limits] = None, batcher: Optional[dict[str, Any]] = None, access_log: bool = False,
           graceful_timeout: Optional[float] = 30.0, log: Callable[[str], None] = print,
           glossary: Any = None, cors: Sequence[str] = (), max_file_bytes: int = 1 << 20) -> None:
-    """``xformer serve``: load the model, build the app, serve until told to stop."""
+    """``xformer serve``: check the settings, load the model, build the app, serve until told
+    to stop. ``limits``: a request's (``protocol.Limits``); ``batcher``: ``Batcher``'s keyword
+    arguments (max_wait in seconds, max_sentences, max_tokens, max_queued)."""
+    cors = check_settings(port, graceful_timeout, limits, batcher, max_file_bytes, cors)
     require_server_packages()
     from xformer_cli.serve.app import create_app
     from xformer_cli.serve.engine import load_served_model
