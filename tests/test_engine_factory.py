@@ -16,6 +16,8 @@ from xformer_cli.decode.translator import Translator
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import EXPORT_INFO
 
+from helpers import ROOT
+
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "amx_tile"}
 ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}  # the AMD EPYC BENCHMARKS.md measured on
 ZEN3 = {"avx2", "fma", "sse4_2"}
@@ -137,6 +139,27 @@ def test_threads_rule(monkeypatch):
     assert decode_threads() == 16 and decode_threads(serving=True) == 15
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert decode_threads() == 4
+
+
+def test_thread_counts_past_eight_a_core_are_refused(monkeypatch):
+    """Thousands of OpenMP threads hang or crash the process (a segfault at 100000): one line
+    instead, for translate's --threads, $OMP_NUM_THREADS, train.threads and the pipeline's."""
+    from xformer_cli import cpu_cores
+    from xformer_cli.config import load_config
+    from xformer_cli.pipeline import load_pipeline_config
+
+    monkeypatch.setattr(cpu_cores, "available_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert decode_threads(16) == 16
+    with pytest.raises(XformerError, match=r"^--threads is 17: at most 16 \(8 a core; this process may use 2\)$"):
+        decode_threads(17)
+    monkeypatch.setenv("OMP_NUM_THREADS", "99999")
+    with pytest.raises(XformerError, match=r"^\$OMP_NUM_THREADS is 99999: at most 16"):
+        decode_threads()
+    with pytest.raises(XformerError, match=r"^config key 'train.threads': it is 100000: at most 16"):
+        load_config(ROOT / "configs" / "multi30k.yaml", ["train.threads=100000"])
+    with pytest.raises(XformerError, match=r"^config key 'threads': it is 17: at most 16"):
+        load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", ["threads=17"])
 
 
 def test_loading_ctranslate2_leaves_torch_its_thread_count():

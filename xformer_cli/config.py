@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
+from xformer_cli.cpu_cores import too_many_threads
 from xformer_cli.errors import XformerError
 from xformer_cli.languages import TAG, Languages, tag_for
 from xformer_cli.model.config import ACTIVATION_NAMES, ModelConfig  # torch-free: importing config loads no torch
@@ -477,6 +478,7 @@ def validate(cfg: Config) -> None:
     require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
     require(t.log_every > 0, "train.log_every", "must be positive")
     require(t.threads >= 0, "train.threads", "must be >= 0")
+    require(not too_many_threads(t.threads, "it"), "train.threads", too_many_threads(t.threads, "it"))
     require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
-from xformer_cli.cpu_cores import available_cores
+from xformer_cli.cpu_cores import available_cores, too_many_threads
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
 from xformer_cli.precisions import DECODE_PRECISIONS, TORCH_DECODE_PRECISIONS
@@ -157,10 +157,14 @@ def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = 
     faster (docs/benchmarks/decoding.md, "Threads")."""
     if requested < 0:
         raise XformerError(f"--threads must be >= 0 (0 = every core), not {requested}")
+    if too_many_threads(requested, "--threads"):
+        raise XformerError(too_many_threads(requested, "--threads"))
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
+        if too_many_threads(int(env), "$OMP_NUM_THREADS"):
+            raise XformerError(too_many_threads(int(env), "$OMP_NUM_THREADS"))
         return int(env)
     spinning = engine == "xformer" and not torch_waits_passive()
     return max(1, available_cores() - int(spinning) - int(serving))

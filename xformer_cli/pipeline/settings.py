@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from xformer_cli.cpu_cores import too_many_threads
 from xformer_cli.errors import XformerError
 from xformer_cli.precisions import EXPORT_QUANTIZATIONS
 from xformer_cli.settings_file import apply_overrides, build_section, read_tree, require
@@ -158,5 +159,6 @@ def check(config: PipelineConfig) -> None:
     require(config.export.quantization in EXPORT_QUANTIZATIONS, "export.quantization",
             f"one of {', '.join(EXPORT_QUANTIZATIONS)}")
     require(config.threads >= 0, "threads", "must be 0 (every core) or more")
+    require(not too_many_threads(config.threads, "it"), "threads", too_many_threads(config.threads, "it"))
     require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
     require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")

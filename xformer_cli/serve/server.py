@@ -15,6 +15,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.serve.cors import check_origin
 from xformer_cli.serve.protocol import Limits
 
+MAX_WAIT_MS = 10_000  # --max-wait-ms at most: past a few seconds a client gives up before its batch leaves
 MISSING = "xformer serve needs FastAPI and uvicorn: pip install 'xformer[serve]'"
 
 
@@ -80,13 +81,17 @@ def check_settings(port: int, graceful_timeout: Optional[float], limits: Optiona
     if min(counts, default=1) < 1 or batcher.get("max_wait", 0) < 0:
         raise XformerError("--max-batch, --max-batch-tokens, --max-queue, --max-chars and --max-texts must be at "
                            "least 1; --max-wait-ms at least 0")
+    wait_ms = batcher.get("max_wait", 0) * 1000
+    if not wait_ms <= MAX_WAIT_MS:  # nan and inf too: a batch that waits for ever answers nobody
+        raise XformerError(f"--max-wait-ms must be at most {MAX_WAIT_MS} (a batch waits that long for company), "
+                           f"not {wait_ms:g}")
     if limits is not None and limits.max_texts > batcher.get("max_queued", limits.max_texts):
         raise XformerError(f"--max-texts ({limits.max_texts}) cannot exceed --max-queue ({batcher['max_queued']})")
     if max_file_bytes < 1:
         raise XformerError("--max-file-bytes must be at least 1")
     if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536: another port than asked for
         raise XformerError(f"--port must be 0 to 65535, not {port}")
-    if graceful_timeout is not None and graceful_timeout < 0:
+    if graceful_timeout is not None and not 0 <= graceful_timeout < float("inf"):
         raise XformerError(f"--graceful-timeout must be 0 or more seconds, not {graceful_timeout:g}")
     try:
         return [check_origin(origin) for origin in cors]
