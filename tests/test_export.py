@@ -160,9 +160,30 @@ def test_existing_directory_is_refused_and_left_untouched(exported, tmp_path):
     assert [p.name for p in target.iterdir()] == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
-    export_ctranslate2(checkpoint, target, force=True)
-    assert not (target / "keep.txt").exists() and (target / "model.bin").is_file()
+    with pytest.raises(XformerError, match="holds files that are not an xformer export: --force replaces an earlier"):
+        export_ctranslate2(checkpoint, target, force=True)  # the folder is the user's: it would be deleted
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+    (target / "keep.txt").unlink()
+    export_ctranslate2(checkpoint, target)
+    (target / "stale.txt").write_text("from an earlier export")
+    export_ctranslate2(checkpoint, target, force=True)  # an earlier export: replaced
+    assert not (target / "stale.txt").exists() and (target / "model.bin").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_force_never_replaces_the_folder_that_holds_the_checkpoint(exported, tmp_path):
+    """Its run folder, or a parent of it, would be deleted with every checkpoint in it."""
+    checkpoint, _, _ = exported
+    run = tmp_path / "parent" / "run"
+    run.mkdir(parents=True)
+    inside = run / "best.pt"
+    inside.write_bytes(checkpoint.read_bytes())
+    (run / "xformer_export.json").write_text("{}")  # even where it looks like an export
+    for target in (run, tmp_path / "parent"):
+        with pytest.raises(XformerError, match="holds the checkpoint being exported .*: --force would delete it"):
+            export_ctranslate2(inside, target, force=True)
+    assert inside.read_bytes() == checkpoint.read_bytes()
 
 
 def test_bad_inputs_are_one_line_errors(exported, tmp_path):

@@ -211,8 +211,15 @@ def test_non_empty_output_needs_force(trained, tmp_path):
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
+    proc = xformer("export", "--format", "huggingface", "-m", checkpoint, "-o", target, "--force")
+    assert_one_line_error(proc, "not an xformer export", "--force replaces an earlier export only")
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+    (target / "keep.txt").unlink()
+    export_huggingface(checkpoint, target)
+    (target / "stale.txt").write_text("from an earlier export")
     export_huggingface(checkpoint, target, force=True)
-    assert not (target / "keep.txt").exists() and (target / "model.safetensors").is_file()
+    assert not (target / "stale.txt").exists() and (target / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     help_text = " ".join(xformer("export", "--help").stdout.decode().split())
     assert "pip install 'xformer[hf]'" in help_text and "pip install 'xformer[ctranslate2]'" in help_text

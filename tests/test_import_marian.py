@@ -295,6 +295,17 @@ def test_unmappable_input_is_refused_in_one_line(marian_dir, tmp_path, change, f
     assert not out.exists() and not any(p.name.startswith("model.pt") for p in tmp_path.iterdir())
 
 
+def test_the_checkpoint_is_never_written_inside_the_model_it_imports(marian_dir):
+    from xformer_cli.importers.marian import import_marian
+
+    weights = marian_dir / "model.safetensors"
+    before = weights.read_bytes()
+    for output in (weights, marian_dir / "sub" / "new.pt"):
+        with pytest.raises(XformerError, match=r"is inside the model being imported .*: write the checkpoint elsewhere"):
+            import_marian(str(marian_dir), output)
+    assert weights.read_bytes() == before and not (marian_dir / "sub").exists()
+
+
 @pytest.mark.slow
 def test_an_unreachable_hub_id_says_how_to_use_a_local_directory(tmp_path):
     out = tmp_path / "model.pt"

@@ -79,6 +79,28 @@ def test_eval_bleu_reads_the_checkpoint_once(bilingual, checkpoint, corpus, tmp_
     assert len(json.loads(rows.stdout.splitlines()[-1])["directions"]) == 2 and len(reads) == 1, reads
 
 
+def test_eval_bleu_output_never_replaces_a_reference_or_a_file_before_the_checks(bilingual, tmp_path):
+    """--output on a --ref would overwrite the reference with the translation; a line count that
+    differs fails before the translation is written over an existing output."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    src, ref, out = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "out.de"
+    lines = parallel_lines(4, 9)
+    src.write_text("".join(line + "\n" for line in lines["en"]), encoding="utf-8")
+    ref.write_text("".join(line + "\n" for line in lines["de"]), encoding="utf-8")
+    out.write_text("kept\n", encoding="utf-8")
+    short = tmp_path / "short.de"
+    short.write_text(lines["de"][0] + "\n", encoding="utf-8")
+    base = ["eval-bleu", "-m", str(bilingual), "--src", str(src), "--engine", "xformer", "-b", "1"]
+    result = CliRunner().invoke(app, [*base, "--ref", str(ref), "-o", str(ref)])
+    assert result.exit_code == 1 and f"--output {ref} is the --ref file" in result.output, result.output
+    result = CliRunner().invoke(app, [*base, "--ref", str(short), "-o", str(out)])
+    assert result.exit_code == 1 and f"line counts differ: {src} has 4 lines, {short} has 1" in result.output
+    assert ref.read_text(encoding="utf-8").splitlines() == lines["de"] and out.read_text() == "kept\n"
+
+
 def test_options_are_checked_before_the_model_loads(tmp_path):
     """The engine now loads before the direction is chosen; what needs no model is still said first."""
     from typer.testing import CliRunner

@@ -22,7 +22,7 @@ def export(
     quantization: Optional[str] = typer.Option(None, "--quantization",
                                                help="CTranslate2 weight type: int8, "
                                                     "int8_float16, float16, bfloat16 ..."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier export in the output directory."),
     shortlist: bool = typer.Option(False, "--shortlist",
                                    help="CTranslate2: add a lexical shortlist counted on the checkpoint's training "
                                         "data (its config's data.train): each step then scores only the batch's "
@@ -41,7 +41,7 @@ def export(
 
         loaded = listed = None
         if shortlist:
-            output_directory(output, force)  # a refused output directory before the count, not after it
+            output_directory(output, force, checkpoint)  # a refused output directory before the count, not after it
             loaded = load_for_export(checkpoint, "CTranslate2")  # read once for the count and the export
             listed = _shortlist(loaded, shortlist_per_source, shortlist_frequent)
         written = export_ctranslate2(checkpoint, output, quantization=quantization, force=force, loaded=loaded,

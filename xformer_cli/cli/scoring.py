@@ -80,7 +80,8 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         return
     source_lines, ref_lines, ref_names, src = _references(translator, checkpoint, src, refs)
     if translator is not None:
-        out = _translate_source(translator, checkpoint, src, source_lines, search, target_lang, source_lang, output)
+        out = _translate_source(translator, checkpoint, src, source_lines, search, target_lang, source_lang, output,
+                                (refs, ref_lines))
         systems = [(f"translation of {src}", out)]
     else:
         systems = [(str(h), list(read_lines(h))) for h in hyps]
@@ -110,12 +111,17 @@ def _eval_engine(checkpoint: Optional[Path], src: Optional[Path], refs: List[Pat
 
 
 def _translate_source(translator, checkpoint: Path, src: Path, source_lines, search: dict, target_lang,
-                      source_lang, output: Optional[Path]) -> list[str]:
+                      source_lang, output: Optional[Path], references: tuple) -> list[str]:
     """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
-    its off-target rate said), and written to --output when given."""
+    its off-target rate said), and written to --output when given. ``references``: (the --ref
+    paths, their lines): their line counts checked, and --output refused on one, before any work."""
     lines = source_lines if source_lines is not None else _read_source(src)
+    ref_paths, ref_lines = references
+    for path, ref in zip(ref_paths, ref_lines):
+        if len(ref) != len(lines):
+            raise XformerError(f"line counts differ: {src} has {len(lines)} lines, {path} has {len(ref)}")
     direction = direction_for(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
-    check_output(output, [(src, "--src"), (checkpoint, "--checkpoint")])
+    check_output(output, [(src, "--src"), (checkpoint, "--checkpoint"), *((path, "--ref") for path in ref_paths)])
     translated = translator.translate(lines, **search, target_lang=direction.target)
     warn_cut_lines(translator)
     _say_off_target(translator, translated, direction)

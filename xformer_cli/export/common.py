@@ -10,6 +10,7 @@ from typing import Callable
 from xformer_cli.checkpoint_file import load_checkpoint, load_model
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
+from xformer_cli.export.format import is_export_directory
 from xformer_cli.fileio import atomic_directory, unchanged_or, writing
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -44,14 +45,24 @@ def special_pieces(tokenizer: Tokenizer, where: str, why: str = "", bos_id: int 
     return names
 
 
-def output_directory(output_dir: str | Path, force: bool) -> Path:
-    """``output_dir`` as an absolute path ("." and "a/.." have a name to rename), refused
-    when it is a file, or a non-empty directory without ``force``."""
+def output_directory(output_dir: str | Path, force: bool, checkpoint: str | Path) -> Path:
+    """``output_dir`` as an absolute path ("." and "a/.." have a name to rename), refused when
+    it is a file, or a non-empty directory without ``force``. ``force`` replaces an earlier
+    export only: a folder that holds ``checkpoint`` (its run, a parent of it) or anything else
+    is refused, for the export would delete it."""
     output = Path(os.path.abspath(output_dir))
     if output.exists() and not output.is_dir():
         raise XformerError(f"{output} exists and is not a directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise XformerError(f"{output} exists and is not empty (use --force to replace it)")
+    if not output.is_dir() or not any(output.iterdir()):
+        return output
+    if not force:
+        raise XformerError(f"{output} exists and is not empty (use --force to replace an earlier export there)")
+    if Path(os.path.realpath(checkpoint)).is_relative_to(os.path.realpath(output)):
+        raise XformerError(f"{output} holds the checkpoint being exported ({checkpoint}): --force would delete it; "
+                           "write the export elsewhere")
+    if not is_export_directory(output):
+        raise XformerError(f"{output} holds files that are not an xformer export: --force replaces an earlier export "
+                           "only (move them, or write the export elsewhere)")
     return output
 
 

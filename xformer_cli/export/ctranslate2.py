@@ -60,7 +60,7 @@ def export_ctranslate2(
     shortlist (``export/shortlist.py``, built with the checkpoint's tokenizer) goes with it.
     """
     import_ctranslate2()
-    output = output_directory(output_dir, force)
+    output = output_directory(output_dir, force, checkpoint)
     model, tokenizer, config = loaded or load_for_export(checkpoint, "CTranslate2")
     spec = _build_spec(model, tokenizer)
     try:

@@ -139,7 +139,7 @@ def export_huggingface(checkpoint: str | Path, output_dir: str | Path, force: bo
     export never leaves a half-written model where a good one was.
     """
     transformers, st = _import_hf()
-    output = output_directory(output_dir, force)
+    output = output_directory(output_dir, force, checkpoint)
     model, tokenizer, config = load_for_export(checkpoint, "Hugging Face")
     _check_expressible(model, checkpoint)
     specials = special_pieces(tokenizer, f"{checkpoint}: cannot export to Hugging Face",

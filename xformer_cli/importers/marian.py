@@ -36,6 +36,7 @@ contradict config.json, tensors no MarianMT part explains, a missing vocab.json.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,7 +55,10 @@ from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 
 def import_marian(source: str, output: str | Path) -> Path:
-    """Write ``source`` (a MarianMT directory or Hub id) as the xformer checkpoint ``output``."""
+    """Write ``source`` (a MarianMT directory or Hub id) as the xformer checkpoint ``output``;
+    never inside ``source`` (the file written could be one of the model's)."""
+    if Path(source).is_dir() and Path(os.path.realpath(output)).is_relative_to(os.path.realpath(source)):
+        raise XformerError(f"{output} is inside the model being imported ({source}): write the checkpoint elsewhere")
     state = load_marian(source)
     save_checkpoint({k: v for k, v in state.items() if k not in ("format", "version")}, output)
     return Path(output)
