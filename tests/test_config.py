@@ -82,6 +82,9 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
         ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),
         ("train.dist_timeout_minutes=0", "config key 'train.dist_timeout_minutes': must be positive"),
+        ("train.seed=-1", "config key 'train.seed': must be 0 to 4294967295, not -1"),  # numpy's traceback before
+        ("train.seed=99999999999999999999", "config key 'train.seed': must be 0 to 4294967295, "
+                                            "not 99999999999999999999"),  # torch's overflow before
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -118,6 +121,19 @@ def test_decode_options_are_checked_in_one_place_for_configs_and_translation():
         resolve_options(DecodeConfig(beam_size=2), nbest=3)
     with pytest.raises(XformerError, match="unknown decoding option"):
         resolve_options(DecodeConfig(), beam=3)
+    for given, message in (({"temperature": float("nan")}, "--temperature: must be positive and finite, got nan"),
+                           ({"temperature": float("inf")}, "--temperature: must be positive and finite, got inf"),
+                           ({"sampling_topk": -5}, "--sampling-topk: must be k > 0 .*, got -5"),
+                           ({"seed": 2**64}, "--seed: must be 0 to 4294967295, got 18446744073709551616")):
+        with pytest.raises(XformerError, match=message):
+            resolve_options(DecodeConfig(beam_size=1), **given)
+
+
+def test_a_section_given_as_a_value_is_named_whatever_the_other_overrides():
+    """`--set train=5` beside an override the planned rules react to was a TypeError."""
+    for overrides in (["train.tokens_per_update=3000", "train=5"], ["model.dropout=0.2", "train=5"]):
+        with pytest.raises(XformerError, match=r"^config key 'train': expected a mapping of keys, got 5$"):
+            load_config("configs/multi30k.yaml", overrides)
 
 
 def test_target_tag_none_with_several_targets_is_refused_in_configs_and_checkpoints(tmp_path):

@@ -179,6 +179,7 @@ class TokenizerConfig:
 
 
 BATCHINGS = ("dynamic", "packed")
+SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: numpy, torch and Python take them all (torch refuses past 2**63)
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
 
 
@@ -407,8 +408,9 @@ def _clear_replaced_rules(tree: dict, overridden: set[str]) -> None:
     given = overridden | ({BATCH_RULE[1]} if "train.tokens_per_update" in overridden else set())
     for rule, setting in rules:
         replaced = setting in given or any(r in overridden for r, s in rules if s == setting and r != rule)
-        if replaced and rule not in overridden:
-            tree.setdefault("train", {})[rule.split(".", 1)[1]] = {}
+        section = tree.setdefault("train", {})
+        if replaced and rule not in overridden and isinstance(section, dict):  # not a mapping: build_section says so
+            section[rule.split(".", 1)[1]] = {}
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None,
@@ -443,10 +445,7 @@ def validate(cfg: Config) -> None:
     require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
             "is counted by the trainer with model.restrict_output: true; leave it out")
     require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
-    require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
-    require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
-            "must be unigram, bpe, char or word")
-    require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
+    _check_tokenizer(tok)
     require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
     require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
     require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
@@ -476,6 +475,7 @@ def validate(cfg: Config) -> None:
     require(t.precision in TRAINING_PRECISIONS, "train.precision",
             f"must be one of {', '.join(TRAINING_PRECISIONS)}, not {t.precision!r}")
     require(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
+    require(0 <= t.seed < SEED_LIMIT, "train.seed", f"must be 0 to {SEED_LIMIT - 1}, not {t.seed}")
     require(t.log_every > 0, "train.log_every", "must be positive")
     require(t.threads >= 0, "train.threads", "must be >= 0")
     require(not too_many_threads(t.threads, "it"), "train.threads", too_many_threads(t.threads, "it"))
@@ -491,6 +491,14 @@ def validate(cfg: Config) -> None:
     for code in dec.length_penalty_by_target:
         require(code in targets, f"decode.length_penalty_by_target.{code}",
                 f"not a target language of this model ({', '.join(targets)})")
+
+
+
+def _check_tokenizer(tok: TokenizerConfig) -> None:
+    require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
+    require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
+            "must be unigram, bpe, char or word")
+    require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
     require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 

@@ -86,6 +86,8 @@ def translate(  # long: its signature is its options, one parameter each
     """
     before_torch()
     check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
+    if attention_sentences < 1:
+        raise XformerError(f"--attention-sentences must be at least 1, not {attention_sentences}")
     lines = _input_lines(input, chunk_lines, invalid_utf8)
     terms = _glossary(format, glossary)  # a bad --format or glossary file: said before the model loads
     # tags and terms follow attention
@@ -101,7 +103,7 @@ def translate(  # long: its signature is its options, one parameter each
                                  max_input_len=max_input_len, nbest=nbest, sampling_topk=sampling_topk,
                                  temperature=temperature, seed=seed, use_cache=not no_cache,
                                  target_lang=direction.target)
-    wanted = max(attention_sentences, 1) if attention is not None else 0
+    wanted = attention_sentences if attention is not None else 0
     plotted = _translate_stream(translator, options, text_options, lines, input, output, progress, chunk_lines, wanted)
     warn_cut_lines(translator, max_input_len)
     if attention is not None:

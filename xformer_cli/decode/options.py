@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from xformer_cli.config import DecodeConfig
+from xformer_cli.config import SEED_LIMIT, DecodeConfig
 from xformer_cli.errors import XformerError
 
 
@@ -29,8 +30,13 @@ class SearchOptions(DecodeConfig):
             found.append(("nbest", f"must be between 1 and the beam size ({self.beam_size}), got {self.nbest}"))
         if self.sampling_topk and self.beam_size != 1:
             found.append(("sampling_topk", "sampling draws one translation per sentence: use it with --beam-size 1"))
-        if self.temperature <= 0:
-            found.append(("temperature", f"must be positive, got {self.temperature}"))
+        if not 0 < self.temperature < math.inf:  # nan too: sampling from nan probabilities fails deep in torch
+            found.append(("temperature", f"must be positive and finite, got {self.temperature}"))
+        if self.sampling_topk < -1:
+            found.append(("sampling_topk", f"must be k > 0 (the k best), -1 (all) or 0 (search), "
+                                           f"got {self.sampling_topk}"))
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            found.append(("seed", f"must be 0 to {SEED_LIMIT - 1}, got {self.seed}"))
         return found
 
     def check(self) -> "SearchOptions":
