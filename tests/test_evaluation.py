@@ -225,6 +225,10 @@ def test_the_report_names_a_row_without_a_figure_it_draws(tmp_path):
     write({**valid, "directions": {"en-de": {"valid_loss": 3.0}}})
     with pytest.raises(XformerError, match=r"metrics.jsonl:1: 'directions' is not each direction's figures"):
         read_metrics(tmp_path)
+    for row in ({}, {"step": None, "valid_bleu": [1]}):  # a report of "steps: None" before
+        write(train, row)
+        with pytest.raises(XformerError, match=r"metrics.jsonl:2: a row without a number for 'step'$"):
+            read_metrics(tmp_path)
     write({**valid, "averaged_steps": []})
     with pytest.raises(XformerError, match=r"metrics.jsonl:1: an averaging row without the list"):
         read_metrics(tmp_path)

@@ -189,6 +189,66 @@ def test_a_yaml_error_names_its_line_and_column_and_a_directory_is_not_called_mi
         list(iter_lines(tmp_path))
 
 
+def test_a_key_given_twice_in_a_config_is_named_not_silently_dropped(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("run_dir: x\nmodel:\n  d_model: 64\ntrain:\n  lr_scale: 2\nmodel:\n  d_ff: 128\n")
+    with pytest.raises(XformerError, match=r"twice.yaml:6:1 is not valid YAML: the key 'model' is given twice "
+                                           r"\(first on line 2\)$"):
+        load_config(twice, [])
+    merged = tmp_path / "merged.yaml"  # a YAML merge key may still be overridden, as YAML means it
+    merged.write_text("base: &base {d_model: 64, n_heads: 4}\nmodel:\n  <<: *base\n  d_model: 32\n")
+    from xformer_cli.settings_file import read_tree
+
+    assert read_tree(merged)["model"] == {"d_model": 32, "n_heads": 4}
+
+
+def test_a_tokenizer_model_that_is_not_one_names_its_file(tmp_path):
+    from xformer_cli.tokenizer import Tokenizer
+
+    garbage = tmp_path / "joint.model"
+    garbage.write_bytes(b"not a model" * 10)
+    with pytest.raises(XformerError, match=rf"^tokenizer model {garbage} is not a sentencepiece model$"):
+        Tokenizer.from_files(garbage)
+
+
+def test_a_file_that_fails_mid_read_names_itself_and_the_line(tmp_path, monkeypatch):
+    """An I/O error while reading (a failing disk, /proc/self/mem) is one line, not a traceback."""
+    import errno
+
+    from xformer_cli.textio import iter_lines
+
+    class Failing:
+        def __iter__(self):
+            yield b"A dog.\n"
+            raise OSError(errno.EIO, "Input/output error")
+
+        def close(self):
+            pass
+
+    source = write_lines(tmp_path / "in.en", ["A dog.", "A cat."])
+    monkeypatch.setattr(Path, "open", lambda self, mode="r": Failing())
+    with pytest.raises(XformerError, match=rf"^cannot read {source} after line 1: Input/output error$"):
+        list(iter_lines(source))
+
+
+def test_running_out_of_memory_in_torch_is_one_line(capsys):
+    """torch's allocators raise RuntimeErrors (model.d_model=100000 on a CPU), not MemoryError."""
+    import typer
+
+    from xformer_cli.cli.common import user_errors
+
+    @user_errors
+    def command():
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 40000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        command()
+    assert exit_info.value.exit_code == 1
+    assert capsys.readouterr().err == ("error: out of memory; lower train.max_tokens or decode.batch_size, "
+                                       "or the model's size\n")
+
+
 def test_a_glossary_that_is_not_utf8_names_its_line(tmp_path):
     from xformer_cli.text.glossary import load_glossary
 

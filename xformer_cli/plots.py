@@ -60,6 +60,8 @@ _ROW_KEYS = {"train_loss": ("training", ("step", "minutes", "train_loss", "lr", 
 
 def _check_row(row: dict, where: str) -> None:
     """One line naming the line and the key, instead of a KeyError or a plot of strings."""
+    if not _is_number(row.get("step")):  # every row train writes says where the run was
+        raise XformerError(f"{where}: a row without a number for 'step'")
     for marker, (kind, keys) in _ROW_KEYS.items():
         if marker not in row:
             continue

@@ -147,13 +147,31 @@ def build_section(cls: type, values: dict, prefix: str = "") -> Any:
     return _build(cls, values, prefix)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (PyYAML keeps the last:
+    a setting the user wrote would be ignored without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base": keys given beside it override it
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice (first on line {seen[key] + 1})", key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_tree(path: str | Path) -> dict:
     """A YAML config file as a mapping; a missing, unreadable or non-mapping file in one line."""
     path = Path(path)
     if not path.is_file():
         raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

@@ -35,9 +35,14 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
         handle = path.open("rb")
     with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
         name = "stdin" if _is_std(path) else str(path)
-        for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
-            raw = raw.rstrip(b"\n").rstrip(b"\r")
-            yield raw.decode("utf-8", errors="replace") if replace_invalid else decode_line(raw, name, number, remedy)
+        number = 0
+        try:
+            for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
+                raw = raw.rstrip(b"\n").rstrip(b"\r")
+                yield raw.decode("utf-8", errors="replace") if replace_invalid else decode_line(raw, name, number,
+                                                                                                  remedy)
+        except OSError as exc:  # a device or file that fails mid-read (EIO): named, not a traceback
+            raise XformerError(f"cannot read {name} after line {number}: {exc.strerror or exc}") from None
 
 
 def decode_line(raw: bytes, name: str, number: int, remedy: str) -> str:

@@ -160,18 +160,20 @@ class Tokenizer:
     (and ``tgt_vocab`` for a target id space of its own), pieces numbered by those lists."""
 
     def __init__(self, src_model: bytes, tgt_model: Optional[bytes] = None, vocab: Optional[Sequence[str]] = None,
-                 tgt_vocab: Optional[Sequence[str]] = None):
+                 tgt_vocab: Optional[Sequence[str]] = None,
+                 names: tuple[str, str] = ("source tokenizer", "target tokenizer")):
         self.src_model_bytes = src_model
         self.tgt_model_bytes = tgt_model
         self.vocab = list(vocab) if vocab is not None else None
         self.tgt_vocab = list(tgt_vocab) if tgt_vocab is not None else None
+        src_name, tgt_name = names  # what a load error names: the file, where there is one
         if self.vocab is None:
-            self.src = _load(src_model, "source tokenizer")
-            self.tgt = self.src if tgt_model is None else _load(tgt_model, "target tokenizer")
+            self.src = _load(src_model, src_name)
+            self.tgt = self.src if tgt_model is None else _load(tgt_model, tgt_name)
         else:
-            self.src = _load_mapped(src_model, "source tokenizer", self.vocab)
-            self.tgt = self.src if tgt_model is None else _load_mapped(
-                tgt_model, "target tokenizer", self.tgt_vocab or self.vocab)
+            self.src = _load_mapped(src_model, src_name, self.vocab)
+            self.tgt = self.src if tgt_model is None else _load_mapped(tgt_model, tgt_name,
+                                                                       self.tgt_vocab or self.vocab)
 
     def state(self) -> dict:
         """What a checkpoint keeps of the tokenizer (``from_state`` reads it back)."""
@@ -211,7 +213,8 @@ class Tokenizer:
                 raise XformerError(f"tokenizer model not found: {path}")
             return path.read_bytes()
 
-        return cls(read(src_path), read(tgt_path) if tgt_path else None)
+        return cls(read(src_path), read(tgt_path) if tgt_path else None,
+                   names=(f"tokenizer model {src_path}", f"tokenizer model {tgt_path}"))
 
     @classmethod
     def train(

@@ -53,6 +53,8 @@ def user_errors(fn: Command) -> Command:
         except (OSError, RuntimeError) as exc:
             from xformer_cli.fileio import disk_full
 
+            if isinstance(exc, RuntimeError) and _out_of_memory(exc):  # torch's allocators raise RuntimeErrors
+                _fail("out of memory; lower train.max_tokens or decode.batch_size, or the model's size")
             if not disk_full(exc):
                 raise
             # a write the library did not name itself (config.yaml, the tokenizer, an export)
@@ -60,6 +62,11 @@ def user_errors(fn: Command) -> Command:
             _fail(f"could not write {target}: no space left on device; files written before it are intact")
 
     return wrapper  # type: ignore[return-value]
+
+
+def _out_of_memory(exc: RuntimeError) -> bool:
+    """torch's CPU allocator ("can't allocate memory") or a GPU's ("out of memory")."""
+    return any(words in str(exc) for words in ("can't allocate memory", "out of memory"))
 
 
 def log(message: str) -> None:

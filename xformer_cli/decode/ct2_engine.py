@@ -136,10 +136,12 @@ class CTranslate2Translator(Engine):
             decode = DecodeConfig(**info["decode"])
             vocabularies = info.get("vocabularies") or {}  # an imported MarianMT model's
             if info["joint_vocab"]:
-                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes(), None, vocabularies.get("vocab"))
+                tokenizer = Tokenizer((path / JOINT_SPM).read_bytes(), None, vocabularies.get("vocab"),
+                                      names=(str(path / JOINT_SPM), ""))
             else:
                 tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
-                                      vocabularies.get("vocab"), vocabularies.get("tgt_vocab"))
+                                      vocabularies.get("vocab"), vocabularies.get("tgt_vocab"),
+                                      names=(str(path / SOURCE_SPM), str(path / TARGET_SPM)))
             workers = cpu_workers(threads) if device == "cpu" else 1
             with keeping_torch_threads():
                 translator = ctranslate2.Translator(

@@ -81,7 +81,8 @@ def load_marian(source: str) -> dict[str, Any]:
     )
     validate(cfg)
     tokenizer = Tokenizer(read_bytes(directory / "source.spm"), read_bytes(directory / "target.spm"),
-                          vocab.src, None if vocab.shared else vocab.tgt)
+                          vocab.src, None if vocab.shared else vocab.tgt,
+                          names=(str(directory / "source.spm"), str(directory / "target.spm")))
     model = build_model(cfg, tokenizer)
     try:
         model.load_state_dict(_xformer_weights(marian, vocab, cfg.model))
