@@ -290,6 +290,27 @@ def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, m
     run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="reverse", log=lambda _: None)
 
 
+def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):
+    """A folder, a file of blank lines or bytes that are not UTF-8 as mono.target failed after the
+    reverse model had trained (a folder: "file not found"; an empty file: 0 back-translations, exit 0)."""
+    from xformer_cli.pipeline import pipeline_status, run_pipeline
+
+    (tmp_path / "folder").mkdir()
+    write_lines(tmp_path / "blank.de", ["", "  "])
+    (tmp_path / "binary.de").write_bytes(b"Ein Hund.\n\xff\xfe\x00\n")
+    for given, said in (("folder", "is a directory, not a text file"),
+                        ("blank.de", r"has no line to translate \(2 empty\)"),
+                        ("binary.de", r"binary.de:2: invalid UTF-8 .*mono.skip_invalid_utf8: true")):
+        config = smoke(tmp_path, f"mono.target={tmp_path / given}")
+        with pytest.raises(XformerError, match=said):
+            run_pipeline(config, log=lambda _: None, progress=False)
+        assert not (tmp_path / "run").exists()  # nothing ran, nothing was written
+    statuses = pipeline_status(smoke(tmp_path, f"mono.target={tmp_path / 'blank.de'}"))
+    assert [s.action for s in statuses if s.stage == "backtranslate"] == ["fails"]
+    skipped = smoke(tmp_path, f"mono.target={tmp_path / 'binary.de'}", "mono.skip_invalid_utf8=true")
+    assert [s.action for s in pipeline_status(skipped) if s.stage == "backtranslate"] != ["fails"]
+
+
 def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):
     pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
     with pytest.raises(XformerError, match="pipeline stage backtranslate has not finished.*--only backtranslate"):

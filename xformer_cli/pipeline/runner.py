@@ -12,7 +12,7 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline, missing_named_file
+from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline, unusable_named_file
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -126,7 +126,7 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts, and the files it names
     for name in stages:
-        missing = missing_named_file(pipe, name)
+        missing = unusable_named_file(pipe, name)
         if missing:
             raise XformerError(missing)
     with run_lock.holding(pipe.run_dir, "xformer pipeline"):

@@ -460,10 +460,11 @@ def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:
     return [Path(config.run_dir) for config in configs]
 
 
-def missing_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
-    """A file the config names for ``stage`` that is not there, said in one line (None: all are).
-    The run checks every stage it will visit before the first starts: a misspelt baseline must
-    not wait hours for the evaluate stage to be found."""
+def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
+    """A file the config names for ``stage`` that is not there or cannot serve, said in one line
+    (None: all can). The run checks every stage it will visit before the first starts: a
+    misspelt baseline must not wait hours for the evaluate stage to be found, nor a monolingual
+    file that is a folder, empty or not UTF-8 for the reverse model's training to end."""
     c = pipe.config
     named = {"reverse": [("reverse.checkpoint", c.reverse.checkpoint)],
              "backtranslate": [("mono.target", c.mono.target)],
@@ -473,6 +474,22 @@ def missing_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
     for key, given in named:
         if given and not Path(given).exists():
             return f"config key '{key}': {given} not found (checked before the first stage runs)"
+        if given and key.startswith("mono."):
+            problem = _unusable_text(Path(given), c.mono.skip_invalid_utf8)
+            if problem:
+                return f"config key '{key}': {problem} (checked before the first stage runs)"
+    return None
+
+
+def _unusable_text(path: Path, skip_invalid: bool) -> Optional[str]:
+    """Why a monolingual text file cannot be translated (a folder, no usable line); a line that
+    is not UTF-8 is named by the reading itself, as the stage would name it."""
+    if not path.is_file():
+        return f"{path} is a directory, not a text file"
+    lines = TextLines(path, skip_invalid)
+    if sum(1 for _ in lines) == 0:  # every line read once, so a line that is not UTF-8 stops the run now
+        dropped = ", ".join(f"{n} {why}" for why, n in lines.dropped.items()) or "no line at all"
+        return f"{path} has no line to translate ({dropped})"
     return None
 
 

@@ -14,7 +14,7 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
-from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, missing_named_file,
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, unusable_named_file,
                                          trained_run_dirs, translation_files)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
@@ -42,7 +42,7 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
     statuses = []
     for name in STAGES:
         waits = [need for need in NEEDS[name] if need in running]
-        missing = missing_named_file(pipe, name)
+        missing = unusable_named_file(pipe, name)
         if missing:  # the run stops before its first stage
             status = StageStatus(name, FAIL, missing)
         elif waits:
