@@ -257,6 +257,8 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "export.quantization=int4")  # found before the student trains, not after
     with pytest.raises(XformerError, match="config key 'threads': must be 0"):
         smoke(Path("/tmp"), "threads=-1")
+    with pytest.raises(XformerError, match="config key 'run_dir': .*pipeline-smoke.yaml is a file, not a folder"):
+        smoke(Path("/tmp"), f"run_dir={ROOT / 'configs' / 'pipeline-smoke.yaml'}")
     with pytest.raises(XformerError, match="config key 'export.shortlist_per_source'"):
         smoke(Path("/tmp"), "export.shortlist=true", "export.shortlist_per_source=0")
     for seeds in ("[1, 1]", "[1, -2]", "[1, 2.5]", "[true]"):

@@ -132,6 +132,8 @@ def load_pipeline_config(path: str | Path, overrides: Optional[list[str]] = None
 def check(config: PipelineConfig) -> None:
     """Each key's range, named in one line; files are checked by the stage that reads them."""
     require(bool(config.run_dir.strip()), "run_dir", "must not be empty")
+    require(not Path(config.run_dir).exists() or Path(config.run_dir).is_dir(), "run_dir",
+            f"{config.run_dir} is a file, not a folder")  # --status would otherwise plan stages that cannot start
     require(bool(config.model_config), "model_config", "the training config every model starts from (configs/...)")
     require(config.mono.max_lines >= 0, "mono.max_lines", "must be 0 (all) or more")
     require(config.budget_minutes >= 0 and config.reserve_minutes >= 0, "budget_minutes",
