@@ -201,6 +201,20 @@ def test_bad_inputs_are_one_line_errors(exported, tmp_path):
             CTranslate2Translator.from_directory(missing)
 
 
+def test_a_damaged_vocabulary_file_is_named_when_the_export_loads(exported, tmp_path):
+    """It was a ValueError from the first translation ("Token <pad> is not in the vocabulary")."""
+    import shutil
+
+    _, out, _ = exported
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    vocabulary = next(damaged.glob("*vocabulary.json"))
+    vocabulary.write_text('["a"]')
+    with pytest.raises(XformerError, match=rf"^{vocabulary} holds 1 pieces, not the \d+ of the export's "
+                                           r"sentencepiece model: export the checkpoint again$"):
+        CTranslate2Translator.from_directory(damaged, threads=1)
+
+
 def test_missing_ctranslate2_is_a_clear_error(exported, tmp_path, monkeypatch):
     checkpoint, out, _ = exported
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 -> ImportError

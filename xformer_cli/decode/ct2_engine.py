@@ -142,6 +142,7 @@ class CTranslate2Translator(Engine):
                 tokenizer = Tokenizer((path / SOURCE_SPM).read_bytes(), (path / TARGET_SPM).read_bytes(),
                                       vocabularies.get("vocab"), vocabularies.get("tgt_vocab"),
                                       names=(str(path / SOURCE_SPM), str(path / TARGET_SPM)))
+            _check_vocabularies(path, tokenizer)
             workers = cpu_workers(threads) if device == "cpu" else 1
             with keeping_torch_threads():
                 translator = ctranslate2.Translator(
@@ -236,3 +237,21 @@ class CTranslate2Translator(Engine):
             tokens = [self.tgt_ids[piece] for piece in pieces][:limit]
             hyps.append(Hypothesis(tokens, logprob / length_penalty(len(tokens) + 1, alpha), logprob))  # + 1: eos
         return sorted(hyps, key=lambda h: -h.score)
+
+
+def _check_vocabularies(path: Path, tokenizer: Tokenizer) -> None:
+    """The model's vocabulary files hold the tokenizer's pieces in its order (the engine maps ids
+    to pieces with the tokenizer): a damaged or foreign one is named here, not a KeyError or a
+    ValueError mid-translation."""
+    files = {"shared_vocabulary.json": tokenizer.tgt} if (path / "shared_vocabulary.json").is_file() else {
+        "source_vocabulary.json": tokenizer.src, "target_vocabulary.json": tokenizer.tgt}
+    for name, side in files.items():
+        if not (path / name).is_file():
+            continue  # an export of an older CTranslate2 (.txt vocabularies): CTranslate2 reads it itself
+        pieces = json.loads((path / name).read_text(encoding="utf-8"))
+        expected = piece_list(side)
+        if pieces != expected:
+            raise XformerError(f"{path / name} holds {len(pieces) if isinstance(pieces, list) else 'no list of'} "
+                               f"pieces, not the {len(expected)} of the export's sentencepiece model: export the "
+                               "checkpoint again")
+
