@@ -478,7 +478,8 @@ def validate(cfg: Config) -> None:
     require(0 <= t.seed < SEED_LIMIT, "train.seed", f"must be 0 to {SEED_LIMIT - 1}, not {t.seed}")
     require(t.log_every > 0, "train.log_every", "must be positive")
     require(t.threads >= 0, "train.threads", "must be >= 0")
-    require(not too_many_threads(t.threads, "it"), "train.threads", too_many_threads(t.threads, "it"))
+    threads_refused = too_many_threads(t.threads, "it")
+    require(not threads_refused, "train.threads", threads_refused)
     require(t.dist_backend in ("auto", "nccl", "gloo"), "train.dist_backend", "must be auto, nccl or gloo")
     require(t.dist_timeout_minutes > 0, "train.dist_timeout_minutes", "must be positive")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",

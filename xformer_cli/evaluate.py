@@ -62,8 +62,10 @@ def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False
     return metrics
 
 
-def _checked(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str, ref_names: Sequence[str],
-             allow_empty: bool = False) -> None:
+def check_line_counts(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str, ref_names: Sequence[str],
+                      allow_empty: bool = False) -> None:
+    """Each reference as long as ``hyps`` (and ``hyps`` not empty unless ``allow_empty``), else one
+    line naming both: before scoring, and before eval-bleu translates a source."""
     if not allow_empty and (not hyps or all(not h.strip() for h in hyps)):
         raise XformerError(f"{hyp_name} is empty")
     for ref, name in zip(refs, ref_names):
@@ -85,7 +87,7 @@ def score_lines(
     """Score one system against one or more reference streams (each as long as ``hyps``).
     An all-empty hypothesis file is an error unless ``allow_empty`` (a model early in training)."""
     ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
-    _checked(hyps, refs, hyp_name, ref_names, allow_empty)
+    check_line_counts(hyps, refs, hyp_name, ref_names, allow_empty)
     scores = []
     for name, metric in make_metrics(metrics, lowercase, tokenize).items():
         result = metric.corpus_score(list(hyps), [list(r) for r in refs], n_bootstrap=max(bootstrap, 1))
@@ -130,7 +132,7 @@ def compare_systems(
                            f"{DEFAULT_SAMPLES[test]}) or at least 2, not {samples}")
     ref_names = ref_names or [f"references {i + 1}" for i in range(len(refs))]
     for name, hyps in systems:
-        _checked(hyps, refs, name, ref_names)
+        check_line_counts(hyps, refs, name, ref_names)
     chosen = make_metrics(metrics, lowercase, tokenize)
     paired = PairedTest([(n, list(h)) for n, h in systems], chosen, [list(r) for r in refs], test_type=test,
                         n_samples=samples)

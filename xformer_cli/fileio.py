@@ -138,6 +138,11 @@ def same_file(a: "str | Path | None", b: "str | Path | None") -> bool:
     return a is not None and b is not None and Path(a).exists() and Path(b).exists() and os.path.samefile(a, b)
 
 
+def is_inside(path: "str | Path", folder: "str | Path") -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (links resolved: another spelling of it counts)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

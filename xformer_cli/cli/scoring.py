@@ -116,10 +116,10 @@ def _translate_source(translator, checkpoint: Path, src: Path, source_lines, sea
     its off-target rate said), and written to --output when given. ``references``: (the --ref
     paths, their lines): their line counts checked, and --output refused on one, before any work."""
     lines = source_lines if source_lines is not None else _read_source(src)
+    from xformer_cli.evaluate import check_line_counts
+
     ref_paths, ref_lines = references
-    for path, ref in zip(ref_paths, ref_lines):
-        if len(ref) != len(lines):
-            raise XformerError(f"line counts differ: {src} has {len(lines)} lines, {path} has {len(ref)}")
+    check_line_counts(lines, ref_lines, str(src), [str(path) for path in ref_paths], allow_empty=True)
     direction = direction_for(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
     check_output(output, [(src, "--src"), (checkpoint, "--checkpoint"), *((path, "--ref") for path in ref_paths)])
     translated = translator.translate(lines, **search, target_lang=direction.target)

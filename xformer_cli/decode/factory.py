@@ -157,14 +157,16 @@ def decode_threads(requested: int = 0, engine: str = "xformer", serving: bool = 
     faster (docs/benchmarks/decoding.md, "Threads")."""
     if requested < 0:
         raise XformerError(f"--threads must be >= 0 (0 = every core), not {requested}")
-    if too_many_threads(requested, "--threads"):
-        raise XformerError(too_many_threads(requested, "--threads"))
+    refused = too_many_threads(requested, "--threads")
+    if refused:
+        raise XformerError(refused)
     if requested > 0:
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
-        if too_many_threads(int(env), "$OMP_NUM_THREADS"):
-            raise XformerError(too_many_threads(int(env), "$OMP_NUM_THREADS"))
+        refused = too_many_threads(int(env), "$OMP_NUM_THREADS")
+        if refused:
+            raise XformerError(refused)
         return int(env)
     spinning = engine == "xformer" and not torch_waits_passive()
     return max(1, available_cores() - int(spinning) - int(serving))

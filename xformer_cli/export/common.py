@@ -11,7 +11,7 @@ from xformer_cli.checkpoint_file import load_checkpoint, load_model
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
-from xformer_cli.fileio import atomic_directory, unchanged_or, writing
+from xformer_cli.fileio import atomic_directory, is_inside, unchanged_or, writing
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -57,7 +57,7 @@ def output_directory(output_dir: str | Path, force: bool, checkpoint: str | Path
         return output
     if not force:
         raise XformerError(f"{output} exists and is not empty (use --force to replace an earlier export there)")
-    if Path(os.path.realpath(checkpoint)).is_relative_to(os.path.realpath(output)):
+    if is_inside(checkpoint, output):
         raise XformerError(f"{output} holds the checkpoint being exported ({checkpoint}): --force would delete it; "
                            "write the export elsewhere")
     if not is_export_directory(output):

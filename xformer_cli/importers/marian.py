@@ -36,7 +36,6 @@ contradict config.json, tensors no MarianMT part explains, a missing vocab.json.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -47,6 +46,7 @@ from xformer_cli.config import Config, CorpusConfig, DataConfig, DecodeConfig, P
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import export_languages, read_export_info
 from xformer_cli.export.huggingface import HF_LENGTH_PENALTY_SCALE, hidden_permutation
+from xformer_cli.fileio import is_inside
 from xformer_cli.languages import code_of_tag, is_tag, tag_for
 from xformer_cli.importers.marian_files import (ACTIVATIONS, check_config, read_bytes, read_json, read_vocabulary,
                                                 read_weights, resolve_source)
@@ -57,7 +57,7 @@ from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 def import_marian(source: str, output: str | Path) -> Path:
     """Write ``source`` (a MarianMT directory or Hub id) as the xformer checkpoint ``output``;
     never inside ``source`` (the file written could be one of the model's)."""
-    if Path(source).is_dir() and Path(os.path.realpath(output)).is_relative_to(os.path.realpath(source)):
+    if Path(source).is_dir() and is_inside(output, source):
         raise XformerError(f"{output} is inside the model being imported ({source}): write the checkpoint elsewhere")
     state = load_marian(source)
     save_checkpoint({k: v for k, v in state.items() if k not in ("format", "version")}, output)

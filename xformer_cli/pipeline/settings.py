@@ -161,6 +161,7 @@ def check(config: PipelineConfig) -> None:
     require(config.export.quantization in EXPORT_QUANTIZATIONS, "export.quantization",
             f"one of {', '.join(EXPORT_QUANTIZATIONS)}")
     require(config.threads >= 0, "threads", "must be 0 (every core) or more")
-    require(not too_many_threads(config.threads, "it"), "threads", too_many_threads(config.threads, "it"))
+    threads_refused = too_many_threads(config.threads, "it")
+    require(not threads_refused, "threads", threads_refused)
     require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
     require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")
