@@ -278,6 +278,23 @@ def test_ctranslate2_engine_from_an_export_and_from_a_checkpoint(trained_run, tm
             assert res.json() == {"translatedText": greedy}
 
 
+def test_source_and_target_respell_a_bilingual_models_languages_and_never_change_them(tmp_path):
+    from xformer_cli.errors import XformerError
+    from xformer_cli.languages import Languages
+    from xformer_cli.serve.engine import served_languages
+
+    model, said = Languages.of([("en", "de")]), []
+    assert served_languages(model, None, None, said.append, tmp_path).pairs == (("en", "de"),)
+    assert served_languages(model, "eng", "de-DE", said.append, tmp_path).pairs == (("eng", "de-DE"),)
+    for source, target, flag in (("fr", None, "--source fr"), (None, "en", "--target en"), ("de", "en", "--source de")):
+        with pytest.raises(XformerError, match=f"{flag}: .* translates en->de only"):
+            served_languages(model, source, target, said.append, tmp_path)
+    assert said == []
+    unnamed = served_languages(None, "fr", "cs", said.append, tmp_path)  # a model that records no codes
+    assert unnamed.pairs == (("fr", "cs"),) and said == []
+    assert served_languages(None, None, None, said.append, tmp_path).pairs == (("en", "de"),) and "records no" in said[0]
+
+
 # -- a real server process -----------------------------------------------------------------------
 
 @pytest.mark.slow

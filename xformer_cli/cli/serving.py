@@ -23,9 +23,11 @@ def serve(  # long: its signature is its options, one parameter each
     precision: str = PRECISION,
     device: str = DEVICE,
     source: Optional[str] = typer.Option(None, "--source",
-                                         help="Source language code (default: the checkpoint's data.src_lang)."),
+                                         help="Source language code (default: the checkpoint's data.src_lang; "
+                                              "another spelling of it, e.g. deu for de)."),
     target: Optional[str] = typer.Option(None, "--target",
-                                         help="Target language code (default: the checkpoint's data.tgt_lang)."),
+                                         help="Target language code (default: the checkpoint's data.tgt_lang; "
+                                              "another spelling of it, e.g. de-DE for de)."),
     name: Optional[str] = typer.Option(None, "--name",
                                        help="Model name shown on the page and in /health (default: RUN/FILE)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="XFORMER_API_KEY",

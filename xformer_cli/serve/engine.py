@@ -19,7 +19,7 @@ from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.factory import load_engine
 from xformer_cli.decode.search import Wanted
 from xformer_cli.errors import XformerError
-from xformer_cli.languages import Languages
+from xformer_cli.languages import Languages, same_language
 from xformer_cli.text import Glossary, TextOptions, TextResult, load_glossary, translate_texts
 
 
@@ -74,7 +74,7 @@ def load_served_model(
     log: Callable[[str], None] = lambda message: None,
     glossary: Optional["str | Path"] = None,
 ) -> ServedModel:
-    """Load ``model`` for serving; ``source``/``target`` override the recorded language codes;
+    """Load ``model`` for serving; ``source``/``target``: see ``served_languages``;
     ``threads``: the engine's CPU threads (0: ``decode.factory.decode_threads``'s rule, with a
     core left to HTTP when ``serving``)."""
     path = Path(model)
@@ -105,15 +105,29 @@ def load_served_model(
 
 def served_languages(recorded: Optional[Languages], source: Optional[str], target: Optional[str],
                      log: Callable[[str], None], path: Path) -> Languages:
-    """The directions to serve: a bilingual model's one pair (--source and --target rename it),
-    a multilingual model's every one (--source and --target pick the page's first)."""
+    """The directions to serve: a bilingual model's one pair, a multilingual model's every one
+    (--source and --target pick the page's first). On a bilingual model --source and --target name
+    the languages where the model records none and may respell recorded ones (de-DE for de, deu);
+    one that names another language is refused: the model would serve under a false label."""
     if recorded is not None and len(recorded.pairs) > 1:
         return recorded
-    if recorded is None and not (source and target):
-        log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
-    src, tgt = recorded.pairs[0] if recorded is not None else ("en", "de")
-    tags = ((target or tgt, recorded.tags[0][1]),) if recorded is not None and recorded.tagged else ()
+    if recorded is None:
+        if not (source and target):
+            log(f"warning: {path} records no language codes; serving en->de (set --source and --target)")
+        return Languages(((source or "en", target or "de"),), ())
+    src, tgt = recorded.pairs[0]
+    for flag, given, known in (("--source", source, src), ("--target", target, tgt)):
+        if given and not _same_language_or_region(given, known):
+            raise XformerError(f"{flag} {given}: {path} translates {recorded.describe()} only "
+                               f"(--source and --target respell its languages, they cannot change them)")
+    tags = ((target or tgt, recorded.tags[0][1]),) if recorded.tagged else ()
     return Languages(((source or src, target or tgt),), tags)
+
+
+def _same_language_or_region(given: str, known: str) -> bool:
+    """fr and fra name one language, and so do de-DE and de (a region or script subtag's variant)."""
+    primary = [code.replace("_", "-").split("-")[0] for code in (given, known)]
+    return same_language(given, known) or same_language(*primary)
 
 
 def _model_name(path: Path) -> str:
