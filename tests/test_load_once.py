@@ -79,9 +79,10 @@ def test_eval_bleu_reads_the_checkpoint_once(bilingual, checkpoint, corpus, tmp_
     assert len(json.loads(rows.stdout.splitlines()[-1])["directions"]) == 2 and len(reads) == 1, reads
 
 
-def test_eval_bleu_output_never_replaces_a_reference_or_a_file_before_the_checks(bilingual, tmp_path):
-    """--output on a --ref would overwrite the reference with the translation; a line count that
-    differs fails before the translation is written over an existing output."""
+def test_eval_bleu_output_never_replaces_a_reference_or_a_file_before_the_checks(bilingual, tmp_path, monkeypatch):
+    """--output on a --ref (or on the test set's file the checkpoint scores alone) would overwrite the
+    reference with the translation; a line count that differs fails before the translation is written
+    over an existing output. The files given are checked before the model loads."""
     from typer.testing import CliRunner
 
     from xformer_cli.cli import app
@@ -94,11 +95,20 @@ def test_eval_bleu_output_never_replaces_a_reference_or_a_file_before_the_checks
     short = tmp_path / "short.de"
     short.write_text(lines["de"][0] + "\n", encoding="utf-8")
     base = ["eval-bleu", "-m", str(bilingual), "--src", str(src), "--engine", "xformer", "-b", "1"]
+    reads = reads_of(monkeypatch, bilingual)
     result = CliRunner().invoke(app, [*base, "--ref", str(ref), "-o", str(ref)])
     assert result.exit_code == 1 and f"--output {ref} is the --ref file" in result.output, result.output
     result = CliRunner().invoke(app, [*base, "--ref", str(short), "-o", str(out)])
     assert result.exit_code == 1 and f"line counts differ: {src} has 4 lines, {short} has 1" in result.output
     assert ref.read_text(encoding="utf-8").splitlines() == lines["de"] and out.read_text() == "kept\n"
+    assert reads == []  # both refused before the model loaded
+    from xformer_cli.data.directions import checkpoint_test_set
+
+    test_files = checkpoint_test_set(bilingual, log=lambda _: None).files  # --checkpoint alone: its config's
+    before = test_files[1].read_bytes()
+    result = CliRunner().invoke(app, ["eval-bleu", "-m", str(bilingual), "-b", "1", "-o", str(test_files[1])])
+    assert result.exit_code == 1 and f"--output {test_files[1]} is the data.test file" in result.output, result.output
+    assert test_files[1].read_bytes() == before
 
 
 def test_options_are_checked_before_the_model_loads(tmp_path):

@@ -73,15 +73,15 @@ def eval_bleu(  # long: its signature is its options, one parameter each
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
     search = dict(beam_size=beam_size, length_penalty=length_penalty, batch_size=batch_size)
-    translator = _eval_engine(checkpoint, src, refs, (engine, precision, device, threads, search))
-    if translator is not None and src is None and not refs and _multilingual(translator):
+    given = _given_texts(checkpoint, src, refs, output)  # read and checked before a model loads
+    translator = _eval_engine(checkpoint, (engine, precision, device, threads, search))
+    if translator is not None and given is None and _multilingual(translator):
         _eval_directions(translator, checkpoint, chosen, (lowercase, tokenize), search, target_lang, source_lang,
                          output, as_json)
         return
-    source_lines, ref_lines, ref_names, src = _references(translator, checkpoint, src, refs)
+    source_lines, ref_lines, ref_names, src = given or _test_set(translator, checkpoint, output)
     if translator is not None:
-        out = _translate_source(translator, checkpoint, src, source_lines, search, target_lang, source_lang, output,
-                                (refs, ref_lines))
+        out = _translate_source(translator, source_lines, search, target_lang, source_lang, output)
         systems = [(f"translation of {src}", out)]
     else:
         systems = [(str(h), list(read_lines(h))) for h in hyps]
@@ -96,32 +96,55 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
 
 
-def _eval_engine(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path], engine_args: tuple):
-    """eval-bleu --checkpoint's engine (None with --hyp), after the checks that need no model:
-    the one read of the checkpoint, whose languages and config the other steps ask."""
+def _given_texts(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path], output: Optional[Path]):
+    """(source lines, reference lines per reference, their names, the source's path) from --src and
+    --ref, with their line counts checked and --output on none of the inputs, before a model loads;
+    None for --checkpoint alone (its config's test set, read with the model). With --hyp the source
+    lines are None: the number accuracy reads --src when given."""
+    from xformer_cli.data.sources import read_lines
+    from xformer_cli.evaluate import check_line_counts
+
+    if checkpoint is not None and src is None and not refs:
+        check_output(output, [(checkpoint, "--checkpoint")])
+        return None
+    if checkpoint is not None and src is None:
+        raise XformerError("--checkpoint needs --src (the source side to translate)")
+    if not refs:
+        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
+    ref_lines = [list(read_lines(path)) for path in refs]
+    source_lines = None
+    if checkpoint is not None:
+        check_output(output, [(src, "--src"), (checkpoint, "--checkpoint"), *((path, "--ref") for path in refs)])
+        source_lines = _read_source(src)
+        check_line_counts(source_lines, ref_lines, str(src), [str(path) for path in refs], allow_empty=True)
+    return source_lines, ref_lines, [str(path) for path in refs], src
+
+
+def _eval_engine(checkpoint: Optional[Path], engine_args: tuple):
+    """eval-bleu --checkpoint's engine (None with --hyp): the one read of the checkpoint, whose
+    languages and config the other steps ask."""
     if checkpoint is None:
         return None
-    if src is None and refs:
-        raise XformerError("--checkpoint needs --src (the source side to translate)")
-    if src is not None and not refs:
-        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
     *args, search = engine_args
     needs = ("beam_search",) if search["beam_size"] != 1 else ()
     return load_engine_logged([checkpoint], *args, needs)
 
 
-def _translate_source(translator, checkpoint: Path, src: Path, source_lines, search: dict, target_lang,
-                      source_lang, output: Optional[Path], references: tuple) -> list[str]:
-    """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
-    its off-target rate said), and written to --output when given. ``references``: (the --ref
-    paths, their lines): their line counts checked, and --output refused on one, before any work."""
-    lines = source_lines if source_lines is not None else _read_source(src)
-    from xformer_cli.evaluate import check_line_counts
+def _test_set(translator, checkpoint: Path, output: Optional[Path]):
+    """--checkpoint alone: the test set of its own config (the engine's), as ``_given_texts``
+    returns --src and --ref; --output refused on its files."""
+    from xformer_cli.data.directions import checkpoint_test_set
 
-    ref_paths, ref_lines = references
-    check_line_counts(lines, ref_lines, str(src), [str(path) for path in ref_paths], allow_empty=True)
+    test = checkpoint_test_set(checkpoint, log=log, config=translator.config)
+    check_output(output, [(path, "data.test") for path in test.files])
+    return test.src, [test.tgt], [test.origin], Path(test.origin)
+
+
+def _translate_source(translator, lines: list[str], search: dict, target_lang, source_lang,
+                      output: Optional[Path]) -> list[str]:
+    """eval-bleu --checkpoint: the source translated (into --target-lang on a multilingual model;
+    its off-target rate said), and written to --output when given."""
     direction = direction_for(translator.languages, target_lang, source_lang, lambda: "\n".join(lines[:2000]))
-    check_output(output, [(src, "--src"), (checkpoint, "--checkpoint"), *((path, "--ref") for path in ref_paths)])
     translated = translator.translate(lines, **search, target_lang=direction.target)
     warn_cut_lines(translator)
     _say_off_target(translator, translated, direction)
@@ -171,21 +194,6 @@ def _say_off_target(translator, translated: list[str], direction) -> None:
         log(f"off-target: {wrong} of {scored} outputs ({100 * wrong / max(scored, 1):.1f}%) "
              f"are not in {direction.target} "
              f"({direction.describe()}{'' if direction.trained else ', zero-shot'}; py3langid)")
-
-
-def _references(translator, checkpoint: Optional[Path], src: Optional[Path], refs: List[Path]):
-    """(source lines or None, reference lines per reference, their names, the source's path):
-    with --checkpoint alone, the test set of the checkpoint's own config (the engine's); else --ref."""
-    from xformer_cli.data.sources import read_lines
-
-    if checkpoint is not None and src is None and not refs:
-        from xformer_cli.data.directions import checkpoint_test_set
-
-        test = checkpoint_test_set(checkpoint, log=log, config=translator.config)
-        return test.src, [test.tgt], [test.origin], Path(test.origin)
-    if not refs:
-        raise XformerError("give --ref (or --checkpoint alone, to score the test set its config names)")
-    return None, [list(read_lines(r)) for r in refs], [str(r) for r in refs], src
 
 
 def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[Path], translator,

@@ -85,7 +85,9 @@ def tagged_union(sets: dict[Direction, ParallelCorpus], d: DataConfig, role: str
     if not sets:
         return None
     origin = ", ".join(corpus.origin for corpus in sets.values())
-    return ParallelCorpus(src, tgt, dropped, f"{role} ({len(sets)} direction{'s' if len(sets) > 1 else ''})", origin)
+    files = tuple(path for corpus in sets.values() for path in corpus.files)
+    return ParallelCorpus(src, tgt, dropped, f"{role} ({len(sets)} direction{'s' if len(sets) > 1 else ''})", origin,
+                          files)
 
 
 def language_sample(sources: Sequence[PairSource], d: DataConfig, size: int, seed: int) -> dict[str, list[str]]:

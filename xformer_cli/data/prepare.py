@@ -9,6 +9,7 @@ ready its run directory and ``build_data`` write the tokenizer and the cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -117,8 +118,7 @@ def tagged(corpus: ParallelCorpus, tag: Optional[str]) -> ParallelCorpus:
     """``corpus`` with every source line led by ``tag`` (itself without one)."""
     if tag is None:
         return corpus
-    return ParallelCorpus([f"{tag} {line}" for line in corpus.src], corpus.tgt, corpus.dropped, corpus.name,
-                          corpus.origin)
+    return dataclasses.replace(corpus, src=[f"{tag} {line}" for line in corpus.src])
 
 
 def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True,

@@ -34,6 +34,7 @@ class ParallelCorpus:
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     name: str = ""
     origin: str = ""  # where it was read from: a file, or dataset[split]
+    files: tuple[Path, ...] = ()  # the files read (source, target), none for a dataset
 
     def __len__(self) -> int:
         return len(self.src)
@@ -316,4 +317,5 @@ def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, na
     pairs = list(source)
     if not pairs:
         raise XformerError(f"{name} corpus {source.name} is empty after dropping empty pairs")
-    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name)
+    files = tuple(source.paths) if source._dataset is None else ()
+    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name, files)

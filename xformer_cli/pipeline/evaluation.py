@@ -5,6 +5,7 @@ with a beam)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -173,5 +174,5 @@ def split_sets(data: DataConfig, splits: Sequence[str], config_path: str, log: C
 def cut(corpus: ParallelCorpus, max_lines: int) -> ParallelCorpus:
     if not max_lines:
         return corpus
-    return ParallelCorpus(corpus.src[:max_lines], corpus.tgt[:max_lines], corpus.dropped, corpus.name, corpus.origin)
+    return dataclasses.replace(corpus, src=corpus.src[:max_lines], tgt=corpus.tgt[:max_lines])
 
