@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import time
 from dataclasses import replace
@@ -311,6 +312,27 @@ def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tm
     assert [s.action for s in statuses if s.stage == "backtranslate"] == ["fails"]
     skipped = smoke(tmp_path, f"mono.target={tmp_path / 'binary.de'}", "mono.skip_invalid_utf8=true")
     assert [s.action for s in pipeline_status(skipped) if s.stage == "backtranslate"] != ["fails"]
+
+
+def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_stage_will_read_it(tmp_path):
+    """The check reads mono.max_lines usable lines, as the stage does (a bad line past them is no
+    reason to refuse the run), and skips a file the stage's finished record says it read as it is."""
+    from xformer_cli.fileio import file_stamp
+    from xformer_cli.pipeline.stages import unusable_named_file
+
+    mono = tmp_path / "mono.de"
+    mono.write_bytes(b"Ein Hund.\nEine Katze.\n\xff\xfe\n")
+    pipe = Pipeline(smoke(tmp_path, f"mono.target={mono}", "mono.max_lines=2"), log=lambda _: None)
+    assert unusable_named_file(pipe, "backtranslate") is None
+    pipe = Pipeline(smoke(tmp_path, f"mono.target={mono}", "mono.max_lines=3"), log=lambda _: None)
+    with pytest.raises(XformerError, match="mono.de:3: invalid UTF-8"):
+        unusable_named_file(pipe, "backtranslate")
+    pipe.record("backtranslate").directory.mkdir(parents=True)
+    pipe.record("backtranslate").finish("f", mono_read=file_stamp(mono))  # the stage read it whole
+    assert unusable_named_file(pipe, "backtranslate") is None  # not read again
+    os.utime(mono, ns=(mono.stat().st_atime_ns, mono.stat().st_mtime_ns + 10**9))  # rewritten since
+    with pytest.raises(XformerError, match="mono.de:3: invalid UTF-8"):
+        unusable_named_file(pipe, "backtranslate")
 
 
 def test_a_stage_asked_for_before_the_stages_it_needs_is_one_line(tmp_path):

@@ -148,12 +148,13 @@ def fingerprint_backtranslate(pipe: Pipeline) -> str:
 def run_backtranslate(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
     lines = _mono(pipe, "target")
+    read = file_stamp(lines.path)  # as it was before the reading: unusable_named_file trusts this one
     folder = pipe.record("backtranslate").directory
     job = CorpusJob(lines, *translation_files(pipe, "backtranslate"), _total(lines),
                     pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
     return {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
-            "numbers": _numbers(pipe, job, tgt, src)}
+            "numbers": _numbers(pipe, job, tgt, src), "mono_read": read}
 
 
 def _total(lines: TextLines) -> int:
@@ -316,13 +317,14 @@ def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]) -> tuple[Iterato
 def run_distill(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
     mono = _mono(pipe, "source") if pipe.config.distill.mono_source else None
+    read = file_stamp(mono.path) if mono else None  # as it was before the reading (unusable_named_file)
     folder = pipe.record("distill").directory
     lines, total = _distill_sources(pipe, mono)
     job = CorpusJob(lines, *translation_files(pipe, "distill"),
                     total, pipe.config.distill.chunk_lines, pipe.base.train.seed)
     written = _translate(pipe, _teachers(pipe), pipe.config.distill, job)
     return {"lines": written, "dropped": dict(mono.dropped) if mono else {}, "prefix": pipe.kept(folder / "distilled"),
-            "numbers": _numbers(pipe, job, src, tgt)}
+            "numbers": _numbers(pipe, job, src, tgt), "mono_read": read}
 
 
 # -- student, export -------------------------------------------------------------------------
@@ -464,7 +466,8 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
     """A file the config names for ``stage`` that is not there or cannot serve, said in one line
     (None: all can). The run checks every stage it will visit before the first starts: a
     misspelt baseline must not wait hours for the evaluate stage to be found, nor a monolingual
-    file that is a folder, empty or not UTF-8 for the reverse model's training to end."""
+    file that is a folder, empty or not UTF-8 for the reverse model's training to end. A monolingual
+    file the stage's finished record says it read, unchanged since, is not read again."""
     c = pipe.config
     named = {"reverse": [("reverse.checkpoint", c.reverse.checkpoint)],
              "backtranslate": [("mono.target", c.mono.target)],
@@ -474,22 +477,28 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
     for key, given in named:
         if given and not Path(given).exists():
             return f"config key '{key}': {given} not found (checked before the first stage runs)"
-        if given and key.startswith("mono."):
-            problem = _unusable_text(Path(given), c.mono.skip_invalid_utf8)
+        if given and key.startswith("mono.") and not _read_by_finished_stage(pipe, stage, Path(given)):
+            problem = _unusable_text(TextLines(Path(given), c.mono.skip_invalid_utf8, c.mono.max_lines))
             if problem:
                 return f"config key '{key}': {problem} (checked before the first stage runs)"
     return None
 
 
-def _unusable_text(path: Path, skip_invalid: bool) -> Optional[str]:
+def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
+    """Whether ``stage`` finished reading ``path`` as it is now (its path, size and time)."""
+    record = pipe.record(stage).read() or {}
+    return bool(record.get("done")) and path.is_file() and record.get("mono_read") == file_stamp(path)
+
+
+def _unusable_text(lines: TextLines) -> Optional[str]:
     """Why a monolingual text file cannot be translated (a folder, no usable line); a line that
-    is not UTF-8 is named by the reading itself, as the stage would name it."""
-    if not path.is_file():
-        return f"{path} is a directory, not a text file"
-    lines = TextLines(path, skip_invalid)
+    is not UTF-8 is named by the reading itself, as the stage would name it. Only the lines the
+    stage will read are read (mono.max_lines)."""
+    if not lines.path.is_file():
+        return f"{lines.path} is a directory, not a text file"
     if sum(1 for _ in lines) == 0:  # every line read once, so a line that is not UTF-8 stops the run now
         dropped = ", ".join(f"{n} {why}" for why, n in lines.dropped.items()) or "no line at all"
-        return f"{path} has no line to translate ({dropped})"
+        return f"{lines.path} has no line to translate ({dropped})"
     return None
 
 
