@@ -289,6 +289,9 @@ def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, m
         assert [(s.action, s.detail) for s in pipeline_status(config) if s.stage == stage] == [("fails", said)]
     with pytest.raises(XformerError, match="^config key 'evaluate.baseline'"):  # --only evaluate checks its own
         run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="evaluate", log=lambda _: None)
+    absent = tmp_path / "nowhere" / "multi30k" / "mono.de"  # the configs' path, on a machine without the data
+    with pytest.raises(XformerError, match="mono.de not found .*; scripts/fetch_multi30k.py makes it"):
+        run_pipeline(smoke(tmp_path, f"mono.target={absent}"), log=lambda _: None)
     monkeypatch.setitem(runner.RUNS, "reverse", lambda _: {})  # --only reverse needs no baseline
     run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="reverse", log=lambda _: None)
 

@@ -476,12 +476,18 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
              "evaluate": [("evaluate.baseline", c.evaluate.baseline)]}.get(stage, [])
     for key, given in named:
         if given and not Path(given).exists():
-            return f"config key '{key}': {given} not found (checked before the first stage runs)"
+            fetch = "; scripts/fetch_multi30k.py makes it" if _multi30k_mono(Path(given)) else ""
+            return f"config key '{key}': {given} not found (checked before the first stage runs{fetch})"
         if given and key.startswith("mono.") and not _read_by_finished_stage(pipe, stage, Path(given)):
             problem = _unusable_text(TextLines(Path(given), c.mono.skip_invalid_utf8, c.mono.max_lines))
             if problem:
                 return f"config key '{key}': {problem} (checked before the first stage runs)"
     return None
+
+
+def _multi30k_mono(path: Path) -> bool:
+    """Whether ``path`` is where the configs read Multi30k's monolingual captions."""
+    return path.parent.name == "multi30k" and path.name in ("mono.de", "mono.en")
 
 
 def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
