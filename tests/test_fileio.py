@@ -182,3 +182,22 @@ def test_a_tokenizer_whose_write_failed_is_trained_again_not_reused(tmp_path, mo
     said.clear()
     inputs()  # the first settings again: nothing says the files there are theirs
     assert any(line.startswith("tokenizer: trained") for line in said), said
+
+
+def test_a_pipe_or_device_output_is_written_into_and_stays_what_it_was(tmp_path):
+    """-o /dev/null, /dev/stdout or a FIFO: a rename over it replaced the node with a regular file
+    (as root, /dev/null itself)."""
+    import stat
+    import threading
+
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)  # as /dev/stdout is a link to the process's own descriptor
+    for target in (fifo, link):
+        received = []
+        reader = threading.Thread(target=lambda: received.append(fifo.read_text(encoding="utf-8")), daemon=True)
+        reader.start()
+        write_lines(["Ein Hund.", "Eine Katze."], target)
+        reader.join(10)
+        assert received == ["Ein Hund.\nEine Katze.\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]

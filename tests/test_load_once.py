@@ -125,3 +125,26 @@ def test_options_are_checked_before_the_model_loads(tmp_path):
                           (("eval-bleu", "-m", missing, "--src", ref), "give --ref")):
         result = CliRunner().invoke(app, [str(a) for a in args], input="A man.\n")
         assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_an_output_inside_an_export_given_or_on_a_checkpoint_is_refused_before_any_work(bilingual, tmp_path):
+    """translate -o ex/model.bin destroyed the export it translated with, -o run/last.pt the run's
+    resume point; both were written with exit 0."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    export, last = tmp_path / "ct2", tmp_path / "last.pt"
+    export.mkdir()
+    (export / "model.bin").write_bytes(b"weights")
+    last.write_bytes(b"a checkpoint")
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("A man.\n", encoding="utf-8")
+    ref.write_text("Ein Mann.\n", encoding="utf-8")
+    for args, said in ((("translate", "-m", export, "-i", src, "-o", export / "model.bin"), "inside the --checkpoint"),
+                       (("eval-bleu", "-m", export, "--src", src, "-r", ref, "-o", export / "new.de"), "inside the"),
+                       (("translate", "-m", bilingual, "-i", src, "-o", last), "is a checkpoint file")):
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 1 and said in result.output, result.output
+    assert (export / "model.bin").read_bytes() == b"weights" and last.read_bytes() == b"a checkpoint"
+    assert sorted(p.name for p in export.iterdir()) == ["model.bin"]

@@ -106,12 +106,17 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
                 newline: Optional[str] = None) -> Iterator[IO]:
     """A handle on a temporary sibling of ``path`` that replaces ``path`` only when the block
     succeeds, fsynced before and after the rename; on any failure it is removed and
-    ``path`` is as it was."""
+    ``path`` is as it was. A device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is
+    written into as it is: renaming a file over it would replace the node itself."""
     path = Path(path)
     if path.is_symlink():  # the link stays, pointing at the new file
         path = path.resolve()
     if path.is_dir():
         raise XformerError(f"{path} is a directory: give a file name to write")
+    if path.exists() and not path.is_file():
+        with open(path, mode, encoding=encoding, newline=newline) as handle:
+            yield handle
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with _removed_on_failure(tmp):
         os.fchmod(fd, _mode_for(path, 0o666))  # mkstemp's 0600 would hide the file from others

@@ -119,18 +119,25 @@ def warn_cut_lines(translator: Engine, max_input_len: Optional[int] = None) -> N
 
 
 def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attention: Optional[Path] = None) -> None:
-    """Before any work: an output that is one of the command's inputs (a checkpoint, the source)
-    would destroy it; an attention plot path that cannot be written would fail the run after
-    the translation was written."""
+    """Before any work: an output that is one of the command's inputs (a checkpoint, the source),
+    lies inside an export directory given, or is a checkpoint file would destroy it; an attention
+    plot path that cannot be written would fail the run after the translation was written."""
     if attention is not None:
         from xformer_cli.plots import check_png_path
 
         check_png_path(attention)
-    from xformer_cli.fileio import same_file
+    from xformer_cli.fileio import is_inside, same_file
 
+    if output is None:
+        return
     for path, option in inputs:
         if same_file(output, path):
             raise XformerError(f"--output {output} is the {option} file: write the translation elsewhere")
+        if path is not None and Path(path).is_dir() and is_inside(output, path):  # an export's model files
+            raise XformerError(f"--output {output} is inside the {option} directory {path}: write the translation "
+                               "elsewhere")
+    if Path(output).suffix == ".pt" and Path(output).is_file():  # a run's last.pt beside the best.pt given
+        raise XformerError(f"--output {output} is a checkpoint file: write the translation elsewhere")
 
 
 def direction_for(languages: Optional[Languages], target_lang: Optional[str], source_lang: Optional[str],
