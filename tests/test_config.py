@@ -76,7 +76,16 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("model.n_heads=5", "config key 'model.d_model': 256 is not divisible by model.n_heads=5"),
         ("train.max_tokens=lots", "config key 'train.max_tokens': expected int or 'auto', got 'lots'"),
         ("model.dropout=1.5", "config key 'model.dropout': must be in [0, 1)"),
-        ("decode.beam_size=0", "config key 'decode.beam_size': must be at least 1"),
+        ("decode.beam_size=0", "config key 'decode.beam_size': must be 1 to 256"),
+        ("decode.beam_size=100000", "config key 'decode.beam_size': must be 1 to 256"),  # ran for hours
+        ("decode.length_penalty=500", "config key 'decode.length_penalty': must be 0 to 10 (GNMT alpha; the paper: 0.6)"),
+        ("train.tune_length_penalty=[0.6, 1000]", "config key 'train.tune_length_penalty': every alpha must be 0 to 10"),
+        ("decode.max_len_b=99999999999", "config key 'decode.max_len_b': must be 0 to 10000"),  # an overflow
+        ("data.train.weight=inf", "config key 'data.train.weight': must be above 0 and at most 1000 "
+                                  "(1 = every pair once an epoch)"),  # an OverflowError after the tokenizer
+        ("tokenizer.input_sentence_size=-1", "config key 'tokenizer.input_sentence_size': must be at least 1 "
+                                             "(sentences sampled to train the tokenizer)"),
+        ("tokenizer.vocab_size=99999999999999999999", "config key 'tokenizer.vocab_size': must be 16 to 1,000,000"),
         ("bogus.key=1", "unknown config key 'bogus'"),
         ("train.precision=fp64", "config key 'train.precision': must be one of auto, bf16, fp16, fp32, not 'fp64'"),
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),

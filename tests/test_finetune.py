@@ -61,7 +61,7 @@ def test_make_schedule_follows_train_schedule_and_noam_stays_the_papers():
     (["train.schedule=constant"], "config key 'train.lr': must be positive and finite with train.schedule: constant"),
     (["train.schedule=cosine"], "config key 'train.schedule': must be one of noam, constant, inverse_sqrt"),
     (["train.schedule=constant", "train.lr=1e-4", "train.warmup_steps=-1"], "config key 'train.warmup_steps': must be >= 0 (0 = no warm-up)"),
-    (["data.train.weight=0"], "config key 'data.train.weight': must be positive (1 = every pair once an epoch)"),
+    (["data.train.weight=0"], "config key 'data.train.weight': must be above 0 and at most 1000 (1 = every pair once an epoch)"),
     (["data.valid.weight=0.5"], "config key 'data.valid.weight': only data.train corpora take a weight"),
     (["train.init_from= "], "config key 'train.init_from': give a checkpoint, a MarianMT directory or a Hub id (or leave it out)"),
 ])

@@ -214,7 +214,7 @@ def test_an_alpha_for_a_language_the_model_does_not_write_is_refused_naming_the_
                                            r" \(de, fr\)"):
         config_from_dict(tree)
     tree["decode"]["length_penalty_by_target"] = {"fr": -1.0}
-    with pytest.raises(XformerError, match="decode.length_penalty_by_target': every alpha must be >= 0"):
+    with pytest.raises(XformerError, match="decode.length_penalty_by_target': every alpha must be 0 to 10"):
         config_from_dict(tree)
     tree["decode"]["length_penalty_by_target"] = {"fr": 1.3}
     assert config_from_dict(tree).decode.length_penalty_by_target == {"fr": 1.3}

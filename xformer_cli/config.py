@@ -102,6 +102,8 @@ CORPUS_TAG = re.compile(r"<[A-Za-z0-9_-]+>")  # data.train[i].tag: a control pie
 MAX_NUMBER_COPIES = 8  # data.number_augmentation: more copies would crowd out the sentences without numbers
 MAX_JOINED_COPIES = 2  # data.concat_augmentation: more would make long pairs the bulk of the data
 MAX_QUOTE_COPIES = 8  # data.quote_augmentation: as for numbers
+MAX_WEIGHT = 1000  # data.train[i].weight, data.pairs[i].weight: copies of a corpus an epoch (inf overflowed)
+MAX_VOCAB_SIZE = 1_000_000  # tokenizer.vocab_size: sentencepiece's own limit is an int32
 
 
 @dataclass
@@ -179,6 +181,9 @@ class TokenizerConfig:
 
 
 BATCHINGS = ("dynamic", "packed")
+MAX_LENGTH_PENALTY = 10.0  # GNMT alpha: 0.6-2 in use; far above, (5 + length) / 6 ** alpha overflows a float
+MAX_BEAM_SIZE = 256  # wider beams do not help (the beam search curse) and a 100k beam ran for hours
+MAX_OUTPUT_PIECES = 10_000  # max_len_a x source pieces + max_len_b: an output past this is a loop, not a sentence
 SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: numpy, torch and Python take them all (torch refuses past 2**63)
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
 
@@ -312,14 +317,14 @@ class DecodeConfig:
         """(field, why) for each impossible setting: the one check behind both config
         validation (``decode.FIELD``) and translation options (``--field``)."""
         found = []
-        if self.beam_size < 1:
-            found.append(("beam_size", "must be at least 1"))
-        if not 0 <= self.length_penalty < math.inf:
-            found.append(("length_penalty", "must be >= 0 and finite (GNMT alpha; the paper: 0.6)"))
-        if not 0 <= self.max_len_a < math.inf:
-            found.append(("max_len_a", "must be >= 0 and finite"))
-        elif self.max_len_b < 0:
-            found.append(("max_len_b", "must be >= 0"))
+        if not 1 <= self.beam_size <= MAX_BEAM_SIZE:
+            found.append(("beam_size", f"must be 1 to {MAX_BEAM_SIZE}"))
+        if not 0 <= self.length_penalty <= MAX_LENGTH_PENALTY:
+            found.append(("length_penalty", f"must be 0 to {MAX_LENGTH_PENALTY:g} (GNMT alpha; the paper: 0.6)"))
+        if not 0 <= self.max_len_a <= MAX_OUTPUT_PIECES:
+            found.append(("max_len_a", f"must be 0 to {MAX_OUTPUT_PIECES}"))
+        elif not 0 <= self.max_len_b <= MAX_OUTPUT_PIECES:
+            found.append(("max_len_b", f"must be 0 to {MAX_OUTPUT_PIECES}"))
         elif self.max_len_a == 0 and self.max_len_b == 0:
             found.append(("max_len_b", "max_len_a and max_len_b cannot both be 0"))
         if self.min_len < 0:
@@ -330,8 +335,8 @@ class DecodeConfig:
             found.append(("max_tokens", "must be at least 1"))
         if self.max_input_len < 0:
             found.append(("max_input_len", "must be >= 0 (0 = data.max_len)"))
-        if any(alpha < 0 for alpha in self.length_penalty_by_target.values()):
-            found.append(("length_penalty_by_target", "every alpha must be >= 0"))
+        if not all(0 <= alpha <= MAX_LENGTH_PENALTY for alpha in self.length_penalty_by_target.values()):
+            found.append(("length_penalty_by_target", f"every alpha must be 0 to {MAX_LENGTH_PENALTY:g}"))
         return found
 
 
@@ -464,11 +469,11 @@ def validate(cfg: Config) -> None:
     require(0.0 <= t.weight_decay < math.inf, "train.weight_decay", "must be >= 0 and finite")
     require(0.0 <= t.clip_norm < math.inf, "train.clip_norm", "must be >= 0 and finite (0 = no clipping)")
     require(t.valid_every > 0, "train.valid_every", "must be positive")
-    require(t.valid_beam_size >= 1, "train.valid_beam_size", "must be at least 1")
     for name in ("save_every", "keep_checkpoints", "patience", "average_last"):
         require(getattr(t, name) >= 0, f"train.{name}", "must be >= 0")
-    require(all(alpha >= 0 for alpha in t.tune_length_penalty), "train.tune_length_penalty",
-            "every alpha must be >= 0")
+    require(all(0 <= alpha <= MAX_LENGTH_PENALTY for alpha in t.tune_length_penalty), "train.tune_length_penalty",
+            f"every alpha must be 0 to {MAX_LENGTH_PENALTY:g}")
+    require(1 <= t.valid_beam_size <= MAX_BEAM_SIZE, "train.valid_beam_size", f"must be 1 to {MAX_BEAM_SIZE}")
     require(t.average_last <= t.keep_checkpoints, "train.average_last",
             f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")
@@ -496,7 +501,9 @@ def validate(cfg: Config) -> None:
 
 
 def _check_tokenizer(tok: TokenizerConfig) -> None:
-    require(tok.vocab_size >= 16, "tokenizer.vocab_size", "must be at least 16")
+    require(16 <= tok.vocab_size <= MAX_VOCAB_SIZE, "tokenizer.vocab_size", f"must be 16 to {MAX_VOCAB_SIZE:,}")
+    require(tok.input_sentence_size >= 1, "tokenizer.input_sentence_size",
+            "must be at least 1 (sentences sampled to train the tokenizer)")
     require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
             "must be unigram, bpe, char or word")
     require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
@@ -573,7 +580,8 @@ def _check_data(d: DataConfig) -> None:
         require(bool(pair.train if pair.train is not None else d.train), f"{key}.train",
                 f"{pair.name} has no training data: give {key}.train, or data.train for every pair")
         _check_corpora(pair.train or [], f"{key}.train", pair.valid, pair.test, f"{key}.")
-        require(pair.weight > 0, f"{key}.weight", "must be positive (1 = all of the pair once an epoch)")
+        require(0 < pair.weight <= MAX_WEIGHT, f"{key}.weight",
+                f"must be above 0 and at most {MAX_WEIGHT} (1 = all of the pair once an epoch)")
         require(pair.weight == 1 or d.sampling_temperature == 1, f"{key}.weight",
                 "give pair weights or data.sampling_temperature, not both")
     _check_tags(d)
@@ -583,8 +591,8 @@ def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusCo
                    prefix: str = "data.") -> None:
     for i, corpus in enumerate(train):
         _check_corpus(corpus, f"{key}[{i}]" if len(train) > 1 else key)
-        require(corpus.weight > 0, f"{key}[{i}].weight" if len(train) > 1 else f"{key}.weight",
-                "must be positive (1 = every pair once an epoch)")
+        require(0 < corpus.weight <= MAX_WEIGHT, f"{key}[{i}].weight" if len(train) > 1 else f"{key}.weight",
+                f"must be above 0 and at most {MAX_WEIGHT} (1 = every pair once an epoch)")
         where = f"{key}[{i}]" if len(train) > 1 else key
         require(corpus.tag is None or CORPUS_TAG.fullmatch(corpus.tag) is not None, f"{where}.tag",
                 f"{corpus.tag!r} must look like <xxx> (letters, digits, _ or -; no spaces)")
