@@ -5,6 +5,7 @@ MarianMTModel written by transformers' own save_pretrained (tests/marian_fixture
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -293,6 +294,23 @@ def test_unmappable_input_is_refused_in_one_line(marian_dir, tmp_path, change, f
     proc = xformer("import", source, "-o", out)
     assert_one_line_error(proc, *fragments)
     assert not out.exists() and not any(p.name.startswith("model.pt") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("change, said", [
+    (edit_config(d_model="x"), "config.json: d_model must be a whole number above 0, not \"x\""),  # a TypeError
+    (edit_config(encoder_layers=None), "config.json: encoder_layers is missing"),  # a KeyError
+    (edit_config(dropout="high"), "config.json: dropout must be a number in [0, 1), not \"high\""),
+    (lambda d: (d / "config.json").write_text("[]"), "config.json: must hold a JSON object"),  # an AttributeError
+    (lambda d: (d / "generation_config.json").write_text('{"num_beams": "four"}'),
+     "generation_config.json: a generation setting (num_beams, max_length, length_penalty, ...) is not a number"),
+], ids=["d_model", "no_layers", "dropout", "list", "num_beams"])
+def test_a_config_of_the_wrong_shape_is_one_line(marian_dir, tmp_path, change, said):
+    from xformer_cli.importers.marian import import_marian
+
+    source = broken_copy(marian_dir, tmp_path, change)
+    with pytest.raises(XformerError, match=re.escape(said)):
+        import_marian(str(source), tmp_path / "model.pt")
+    assert not (tmp_path / "model.pt").exists()
 
 
 def test_the_checkpoint_is_never_written_inside_the_model_it_imports(marian_dir):

@@ -156,6 +156,14 @@ def _decode_config(directory: Path, hf: dict) -> DecodeConfig:
     xformer export's own decode section (xformer_export.json) for what generate cannot say."""
     path = directory / "generation_config.json"
     gen = {**hf, **(read_json(path) if path.is_file() else {})}
+    try:
+        return _generation_settings(directory, hf, gen)
+    except (TypeError, ValueError) as exc:
+        raise XformerError(f"{path if path.is_file() else directory / 'config.json'}: a generation setting "
+                           f"(num_beams, max_length, length_penalty, ...) is not a number ({exc})") from None
+
+
+def _generation_settings(directory: Path, hf: dict, gen: dict) -> DecodeConfig:
     defaults = DecodeConfig()
     # Pieces before eos at most: max_new_tokens counts eos, max_length also the start token.
     limit = int(gen["max_new_tokens"]) - 1 if gen.get("max_new_tokens") else (

@@ -55,15 +55,38 @@ def read_json(path: Path) -> Any:
         raise XformerError(f"{path} not found (a MarianMT model directory has config.json, model.safetensors or "
                            "pytorch_model.bin, source.spm, target.spm and vocab.json)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise XformerError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise XformerError(f"{path}: must hold a JSON object ({{\"key\": value, ...}}), not {type(data).__name__}")
+    return data
+
+
+# The sizes the model is built from: whole numbers above 0 (a string or a float broke the build).
+SIZE_KEYS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "encoder_ffn_dim")
+OPTIONAL_SIZE_KEYS = ("decoder_attention_heads", "decoder_ffn_dim", "vocab_size", "decoder_vocab_size",
+                      "max_position_embeddings")
+RATE_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def _check_types(config: dict, where: Path) -> None:
+    for key in (*SIZE_KEYS, *OPTIONAL_SIZE_KEYS):
+        value = config.get(key)
+        if value is None and key in SIZE_KEYS:
+            raise XformerError(f"{where}: {key} is missing (the model's sizes: {', '.join(SIZE_KEYS)})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise XformerError(f"{where}: {key} must be a whole number above 0, not {json.dumps(value)}")
+    for key in RATE_KEYS:
+        value = config.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise XformerError(f"{where}: {key} must be a number in [0, 1), not {json.dumps(value)}")
 
 
 def check_config(config: dict, where: Path) -> None:
     """Refuse, naming the key, what xformer's Transformer cannot compute as MarianMT does."""
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise XformerError(f"{where}: model_type {model_type!r} is not 'marian'; only MarianMT (OPUS-MT) models "
                            "(and the Pegasus directories `xformer export` writes for pre-norm models) can be imported")
     activation = config.get("activation_function", "gelu")
@@ -81,7 +104,8 @@ def check_config(config: dict, where: Path) -> None:
         if config.get(encoder_key) != config.get(decoder_key):
             raise XformerError(f"{where}: {decoder_key} {config.get(decoder_key)} differs from {encoder_key} "
                                f"{config.get(encoder_key)}; xformer has one value for both stacks")
-    d_model, heads = config.get("d_model", 1024), config.get("encoder_attention_heads", 16)
+    _check_types(config, where)
+    d_model, heads = config["d_model"], config["encoder_attention_heads"]
     if d_model % 2 or d_model % heads:
         raise XformerError(f"{where}: d_model {d_model} must be even and divisible by encoder_attention_heads {heads}")
 
