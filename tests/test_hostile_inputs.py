@@ -287,3 +287,42 @@ def test_a_checkpoint_whose_config_disagrees_with_its_weights_is_one_line(tmp_pa
     with pytest.raises(XformerError, match="does not match its config .*size mismatch") as caught:
         load_model(tmp_path / "m.pt")
     assert "\n" not in str(caught.value)
+
+
+def test_a_byte_order_mark_is_not_text_in_any_file_read(tmp_path):
+    """A glossary starting with a BOM lost its first term; a hypothesis file with one scored below
+    the reference it equals; a translation input carried it into the model."""
+    from xformer_cli.data.sources import read_lines
+    from xformer_cli.evaluate import score_lines
+    from xformer_cli.text.glossary import load_glossary
+    from xformer_cli.textio import iter_lines
+
+    bom = b"\xef\xbb\xbf"
+    glossary, hyp = tmp_path / "g.tsv", tmp_path / "hyp.de"
+    glossary.write_bytes(bom + "man\tMann\ndog\tHund\n".encode())
+    hyp.write_bytes(bom + "Ein Mann fährt.\nZwei Hunde.\n".encode())
+    assert load_glossary(glossary).terms == {"man": "Mann", "dog": "Hund"}
+    lines = list(read_lines(hyp))
+    assert lines == ["Ein Mann fährt.", "Zwei Hunde."] and list(iter_lines(hyp)) == lines
+    assert score_lines(lines, [["Ein Mann fährt.", "Zwei Hunde."]], ("bleu",))[0].score == pytest.approx(100.0)
+    hyp.write_bytes("Ein Mann.\n".encode() + bom + b"mid-file\n")  # only the file's first bytes mark it
+    assert list(read_lines(hyp))[1] == "\ufeffmid-file"
+
+
+def test_a_pipe_is_read_as_a_file_is(tmp_path):
+    """translate -i <(...), eval-bleu --hyp <(...) and -i /dev/stdin were "input file not found"."""
+    import threading
+
+    from xformer_cli.data.sources import read_lines
+    from xformer_cli.textio import iter_lines
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for read in (read_lines, iter_lines):
+        writer = threading.Thread(target=lambda: fifo.write_text("A dog.\nA cat.\n", encoding="utf-8"), daemon=True)
+        writer.start()
+        assert list(read(fifo)) == ["A dog.", "A cat."]
+        writer.join(10)
+    for read in (read_lines, iter_lines):
+        with pytest.raises(XformerError, match="not found"):
+            list(read(tmp_path / "missing"))

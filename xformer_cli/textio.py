@@ -9,6 +9,7 @@ run never truncates an earlier result.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import sys
@@ -30,7 +31,7 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
     if _is_std(path):
         handle = sys.stdin.buffer
     else:
-        if not path.is_file():
+        if path.is_dir() or not path.exists():  # a pipe or /dev/stdin is read as a file is
             raise XformerError(f"input {path} is a directory" if path.is_dir() else f"input file not found: {path}")
         handle = path.open("rb")
     with contextlib.closing(handle) if handle is not sys.stdin.buffer else contextlib.nullcontext():
@@ -39,6 +40,8 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
         try:
             for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
                 raw = raw.rstrip(b"\n").rstrip(b"\r")
+                if number == 1 and raw.startswith(codecs.BOM_UTF8):  # it marks the file, it is no text
+                    raw = raw[len(codecs.BOM_UTF8):]
                 yield raw.decode("utf-8", errors="replace") if replace_invalid else decode_line(raw, name, number,
                                                                                                   remedy)
         except OSError as exc:  # a device or file that fails mid-read (EIO): named, not a traceback

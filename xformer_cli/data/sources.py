@@ -8,6 +8,7 @@ sets are small and read whole.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import zlib
@@ -69,7 +70,7 @@ def corpus_paths(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[Pa
 def _open_binary(path: Path):
     if path.is_dir():
         raise XformerError(f"{path} is a directory, not a text file")
-    if not path.is_file():
+    if not path.exists():  # a pipe or /dev/stdin is read as a file is (training checks for files itself)
         raise XformerError(f"file not found: {path}")
     return _Gzipped(path) if path.suffix == ".gz" else open(path, "rb")
 
@@ -98,6 +99,8 @@ class _Gzipped:
 
 def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool,
             remedy: str = "fix the file or set data.skip_invalid_utf8: true") -> Optional[str]:
+    if number == 1 and raw.startswith(codecs.BOM_UTF8):  # a byte-order mark marks the file, it is no text
+        raw = raw[len(codecs.BOM_UTF8):]
     if skip_invalid:
         try:
             return raw.decode("utf-8").rstrip("\r\n")

@@ -66,7 +66,7 @@ def load_glossary(path: "str | Path") -> Glossary:
     are skipped; a bad line is a one-line error naming the file and the line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first term
     except FileNotFoundError:
         raise XformerError(f"glossary not found: {path}") from None
     except UnicodeDecodeError as exc:
