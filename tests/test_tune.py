@@ -91,15 +91,17 @@ def test_passes_after_training_stopped_by_ctrl_c_run_when_the_run_is_resumed(sma
     keys = ("averaged_steps", "length_penalty", "after_training")
     assert [[k for k in keys if k in r] for r in rows if r["step"] == 12 and any(k in r for k in keys)] == [
         ["averaged_steps"], ["length_penalty"], ["after_training"]], rows[-6:]
-    tuned = (run / "best.pt").read_bytes()
+    tuned, written = (run / "best.pt").read_bytes(), (run / "config.yaml").read_bytes()
     logged.clear()
-    assert train(tiny_config(small_corpus, run, **sets), log=logged.append, progress=False).steps == 12
+    changed = {**sets, "decode.length_penalty": 1.0}  # a call that is refused leaves config.yaml as it trained
+    assert train(tiny_config(small_corpus, run, **changed), log=logged.append, progress=False).steps == 12
     assert any("is already at step 12" in line for line in logged) and (run / "best.pt").read_bytes() == tuned
+    assert (run / "config.yaml").read_bytes() == written
 
 
 @pytest.mark.slow
 def test_a_negative_alpha_is_one_line_naming_the_key(tmp_path):
     proc = xformer("train", "-c", "configs/multi30k.yaml", "--set", "train.tune_length_penalty=[0.6, -1]",
                    "--set", f"run_dir={tmp_path / 'run'}")
-    assert_one_line_error(proc, "train.tune_length_penalty", ">= 0")
+    assert_one_line_error(proc, "train.tune_length_penalty", "every alpha must be 0 to 10")
     assert not (tmp_path / "run").exists()

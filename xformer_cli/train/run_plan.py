@@ -48,7 +48,7 @@ def _silent(_: str) -> None:
 
 def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None] = print) -> RunPlan:
     """Work out the run ``config`` describes (see the module's docstring); writes the run
-    directory's tokenizer, cache and config.yaml, nothing else."""
+    directory's tokenizer and cache, nothing else (config.yaml: the trainer, once it trains)."""
     dist = Distributed.from_environment()
     if not dist.is_main:  # one voice: rank 0 logs, validates and writes checkpoints
         log = _silent
@@ -64,8 +64,6 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
     if resume is None:  # a resumed run's comes with its plan (run_checkpoints.resumed_config)
         config, valid_seconds = _batch_by_plan(config, given_steps, valid_seconds, data, device, precision, dist, log)
         config = planned_settings(config, log)
-    if dist.is_main:
-        run_checkpoints.write_config(config, precision)
     return RunPlan(config, dist, device, precision, data, resume, pretrained, log, valid_seconds, pieces)
 
 
