@@ -114,6 +114,7 @@ def test_languages_health_and_page():
     (b'{"q": "a", "source": "\\udfff", "target": "de"}', 400, "not valid Unicode"),
     (b'{"q": "x", "source": "en", "target": "de", "beam_size": "--3"}', 400, "beam_size"),
     (b'{"q": "x", "source": "en", "target": "de", "alternatives": "\xc2\xb2"}', 400, "alternatives"),  # a superscript 2
+    (b'{"q": "x", "source": "en", "target": "de", "split_sentences": "banana"}', 400, "split_sentences"),  # was true
 ])
 def test_bad_requests_get_a_4xx_json_error(body, status, fragment):
     engine = FakeEngine()

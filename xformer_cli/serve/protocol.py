@@ -163,8 +163,9 @@ def parse_translate(fields: dict[str, Any], model: Languages, limits: Limits) ->
     if fmt not in ("text", "html"):
         raise ApiError(400, f"Invalid request: format {str(fmt)[:20]!r} is not supported; only text or html")
     split = fields.get("split_sentences", True)
-    if isinstance(split, str):
-        split = split.strip().lower() not in ("false", "0", "no", "off")
+    if isinstance(split, str):  # a form's field: its words for true and false, anything else refused
+        split = {"true": True, "1": True, "yes": True, "on": True,
+                 "false": False, "0": False, "no": False, "off": False}.get(split.strip().lower(), split)
     if not isinstance(split, bool):
         raise ApiError(400, "Invalid request: split_sentences must be true or false")
     beam = _int_field(fields, "beam_size", 1, limits.max_beam)
