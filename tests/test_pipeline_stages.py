@@ -153,6 +153,23 @@ class FakeStage:
         return {"model": str(self.folder / "made")}
 
 
+def test_a_finished_stage_whose_output_is_gone_runs_again_and_the_status_says_so(tmp_path, monkeypatch):
+    """A deleted student best.pt left the stage 'skipped' and export failing on 'checkpoint not found'."""
+    from xformer_cli.pipeline.status import stage_statuses
+
+    said: list[str] = []
+    pipe = Pipeline(smoke(tmp_path), log=said.append, progress=False)
+    stage = FakeStage(monkeypatch, pipe)
+    first = run_stage(pipe, "reverse")
+    assert [s.action for s in stage_statuses(pipe) if s.stage == "reverse"] == ["skipped"]
+    (stage.folder / "made").unlink()
+    status = next(s for s in stage_statuses(pipe) if s.stage == "reverse")
+    assert (status.action, status.detail) == ("redone", f"{stage.folder / 'made'} is gone: runs again")
+    again = run_stage(pipe, "reverse")
+    assert (stage.folder / "made").read_text() == "made of a" and again["finished"] >= first["finished"]
+    assert f"stage reverse: its record names {stage.folder / 'made'}, which is gone: the stage runs again" in said
+
+
 def test_a_redo_that_fails_keeps_the_output_of_the_old_inputs(tmp_path, monkeypatch):
     pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
     stage = FakeStage(monkeypatch, pipe)
@@ -743,6 +760,10 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
         stamp = stages.FINGERPRINTS[name](old)
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, model=str(model))
+        if name == "export":  # what the record names is there
+            model.mkdir()
+        else:
+            model.write_bytes(b"weights")
     for name in ("student", "export"):
         monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
     for name in ("student", "export"):

@@ -12,7 +12,7 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline, unusable_named_file
+from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline, gone_output, unusable_named_file
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -35,6 +35,10 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
     standing = record.standing(stamp)
+    gone = gone_output(pipe, name) if standing == DONE else None
+    if gone is not None:
+        pipe.log(f"stage {name}: its record names {gone}, which is gone: the stage runs again")
+        redo = True
     if not redo and (standing == DONE or (standing == ASIDE and record.restore())
                      or (standing == CHANGED and _upgraded(pipe, name, stamp))):
         record.drop_replaced()

@@ -443,6 +443,18 @@ def run_evaluate(pipe: Pipeline) -> dict:
     return {"summary": pipe.kept(summary), "rows": len(rows)}
 
 
+def gone_output(pipe: Pipeline, stage: str) -> Optional[Path]:
+    """A file the stage's finished record names that is no longer there (a deleted best.pt, a
+    synthetic corpus moved away): the stage is done again rather than skipped for the stages after
+    it to fail on. None: all there (or no record)."""
+    record = pipe.record(stage).read() or {}
+    named = [record.get("model"), *record.get("models", []), record.get("summary")]
+    files = [pipe.path(kept) for kept in named if isinstance(kept, str)]
+    if isinstance(record.get("prefix"), str):
+        files += [Path(f"{pipe.path(record['prefix'])}.{lang}") for lang in pipe.langs]
+    return next((path for path in files if not path.exists()), None)
+
+
 def translation_files(pipe: Pipeline, stage: str) -> Optional[tuple[Path, Path]]:
     """A translating stage's two sides: (the lines it translates, their translations); None for
     the other stages."""

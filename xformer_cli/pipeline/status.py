@@ -14,8 +14,8 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
-from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, unusable_named_file,
-                                         trained_run_dirs, translation_files)
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, gone_output,
+                                         trained_run_dirs, translation_files, unusable_named_file)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
 RUNNING = "running"  # another process's pipeline is at this stage now (run_lock)
@@ -70,6 +70,9 @@ def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageS
     except XformerError as exc:  # an input is missing or unreadable: the run stops here, saying this
         return StageStatus(name, FAIL, str(exc))
     standing = record.standing(stamp)
+    gone = gone_output(pipe, name) if standing == DONE else None
+    if gone is not None:
+        return StageStatus(name, REDO, f"{gone} is gone: runs again")
     if standing == DONE:
         return StageStatus(name, SKIP, _finished(record.read()))
     if standing == ASIDE:
