@@ -326,3 +326,19 @@ def test_a_pipe_is_read_as_a_file_is(tmp_path):
     for read in (read_lines, iter_lines):
         with pytest.raises(XformerError, match="not found"):
             list(read(tmp_path / "missing"))
+
+
+def test_an_empty_side_names_both_files_and_a_folder_is_not_called_missing(tmp_path):
+    """A corpus whose German side is blank was named by its English file alone (the distilled
+    corpus of a model that wrote empty lines); a folder named train.de was "file not found"."""
+    from helpers import pairs_sets
+
+    from xformer_cli.data.prepare import prepare_data
+
+    sets = pairs_sets(tmp_path, [("A dog.", ""), ("A cat.", "  ")])
+    with pytest.raises(XformerError, match=f"training corpus {tmp_path / 't.en'} and {tmp_path / 't.de'} is empty"):
+        prepare_data(load_config(None, sets), lambda _: None)
+    (tmp_path / "t.de").unlink()
+    (tmp_path / "t.de").mkdir()
+    with pytest.raises(XformerError, match=f"{tmp_path / 't.de'} is a directory, not a text file"):
+        prepare_data(load_config(None, sets), lambda _: None)

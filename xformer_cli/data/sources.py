@@ -227,7 +227,8 @@ class PairSource:
             if missing is not None and corpus.fallback_dataset and not missing.parent.exists():
                 self._open_fallback(missing)
             elif missing is not None:
-                raise XformerError(f"file not found: {missing}")
+                raise XformerError(f"{missing} is a directory, not a text file" if missing.is_dir()
+                                   else f"file not found: {missing}")
             else:
                 self.name = f"{self.paths[0]}"
 

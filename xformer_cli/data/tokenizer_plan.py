@@ -66,7 +66,8 @@ class TokenizerPlan:
         started = time.time()
         src, tgt, what = self._sample()
         if not src or not (tgt or tc.joint):
-            names = ", ".join(source.name for source in self.sources)
+            names = ", ".join(" and ".join(map(str, getattr(source, "paths", None) or [source.name]))
+                              for source in self.sources)  # both sides: either may be the empty one
             dropped = sum(sum(source.dropped.values()) for source in self.sources)
             raise XformerError(f"training corpus {names} is empty "
                                f"({dropped} pairs dropped: empty side or invalid UTF-8)")
