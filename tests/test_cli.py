@@ -150,7 +150,7 @@ def test_bad_corpora(tmp_path):
     assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'a'}"),
                           "line counts differ", "a.en has 3 lines", "a.de has 2")
     assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'b'}"), "b.en:2: invalid UTF-8")
-    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'c'}"), "training corpus", "c.en is empty", "2 pairs dropped")
+    assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'c'}"), "training corpus", "c.en and", "c.de is empty", "2 pairs dropped")
     assert_one_line_error(xformer(*base, "--set", f"data.train.prefix={tmp_path / 'nope'}"), "file not found", "nope.en")
     assert not (tmp_path / "run").exists()  # nothing is written before the data is known good
 
