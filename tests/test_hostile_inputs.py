@@ -165,6 +165,10 @@ def test_average_refuses_to_write_over_an_input_or_a_runs_last_pt_and_to_mix_run
         average_checkpoints(kept, run / "last.pt")
     with pytest.raises(XformerError, match="is one of the checkpoints to average"):
         average_checkpoints(kept, kept[1])
+    os.link(kept[1], run / "last.pt")  # as a run saves it: one file under both names
+    with pytest.raises(XformerError, match=f"{run / 'last.pt'} is {kept[1]} again: give each checkpoint once"):
+        average_checkpoints([*kept, run / "last.pt"], tmp_path / "twice.pt")  # it would count twice
+    (run / "last.pt").unlink()
     with pytest.raises(XformerError, match="--last must be at least 1"):
         last_checkpoints(run, 0)
     other = dict(config, train={**config["train"], "seed": 2})

@@ -155,14 +155,20 @@ class FakeStage:
 
 def test_a_finished_stage_whose_output_is_gone_runs_again_and_the_status_says_so(tmp_path, monkeypatch):
     """A deleted student best.pt left the stage 'skipped' and export failing on 'checkpoint not found'."""
+    from xformer_cli.pipeline import run_pipeline
     from xformer_cli.pipeline.status import stage_statuses
 
     said: list[str] = []
-    pipe = Pipeline(smoke(tmp_path), log=said.append, progress=False)
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    config = smoke(tmp_path, f"mono.target={tmp_path / 'mono.de'}")
+    pipe = Pipeline(config, log=said.append, progress=False)
     stage = FakeStage(monkeypatch, pipe)
     first = run_stage(pipe, "reverse")
     assert [s.action for s in stage_statuses(pipe) if s.stage == "reverse"] == ["skipped"]
     (stage.folder / "made").unlink()
+    with pytest.raises(XformerError, match=f"^pipeline stage reverse made {re.escape(str(stage.folder / 'made'))}, "
+                                           r"which is gone: run it again \(xformer pipeline -c CONFIG --from reverse\)$"):
+        run_pipeline(config, only="backtranslate", log=lambda _: None, progress=False)  # it would not visit reverse
     status = next(s for s in stage_statuses(pipe) if s.stage == "reverse")
     assert (status.action, status.detail) == ("redone", f"{stage.folder / 'made'} is gone: runs again")
     again = run_stage(pipe, "reverse")

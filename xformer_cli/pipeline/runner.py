@@ -12,7 +12,7 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import FINGERPRINTS, RUNS, STAGES, Pipeline, gone_output, unusable_named_file
+from xformer_cli.pipeline.stages import FINGERPRINTS, NEEDS, RUNS, STAGES, Pipeline, gone_output, unusable_named_file
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -133,6 +133,11 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
         missing = unusable_named_file(pipe, name)
         if missing:
             raise XformerError(missing)
+    for need in dict.fromkeys(need for name in stages for need in NEEDS[name] if need not in stages):
+        gone = gone_output(pipe, need)  # --from or --only past a stage whose output was deleted
+        if gone is not None:
+            raise XformerError(f"pipeline stage {need} made {gone}, which is gone: run it again "
+                               f"(xformer pipeline -c CONFIG --from {need})")
     with run_lock.holding(pipe.run_dir, "xformer pipeline"):
         records = {}
         for name in stages:

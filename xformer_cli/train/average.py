@@ -74,10 +74,13 @@ def _run_of(state: dict, key: str):
 
 def _check_output(paths: Sequence[str | Path], output: Path) -> None:
     """Refuse to write over an input, or over a run's last.pt (its resume point: an average
-    holds no optimizer state, so the run could not go on)."""
-    for path in paths:
+    holds no optimizer state, so the run could not go on); refuse an input given twice."""
+    for i, path in enumerate(paths):
         if same_file(output, path):
             raise XformerError(f"--output {output} is one of the checkpoints to average: write it elsewhere")
+        twice = next((other for other in paths[:i] if same_file(other, path)), None)
+        if twice is not None:  # it would count twice in the mean
+            raise XformerError(f"{path} is {twice} again: give each checkpoint once")
     if output.name == "last.pt" and (kept_checkpoints(output.parent) or (output.parent / "config.yaml").is_file()):
         raise XformerError(f"--output {output} is the run's last.pt (what it resumes from): "
                            "write the average elsewhere")
