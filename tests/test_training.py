@@ -1,6 +1,7 @@
 """Training survives: exact resume, signals, non-finite losses, early stopping, averaging."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,7 +183,10 @@ def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     kept = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.pt"))
     assert kept == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_8.pt"]
 
-    same = average_checkpoints([tmp_path / "run" / "checkpoint_8.pt"] * 3, tmp_path / "same.pt")
+    copies = [tmp_path / "run" / "checkpoint_8.pt", tmp_path / "copy1.pt", tmp_path / "copy2.pt"]
+    for copy in copies[1:]:  # one file three times is refused: it would count three times in a real mean
+        shutil.copyfile(copies[0], copy)
+    same = average_checkpoints(copies, tmp_path / "same.pt")
     original = load_checkpoint(tmp_path / "run" / "checkpoint_8.pt")["model"]
     for key, value in original.items():
         torch.testing.assert_close(same["model"][key], value)
