@@ -318,6 +318,8 @@ def test_the_checkpoint_is_never_written_inside_the_model_it_imports(marian_dir)
 
     weights = marian_dir / "model.safetensors"
     before = weights.read_bytes()
+    with pytest.raises(XformerError, match="^give the MarianMT model to import"):  # it said "inside ... ()"
+        import_marian("", marian_dir.parent / "empty.pt")
     for output in (weights, marian_dir / "sub" / "new.pt"):
         with pytest.raises(XformerError, match=r"is inside the model being imported .*: write the checkpoint elsewhere"):
             import_marian(str(marian_dir), output)

@@ -57,6 +57,8 @@ from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 def import_marian(source: str, output: str | Path) -> Path:
     """Write ``source`` (a MarianMT directory or Hub id) as the xformer checkpoint ``output``;
     never inside ``source`` (the file written could be one of the model's)."""
+    if not str(source).strip():  # Path("") is the working directory
+        raise XformerError("give the MarianMT model to import: a directory or a Hub id (Helsinki-NLP/opus-mt-en-de)")
     if Path(source).is_dir() and is_inside(output, source):
         raise XformerError(f"{output} is inside the model being imported ({source}): write the checkpoint elsewhere")
     state = load_marian(source)
