@@ -37,6 +37,7 @@ SPLITS = {"train": "train", "valid": "val", "test2016": "test_2016_flickr"}  # o
 LANGUAGES = ("en", "de", "fr", "cs")
 HELD_OUT = ("val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 CAPTION_FILES = 5
+CONFIGS_DATA = Path(os.environ.get("XFORMER_DATA") or "../shared/data")  # the configs' ${XFORMER_DATA:-../shared/data}
 
 Fetch = Callable[[str], bytes]
 
@@ -133,7 +134,7 @@ def fetch_multi30k(out: Path, fetch: Fetch, force: bool = False, say: Callable[[
 
 def main(argv: "list[str] | None" = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("XFORMER_DATA") or "../shared/data"),
+    parser.add_argument("--out", type=Path, default=CONFIGS_DATA,
                         help="the data folder (default: $XFORMER_DATA, else ../shared/data, as the configs read)")
     parser.add_argument("--base-url", default=BASE_URL, help="where upstream's data/ folder is (a mirror)")
     parser.add_argument("--force", action="store_true", help="replace files that are there already")
@@ -143,7 +144,7 @@ def main(argv: "list[str] | None" = None) -> int:
     except XformerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if args.out.resolve() != Path(os.environ.get("XFORMER_DATA") or "../shared/data").resolve():
+    if args.out.resolve() != CONFIGS_DATA.resolve():
         print(f"the configs read ${{XFORMER_DATA:-../shared/data}}: export XFORMER_DATA={args.out.resolve()}")
     return 0
 

@@ -39,13 +39,17 @@ def iter_lines(path: Optional[Path], replace_invalid: bool = False, remedy: str 
         number = 0
         try:
             for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
-                raw = raw.rstrip(b"\n").rstrip(b"\r")
-                if number == 1 and raw.startswith(codecs.BOM_UTF8):  # it marks the file, it is no text
-                    raw = raw[len(codecs.BOM_UTF8):]
+                raw = without_bom(raw.rstrip(b"\n").rstrip(b"\r"), number)
                 yield raw.decode("utf-8", errors="replace") if replace_invalid else decode_line(raw, name, number,
                                                                                                   remedy)
         except OSError as exc:  # a device or file that fails mid-read (EIO): named, not a traceback
             raise XformerError(f"cannot read {name} after line {number}: {exc.strerror or exc}") from None
+
+
+def without_bom(raw: bytes, number: int) -> bytes:
+    """Line ``number`` of a file without a UTF-8 byte-order mark at the file's start: it marks the
+    file, it is no text (a glossary's first term, a hypothesis's first word)."""
+    return raw[len(codecs.BOM_UTF8):] if number == 1 and raw.startswith(codecs.BOM_UTF8) else raw
 
 
 def decode_line(raw: bytes, name: str, number: int, remedy: str) -> str:

@@ -8,7 +8,6 @@ sets are small and read whole.
 
 from __future__ import annotations
 
-import codecs
 import glob
 import gzip
 import zlib
@@ -22,7 +21,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import file_stamp
-from xformer_cli.textio import count_lines, decode_line
+from xformer_cli.textio import count_lines, decode_line, without_bom
 
 DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".tsv": "csv", ".csv": "csv"}
@@ -99,8 +98,7 @@ class _Gzipped:
 
 def _decode(raw: bytes, path: Path, number: int, skip_invalid: bool,
             remedy: str = "fix the file or set data.skip_invalid_utf8: true") -> Optional[str]:
-    if number == 1 and raw.startswith(codecs.BOM_UTF8):  # a byte-order mark marks the file, it is no text
-        raw = raw[len(codecs.BOM_UTF8):]
+    raw = without_bom(raw, number)
     if skip_invalid:
         try:
             return raw.decode("utf-8").rstrip("\r\n")
@@ -287,6 +285,11 @@ class PairSource:
             return f"{self.name}|{self._columns}|{(self.src_lang, self.tgt_lang)[side]}"
         return str(self.paths[side].resolve())
 
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files read (source, target); none for a dataset."""
+        return tuple(self.paths) if self._dataset is None else ()
+
     def side(self, side: int) -> Iterator[str]:
         """One side's sentences, as the pairs give them."""
         return (pair[side] for pair in self)
@@ -321,5 +324,5 @@ def load_corpus(corpus: Optional[CorpusConfig], src_lang: str, tgt_lang: str, na
     pairs = list(source)
     if not pairs:
         raise XformerError(f"{name} corpus {source.name} is empty after dropping empty pairs")
-    files = tuple(source.paths) if source._dataset is None else ()
-    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name, files)
+    return ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], source.dropped, name, source.name,
+                          source.files)

@@ -66,7 +66,7 @@ class TokenizerPlan:
         started = time.time()
         src, tgt, what = self._sample()
         if not src or not (tgt or tc.joint):
-            names = ", ".join(" and ".join(map(str, getattr(source, "paths", None) or [source.name]))
+            names = ", ".join(" and ".join(map(str, source.files or [source.name]))
                               for source in self.sources)  # both sides: either may be the empty one
             dropped = sum(sum(source.dropped.values()) for source in self.sources)
             raise XformerError(f"training corpus {names} is empty "

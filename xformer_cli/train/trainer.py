@@ -190,11 +190,12 @@ class Trainer:
         tc, c = self.config.train, self.counters
         self.state.started = time.time() - c.train_seconds  # a resumed run's minutes go on
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
-        refused = c.step >= self.last_step() and not after_training.owed(self.state)
-        if self.dist.is_main and not refused:  # a refused run leaves the config it was trained with
+        at_end = c.step >= self.last_step()
+        owed = at_end and after_training.owed(self.state)
+        if self.dist.is_main and (owed or not at_end):  # a refused run leaves the config it was trained with
             run_checkpoints.write_config(self.config, self.state.precision)
-        if c.step >= self.last_step():
-            if after_training.owed(self.state):
+        if at_end:
+            if owed:
                 self.state.log(f"{self.state.run_dir} is at its last step {c.step}, and nothing marks its passes after "
                                "training (average_last, tune_length_penalty) finished: running them")
                 after_training.forget_unfinished(self.state)
