@@ -58,7 +58,10 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
   6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled trainer_big_25k_packed" ;;  # ~7 minutes
   7) ONLY="trainer_base_25k_packed trainer_base_25k_packed_tf32 trainer_big_25k_packed trainer_big_25k_packed_tf32" ;;  # ~6 minutes: bf16 against TF32, the whole trainer
-  8) ONLY="transfer" ;;  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
+  8) ONLY="transfer" ;;
+  10) ONLY="bt_teacher" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below)
+  9) ONLY="pipeline_gpu" ;;  # configs/multi30k-pipeline-gpu.yaml: ~20 minutes as shipped, so two calls on one warm
+                             # machine (the second resumes), or $GPU_CHECK_PIPELINE_SETS's shorter models in one  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -280,6 +283,63 @@ print(f"{sys.argv[2]}: median {median:.0f} target tokens/s over the last {len(st
       f"step {rows[-1]['step'] if rows else 0}; {slow} windows under 60% of it")
 PY
 done
+
+# 9. the GPU pipeline (issue 49): every stage, then each model's test2016 BLEU at beam 4 on the GPU,
+# also when a stage fails (CTranslate2's CUDA build wants CUDA 12's cuBLAS, which a CUDA 13 image lacks)
+PIPELINE_SETS=(--set "run_dir=$OUT/pipeline-gpu")
+[[ "$QUICK" == 1 ]] && PIPELINE_SETS+=(--set mono.max_lines=300 --set model_set.data.train.max_pairs=600
+  --set model_set.data.valid_max_sentences=40 --set model_set.tokenizer.vocab_size=600 --set model_set.model.d_model=64
+  --set model_set.model.d_ff=128 --set model_set.model.n_heads=2 --set model_set.train.max_minutes=0
+  --set model_set.train.max_steps=30 --set model_set.train.validations=0 --set model_set.train.valid_every=30
+  --set model_set.train.save_every=15 --set model_set.train.average_last=2 --set "model_set.train.tune_length_penalty=[0.6, 1.0]"
+  --set "model_set.train.device=$DEVICE" --set backtranslate.chunk_lines=100 --set distill.chunk_lines=100
+  --set evaluate.max_lines=40)
+for kv in ${GPU_CHECK_PIPELINE_SETS:-}; do PIPELINE_SETS+=(--set "$kv"); done
+pipeline_gpu() {
+  local failed=0 model
+  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${PIPELINE_SETS[@]}" || failed=1
+  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml "${PIPELINE_SETS[@]}" --status
+  for model in teacher student; do  # the models that exist, scored on the GPU whatever evaluate did
+    [[ -f "$OUT/pipeline-gpu/$model/best.pt" ]] || continue
+    echo "== $model test2016 beam 4 ($DEVICE)"
+    xformer eval-bleu -m "$OUT/pipeline-gpu/$model/best.pt" --device "$DEVICE" --beam-size 4 \
+      --src "$DATA/multi30k/test2016.en" --ref "$DATA/multi30k/test2016.de" || failed=1
+  done
+  return "$failed"
+}
+step pipeline_gpu pipeline_gpu
+grep -hE "^(== |BLEU|chrF|numbers|\| |stage )|minutes of stages" "$OUT/pipeline_gpu.log" >> "$SUMMARY" 2>/dev/null
+
+# 10. the GPU pipeline's first half (issue 49's +1.5): a reverse model of $GPU_CHECK_REVERSE_MINUTES, its
+# back-translation of $GPU_CHECK_BT_LINES lines of mono.de, then the tagged teacher and the plain
+# configs/multi30k-gpu.yaml side by side on the one GPU for the same minutes, each scored on test2016
+BT_RUN="$OUT/bt-teacher"
+BT_SETS=(--set "run_dir=$BT_RUN" --set "reverse.set.train.max_minutes=${GPU_CHECK_REVERSE_MINUTES:-1.0}"
+         --set "mono.max_lines=${GPU_CHECK_BT_LINES:-60000}")
+BASELINE_SETS=(--set "run_dir=$OUT/bt-baseline" --set "train.device=$DEVICE")
+if [[ "$QUICK" == 1 ]]; then
+  BT_SETS+=("${PIPELINE_SETS[@]:2}")  # the pipeline's tiny models (its run_dir left out)
+  BASELINE_SETS+=("${M30K_GPU_SETS[@]}")
+fi
+bt_teacher() {
+  local stage failed=0 pid
+  for stage in reverse backtranslate; do
+    xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${BT_SETS[@]}" --only "$stage" || return 1
+  done
+  xformer train -c configs/multi30k-gpu.yaml --quiet --overwrite "${BASELINE_SETS[@]}" > "$OUT/bt_baseline.log" 2>&1 &
+  pid=$!
+  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${BT_SETS[@]}" --only teacher || failed=1
+  wait "$pid" || { failed=1; tail -3 "$OUT/bt_baseline.log"; }
+  for model in "$BT_RUN/teacher" "$OUT/bt-baseline"; do
+    echo "== $model test2016 beam 4 ($DEVICE)"
+    grep -h '"valid_bleu"\|"length_penalty"' "$model/metrics.jsonl" 2>/dev/null | cut -c1-300
+    xformer eval-bleu -m "$model/best.pt" --device "$DEVICE" --beam-size 4 \
+      --src "$DATA/multi30k/test2016.en" --ref "$DATA/multi30k/test2016.de" || failed=1
+  done
+  return "$failed"
+}
+step bt_teacher bt_teacher
+grep -hE "^(== |BLEU|chrF|numbers|stage |\{)|minutes of stages" "$OUT/bt_teacher.log" >> "$SUMMARY" 2>/dev/null
 
 # 8. transfer to a small pair (issue 27 goal 2): runs side by side get the same wall-clock time
 TRANSFER_RUNS=(b-bi-mid-pre-drop3-gpu b-multi-mid-pre-gpu b-multi-big-pre-gpu)

@@ -292,6 +292,34 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "teacher.seeds=[1, 2]", "distill.teachers=[/other/best.pt]")
 
 
+def test_a_translating_stage_gives_the_engine_its_own_batches_or_the_models(tmp_path, monkeypatch):
+    from xformer_cli.decode import factory
+    from xformer_cli.pipeline import stages
+
+    asked = []
+
+    class Recording:
+        def options(self, **opts):
+            asked.append(opts)
+
+        def translate(self, chunk, seed=None, **opts):
+            asked.append(opts)
+            return [line.upper() for line in chunk]
+
+    monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: Recording())
+    for sets, batch in (((), (None, None)), (("backtranslate.batch_size=3000", "backtranslate.max_tokens=200000"),
+                                             (3000, 200000))):
+        asked.clear()
+        pipe = Pipeline(smoke(tmp_path, *sets), log=lambda _: None, progress=False)
+        job = CorpusJob(["a b", "c"], tmp_path / "in.txt", tmp_path / f"out{len(sets)}.txt", 2, chunk_lines=1)
+        assert stages._translate(pipe, [tmp_path / "reverse.pt"], pipe.config.backtranslate, job) == 2
+        assert len(asked) == 3 and all((opts["batch_size"], opts["max_tokens"]) == batch for opts in asked)
+        assert job.outputs_path.read_text().splitlines() == ["A B", "C"]
+    for key in ("distill.batch_size=-1", "backtranslate.max_tokens=-5"):
+        with pytest.raises(XformerError, match=f"config key '{key.split('=')[0]}': must be 0"):
+            smoke(tmp_path, key)
+
+
 def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, monkeypatch):
     """A misspelt baseline or teacher is found at once, not after hours of the stages before it;
     --status names the stage that needs it."""

@@ -45,6 +45,10 @@ class TranslateStage:
     chunk_lines: int = 2000  # lines per engine call, and the unit a killed run resumes by
     engine: str = "auto"  # auto | xformer | ctranslate2 (decode.factory's rules)
     precision: str = "auto"
+    # xformer's batches within a chunk (0: the model's decode.batch_size / decode.max_tokens): a
+    # GPU wants far more sentences a batch than a CPU; CTranslate2 batches by its own rule
+    batch_size: int = 0
+    max_tokens: int = 0
 
 
 @dataclass
@@ -145,6 +149,8 @@ def check(config: PipelineConfig) -> None:
         require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
                 "sampling draws one translation per sentence: set beam_size to 1")
         require(stage.temperature > 0, f"{name}.temperature", "must be positive")
+        for key in ("batch_size", "max_tokens"):
+            require(getattr(stage, key) >= 0, f"{name}.{key}", "must be 0 (the model's decode setting) or more")
     require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
     seeds = config.teacher.seeds
     require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",

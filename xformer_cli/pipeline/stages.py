@@ -180,7 +180,8 @@ def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: 
     engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
                          needs=("sampling_topk", "seed") if sampling else (), log=pipe.log)
     opts = dict(beam_size=s.beam_size, sampling_topk=s.sampling_topk or None,
-                temperature=s.temperature if sampling else None)
+                temperature=s.temperature if sampling else None, batch_size=s.batch_size or None,
+                max_tokens=s.max_tokens or None)
     engine.options(**opts)  # bad options refused before any line is read
 
     def translate(chunk: list[str], index: int) -> list[str]:
