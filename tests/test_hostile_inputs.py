@@ -39,6 +39,13 @@ def test_a_run_directory_without_last_pt_but_with_an_earlier_runs_checkpoints_is
     save_checkpoint({"config": run_config(run).to_dict(), "model": {}}, run / "last.pt")  # an average put there
     with pytest.raises(XformerError, match=r"last.pt holds no training state to resume from \(no 'optimizer'"):
         read_last(run_config(run), overwrite=False)
+    whole = {"config": run_config(run).to_dict(), "model": {}, "optimizer": {}, "schedule": {}, "rng": {}, "step": 30}
+    for key, value in (("step", "30"), ("epoch", -1), ("batches_done", 2.5), ("step", True)):
+        save_checkpoint({**whole, key: value}, run / "last.pt")  # edited by hand
+        with pytest.raises(XformerError, match=f"last.pt: '{key}' must be a whole number, 0 or more, not "):
+            read_last(run_config(run), overwrite=False)
+    save_checkpoint(whole, run / "last.pt")
+    assert read_last(run_config(run), overwrite=False)["step"] == 30
     afile = tmp_path / "afile"
     afile.write_text("hi")
     with pytest.raises(XformerError, match="is a file, not a directory"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import yaml
@@ -154,7 +154,18 @@ def read_last(config: Config, overwrite: bool) -> Optional[dict]:
     if missing:
         raise XformerError(f"{path} holds no training state to resume from (no '{missing[0]}': an averaged or "
                            "exported model?); put the run's own last.pt back, or --overwrite to start afresh")
+    bad = next((key for key in COUNTERS if key in last and not _whole(last[key])), None)
+    if bad:
+        raise XformerError(f"{path}: '{bad}' must be a whole number, 0 or more, not {last[bad]!r} (an edited file?); "
+                           "put the run's own last.pt back, or --overwrite to start afresh")
     return last
+
+
+COUNTERS = ("step", "epoch", "batches_done")  # what a resume counts on (a hand-edited "12" failed deep in it)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_resumable(config: Config, last: Optional[dict]) -> Optional[dict]:
