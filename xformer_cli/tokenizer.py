@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import random
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import sentencepiece as spm
 
@@ -78,6 +78,16 @@ def train_sentencepiece(
     return out.getvalue()
 
 
+# sentencepiece's calls on a list start a pool of threads each time (~0.2-0.4 ms): below this
+# many lines one call a line is faster (docs/benchmarks/decoding.md, "One sentencepiece call a line")
+ONE_CALL_FROM = 64
+
+
+def one_call_or_each(call: Callable[[Any], Any], items: list) -> list:
+    """``call(items)`` for a long list, ``[call(item) ...]`` for a short one: the same result."""
+    return call(items) if len(items) >= ONE_CALL_FROM else [call(item) for item in items]
+
+
 def _load(model_bytes: bytes, what: str) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     try:
@@ -103,7 +113,8 @@ class VocabPieces:
 
     def encode(self, lines: str | Sequence[str], out_type: type = int,
                **kwargs: Any) -> list[int] | list[str] | list[list[int]] | list[list[str]]:
-        pieces = self.sp.encode(lines, out_type=str, **kwargs)
+        pieces = self.sp.encode(lines, out_type=str, **kwargs) if isinstance(lines, str) else \
+            one_call_or_each(lambda some: self.sp.encode(some, out_type=str, **kwargs), list(lines))
         if out_type is str:
             return pieces
         if isinstance(lines, str):
@@ -271,16 +282,16 @@ class Tokenizer:
         (``>>fra<< A man ...``) starts with the tag's id."""
         lines = list(lines)
         if not self.src_tags:
-            return self.src.encode(lines)
+            return one_call_or_each(self.src.encode, lines)
         split = [self._lead_tag(line) for line in lines]
-        ids = self.src.encode([rest for _, rest in split])
+        ids = one_call_or_each(self.src.encode, [rest for _, rest in split])
         return [[tag] + x if tag is not None else x for (tag, _), x in zip(split, ids)]
 
     def encode_tgt(self, lines: Iterable[str]) -> list[list[int]]:
-        return self.tgt.encode(list(lines))
+        return one_call_or_each(self.tgt.encode, list(lines))
 
     def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return self.tgt.decode([list(map(int, x)) for x in ids])
+        return one_call_or_each(self.tgt.decode, [list(map(int, x)) for x in ids])
 
     def src_pieces(self, line: str) -> list[str]:
         tag, rest = self._lead_tag(line) if self.src_tags else (None, line)
