@@ -86,10 +86,12 @@ def real_server(app):
     """``app`` under uvicorn in a thread, on a free port: its base URL."""
     import uvicorn
 
+    from xformer_cli.serve.server import uvicorn_config
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))  # the config xformer serve runs
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

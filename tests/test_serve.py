@@ -152,6 +152,30 @@ class BrokenLanguages(FakeEngine):
         return None
 
 
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_bytes_that_are_no_http_get_a_json_400_and_the_server_serves_on(http, monkeypatch):
+    import socket
+
+    import uvicorn
+    from serve_helpers import real_server
+
+    # each parser uvicorn may pick (h11 comes with it; httptools with uvicorn[standard] and the dev extra)
+    real_config = uvicorn.Config
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **kwargs: real_config(app, http=http, **kwargs))
+    with real_server(create_app(FakeEngine())) as url:
+        host, port = url.removeprefix("http://").split(":")
+        for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n"):
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.sendall(garbage)
+                answer = b""
+                while chunk := conn.recv(65536):
+                    answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer
+            assert json.loads(body)["error"].startswith("malformed HTTP request: "), body
+        assert get(url + "/health")[0] == 200  # everyone else is still served
+
+
 def test_head_where_get_answers_and_a_bug_is_a_json_500_that_carries_cors():
     engine = BrokenLanguages()
     with client_for(engine, cors=["http://a.example"]) as client:

@@ -7,6 +7,7 @@ drains the batcher's queue and stops its worker. The process then exits 0.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 from typing import Any, Callable, Optional, Sequence
@@ -44,6 +45,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app: Any, *, access_log: bool = False, graceful_timeout: Optional[float] = 30.0,
+                   log_level: str = "info") -> Any:
+    """uvicorn's config for ``app``, whose HTTP protocol answers a request it cannot parse with
+    a JSON 400 as the app answers every other bad request (uvicorn's own is text/plain)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+                            timeout_graceful_shutdown=graceful_timeout, server_header=False)
+    config.load()  # picks the protocol (httptools or h11); Server.run keeps a loaded config
+    config.http_protocol_class = json_bad_requests(config.http_protocol_class)
+    return config
+
+
+def json_bad_requests(protocol: type) -> type:
+    """``protocol`` (one of uvicorn's HTTP implementations) with its 400 for unparseable
+    bytes sent as JSON; the connection is closed after it, as uvicorn closes it."""
+
+    class JsonBadRequests(protocol):  # type: ignore[misc, valid-type]
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps({"error": f"malformed HTTP request: {msg}"}).encode("utf-8")
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
+
+    return JsonBadRequests
+
+
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -54,9 +82,7 @@ def run(app: Any, host: str = "127.0.0.1", port: int = 5000, *, access_log: bool
     import uvicorn
 
     sock = listen(host, port)
-    config = uvicorn.Config(app, log_level="info", access_log=access_log, lifespan="on",
-                            timeout_graceful_shutdown=graceful_timeout, server_header=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, access_log=access_log, graceful_timeout=graceful_timeout))
     log(f"{banner}serving on {url_of(sock)} (SIGTERM or Ctrl-C: finish the requests in flight, then exit)")
     # uvicorn re-raises the signal that stopped it once it has shut down; a server that
     # drained cleanly should exit 0, so that re-raised signal lands here and is dropped.
