@@ -296,16 +296,23 @@ PIPELINE_SETS=(--set "run_dir=$OUT/pipeline-gpu")
   --set "model_set.train.device=$DEVICE" --set backtranslate.chunk_lines=100 --set distill.chunk_lines=100
   --set evaluate.max_lines=40)
 for kv in ${GPU_CHECK_PIPELINE_SETS:-}; do PIPELINE_SETS+=(--set "$kv"); done
-pipeline_gpu() {
-  local failed=0 model
-  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${PIPELINE_SETS[@]}" || failed=1
-  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml "${PIPELINE_SETS[@]}" --status
-  for model in teacher student; do  # the models that exist, scored on the GPU whatever evaluate did
-    [[ -f "$OUT/pipeline-gpu/$model/best.pt" ]] || continue
-    echo "== $model test2016 beam 4 ($DEVICE)"
-    xformer eval-bleu -m "$OUT/pipeline-gpu/$model/best.pt" --device "$DEVICE" --beam-size 4 \
+test2016_beam4() {  # test2016_beam4 RUN_DIR...: each run's valid line(s) and its best.pt scored on the GPU
+  local run failed=0
+  for run in "$@"; do
+    [[ -f "$run/best.pt" ]] || continue
+    echo "== $run test2016 beam 4 ($DEVICE)"
+    grep -h '"valid_bleu"\|"length_penalty"' "$run/metrics.jsonl" 2>/dev/null | cut -c1-300
+    xformer eval-bleu -m "$run/best.pt" --device "$DEVICE" --beam-size 4 \
       --src "$DATA/multi30k/test2016.en" --ref "$DATA/multi30k/test2016.de" || failed=1
   done
+  return "$failed"
+}
+pipeline_gpu() {
+  local failed=0
+  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${PIPELINE_SETS[@]}" || failed=1
+  xformer pipeline -c configs/multi30k-pipeline-gpu.yaml "${PIPELINE_SETS[@]}" --status
+  # the models that exist, scored on the GPU whatever evaluate did
+  test2016_beam4 "$OUT/pipeline-gpu/teacher" "$OUT/pipeline-gpu/student" || failed=1
   return "$failed"
 }
 step pipeline_gpu pipeline_gpu
@@ -331,12 +338,7 @@ bt_teacher() {
   pid=$!
   xformer pipeline -c configs/multi30k-pipeline-gpu.yaml --quiet "${BT_SETS[@]}" --only teacher || failed=1
   wait "$pid" || { failed=1; tail -3 "$OUT/bt_baseline.log"; }
-  for model in "$BT_RUN/teacher" "$OUT/bt-baseline"; do
-    echo "== $model test2016 beam 4 ($DEVICE)"
-    grep -h '"valid_bleu"\|"length_penalty"' "$model/metrics.jsonl" 2>/dev/null | cut -c1-300
-    xformer eval-bleu -m "$model/best.pt" --device "$DEVICE" --beam-size 4 \
-      --src "$DATA/multi30k/test2016.en" --ref "$DATA/multi30k/test2016.de" || failed=1
-  done
+  test2016_beam4 "$BT_RUN/teacher" "$OUT/bt-baseline" || failed=1
   return "$failed"
 }
 step bt_teacher bt_teacher
