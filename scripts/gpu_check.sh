@@ -38,6 +38,10 @@
 #      (scripts/bench_multilingual_quality.sh, -gpu runs); each run stops with every thread's
 #      stack on stderr (faulthandler, SIGABRT) if it outlives its time (the fifth lease's
 #      multilingual runs never got past their tokenizer)
+#   9. (part 9) configs/multi30k-pipeline-gpu.yaml, every stage (~19 minutes, more than a 15-minute lease: two calls on one warm
+#      machine, the second resuming), teacher and student scored on test2016 on the GPU
+#   10. (part 10) its first half: a reverse model, its back-translation, then the tagged teacher beside
+#      configs/multi30k-gpu.yaml on the same GPU for the same minutes, both scored (issue 49's +1.5)
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -60,7 +64,7 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   7) ONLY="trainer_base_25k_packed trainer_base_25k_packed_tf32 trainer_big_25k_packed trainer_big_25k_packed_tf32" ;;  # ~6 minutes: bf16 against TF32, the whole trainer
   8) ONLY="transfer" ;;
   10) ONLY="bt_teacher" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below)
-  9) ONLY="pipeline_gpu" ;;  # configs/multi30k-pipeline-gpu.yaml: ~20 minutes as shipped, so two calls on one warm
+  9) ONLY="pipeline_gpu" ;;  # configs/multi30k-pipeline-gpu.yaml: ~19 minutes as shipped, so two calls on one warm
                              # machine (the second resumes), or $GPU_CHECK_PIPELINE_SETS's shorter models in one  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
