@@ -230,3 +230,38 @@ def test_precision_auto_on_a_gpu_follows_its_compute_capability(tmp_path, monkey
     chosen = choose_engine([checkpoint], flags=ZEN3)  # the CPU's flags play no part once torch sees a GPU
     assert (chosen.engine, chosen.precision, chosen.device) == ("xformer", expected, "cuda")
     assert name in chosen.describe() and chosen.describe().startswith(f"precision: auto -> xformer {expected} on cuda")
+
+
+@pytest.mark.slow
+def test_a_gpu_ctranslate2_cannot_compute_on_gives_the_cpu_for_auto_and_one_line_for_cuda(multi30k, tmp_path,
+                                                                                        monkeypatch):
+    """CTranslate2 4.x loads CUDA 12's cuBLAS at its first product, not at load: on a CUDA 13 machine it
+    counts the GPU, loads the model, and fails at the first translate_batch."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from helpers import tiny_checkpoint
+
+    from xformer_cli.export.ctranslate2 import export_ctranslate2
+    from xformer_cli.pipeline.evaluation import _engine_label
+
+    export = export_ctranslate2(tiny_checkpoint(multi30k, tmp_path / "last.pt", steps=0), tmp_path / "ct2")
+    real = ctranslate2.Translator
+
+    class NoCublas:  # what a CUDA 13 machine's CTranslate2 does on device="cuda"
+        def __init__(self, path, device="cpu", **kwargs):
+            self.translator = real(path, device="cpu", **kwargs)
+
+        def translate_batch(self, *args, **kwargs):
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Translator", lambda path, device="cpu", **kwargs:
+                        NoCublas(path, **kwargs) if device == "cuda" else real(path, device=device, **kwargs))
+    monkeypatch.setattr(factory, "ctranslate2_gpus", lambda: 1)
+    said = []
+    engine = load_engine(export, "ctranslate2", device="auto", threads=1, log=said.append)
+    assert len(engine.translate(["A man rides a bike."], beam_size=1)) == 1  # it translates, on the CPU
+    assert engine.device == "cpu" and _engine_label(said, engine) == "ctranslate2 float32 on cpu"  # evaluate's column
+    assert said[0].startswith("precision: auto -> ctranslate2 default on cuda")
+    assert said[1] == ("CTranslate2 cannot run on CUDA here (Library libcublas.so.12 is not found or cannot be "
+                       "loaded): on the CPU instead")
+    with pytest.raises(XformerError, match=r"cannot run on CUDA here \(Library libcublas.so.12 .*--device cpu"):
+        load_engine(export, "ctranslate2", device="cuda", threads=1)

@@ -92,6 +92,23 @@ def cpu_workers(threads: int) -> int:
     return threads if threads > 0 else available_cores()
 
 
+class CudaUnusable(XformerError):
+    """CTranslate2 loaded a model on CUDA but cannot compute there (its wheel loads the CUDA
+    libraries it was built for, CUDA 12's cuBLAS for 4.x: a CUDA 13 machine lacks them)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.reason = reason
+        super().__init__(f"{path}: CTranslate2 cannot run on CUDA here ({reason}); --device cpu runs it on the CPU")
+
+
+def _check_runs_on_cuda(translator: Any, path: Path) -> None:
+    """One step of one one-piece sentence: the libraries load at the first product, not at load."""
+    try:
+        translator.translate_batch([["\u2581"]], beam_size=1, max_decoding_length=1)
+    except RuntimeError as exc:
+        raise CudaUnusable(path, str(exc).strip()[:160]) from None
+
+
 class CTranslate2Translator(Engine):
     """Translate with an exported directory; same input/output conventions as ``Translator``."""
 
@@ -100,8 +117,9 @@ class CTranslate2Translator(Engine):
 
     def __init__(self, translator: Any, tokenizer: Tokenizer, decode: DecodeConfig, max_positions: int,
                  precision: str = "float32", bos_id: int = BOS_ID, languages: Optional[Languages] = None,
-                 shortlist: bool = False, job_sentences: int = 0, workers: int = 1):
+                 shortlist: bool = False, job_sentences: int = 0, workers: int = 1, device: str = "cpu"):
         self.translator = translator
+        self.device = device  # cpu | cuda: where it computes (a GPU it cannot compute on gives the CPU)
         self.job_sentences = job_sentences  # at most, per CTranslate2 job (0: an engine batch is one job)
         self.workers = workers  # CTranslate2's parallel batches
         self.shortlist = shortlist  # each step scores only the batch's shortlist candidates (export/shortlist.py)
@@ -151,11 +169,13 @@ class CTranslate2Translator(Engine):
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise XformerError(f"{path}: cannot load the CTranslate2 model "
                                f"({type(exc).__name__}: {str(exc).strip()[:160]})") from None
+        if device == "cuda":
+            _check_runs_on_cuda(translator, path)
         weights = compute_type if compute_type not in ("default", "auto") else info.get("quantization") or "float32"
         shortlist = bool(info.get("shortlist")) and (path / VMAP_FILE).is_file()
         return cls(translator, tokenizer, decode, int(info.get("max_positions", MIN_POSITIONS)), weights,
                    int(info.get("bos_id", BOS_ID)), export_languages(info), shortlist,
-                   CPU_JOB_SENTENCES if device == "cpu" else 0, workers)
+                   CPU_JOB_SENTENCES if device == "cpu" else 0, workers, device)
 
     def search(self, lines: Sequence[str], opts: SearchOptions,
                wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
@@ -277,15 +277,30 @@ def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto
         torch.set_num_threads(count)
         built: Engine = Translator.from_checkpoint(paths, device=choice.device, precision=choice.precision)
     else:
-        built = _ctranslate2_engine(paths[0], choice, count, log)
+        built = _ctranslate2_engine(paths[0], choice, count, log, device)
     built.threads = count
     return built
 
 
-def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
+def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Optional[Log],
+                        asked: str = "auto") -> Engine:
     """The CTranslate2 engine on an export, or on ``path`` exported at start to a temporary
     directory (int8 weights when int8 computes), removed once the engine has read it. Not
-    cached: exporting costs a fraction of loading (docs/benchmarks/decoding.md, "Choosing the engine")."""
+    cached: exporting costs a fraction of loading (docs/benchmarks/decoding.md, "Choosing the engine").
+    A GPU that ``asked`` = auto chose but CTranslate2 cannot compute on gives the CPU, said in the log."""
+    from xformer_cli.decode.ct2_engine import CudaUnusable
+
+    try:
+        return _ctranslate2_engine_on(path, choice, threads, log)
+    except CudaUnusable as exc:
+        if asked != "auto":
+            raise
+        if log is not None:
+            log(f"CTranslate2 cannot run on CUDA here ({exc.reason}): on the CPU instead")
+        return _ctranslate2_engine_on(path, replace(choice, device="cpu"), threads, log)
+
+
+def _ctranslate2_engine_on(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:
     import tempfile
 
     from xformer_cli.decode.ct2_engine import CTranslate2Translator

@@ -141,6 +141,9 @@ def _engine_label(said: list[str], engine, models: int = 1) -> str:
     if said:
         label = said[0].split("->", 1)[-1].split("(")[0].split(",")[0].strip()
         label = label.replace(" default ", f" {getattr(engine, 'precision', 'default')} ")
+        device = getattr(engine, "device", None)
+        if engine.name == "ctranslate2" and device:  # where it runs (the CPU where the GPU it was given failed)
+            label = f"{label.rsplit(' on ', 1)[0]} on {device}"
     label += ", shortlist" if getattr(engine, "shortlist", False) else ""
     return label + (f", ensemble of {models}" if models > 1 else "")
 
