@@ -290,7 +290,7 @@ done
 
 # 9. the GPU pipeline (issue 49): every stage, then each model's test2016 BLEU at beam 4 on the GPU,
 # also when a stage fails (export needs ctranslate2, carried as a wheel; its CUDA build loads libcublas.so.12,
-# which the lent machine's CUDA 13 image does not list: evaluate's int8 row on the GPU is untried)
+# which the lent machine's CUDA 13 image does not list: evaluate's int8 row then runs on the CPU, its log says)
 PIPELINE_SETS=(--set "run_dir=$OUT/pipeline-gpu")
 [[ "$QUICK" == 1 ]] && PIPELINE_SETS+=(--set mono.max_lines=300 --set model_set.data.train.max_pairs=600
   --set model_set.data.valid_max_sentences=40 --set model_set.tokenizer.vocab_size=600 --set model_set.model.d_model=64
