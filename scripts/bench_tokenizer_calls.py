@@ -32,7 +32,7 @@ def main() -> None:
     prefix = sys.argv[2]
     src = Path(f"{prefix}.en").read_text(encoding="utf-8").splitlines()
     print(f"{len(src)} lines of {prefix}.en; ms a call, the best of 20")
-    for n in (1, 8, 32, 64, 128, len(src)):
+    for n in (1, 8, 32, 64, 128, 256, 512, len(src)):
         lines = src[:n]
         listed = best_of(lambda: tok.src.encode(lines))
         each = best_of(lambda: [tok.src.encode(line) for line in lines])

@@ -5,8 +5,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to runs/gpu_check
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 scripts/gpu_check.sh /tmp/gc   # the same steps, tiny, on a CPU
 #   GPU_CHECK_ONLY="train_bf16 bench_train_base" scripts/gpu_check.sh     # only the steps named
-#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; ... GPU_CHECK_PART=7  # the whole check in
-#                                           # device calls of under 10 minutes each (a call's limit)
+#   GPU_CHECK_PART=1 scripts/gpu_check.sh; GPU_CHECK_PART=2 ...; ... GPU_CHECK_PART=10  # the whole check in
+#                                           # device calls of under 10 minutes each (a call's limit; part 9: two)
 #
 # Steps (each one's full output goes to OUT_DIR/<step>.log, its result into OUT_DIR/summary.txt):
 #   1. environment: GPU name, torch, CUDA, bf16 support
@@ -62,10 +62,10 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   5) ONLY="ddp_single_accumulating ddp_two_ranks_one_gpu ddp_compare precision_bf16 precision_fp16" ;;  # ~5 minutes
   6) ONLY="profile_base_25k profile_big_25k trainer_base_25k_packed trainer_base_25k_packed_compiled trainer_big_25k_packed" ;;  # ~7 minutes
   7) ONLY="trainer_base_25k_packed trainer_base_25k_packed_tf32 trainer_big_25k_packed trainer_big_25k_packed_tf32" ;;  # ~6 minutes: bf16 against TF32, the whole trainer
-  8) ONLY="transfer" ;;
-  10) ONLY="bt_teacher" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below)
+  8) ONLY="transfer" ;;  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
   9) ONLY="pipeline_gpu" ;;  # configs/multi30k-pipeline-gpu.yaml: ~19 minutes as shipped, so two calls on one warm
-                             # machine (the second resumes), or $GPU_CHECK_PIPELINE_SETS's shorter models in one  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
+                             # machine (the second resumes), or $GPU_CHECK_PIPELINE_SETS's shorter models in one
+  10) ONLY="bt_teacher" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below)
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"

@@ -246,12 +246,14 @@ def test_a_gpu_ctranslate2_cannot_compute_on_gives_the_cpu_for_auto_and_one_line
     export = export_ctranslate2(tiny_checkpoint(multi30k, tmp_path / "last.pt", steps=0), tmp_path / "ct2")
     real = ctranslate2.Translator
 
+    failure = ["Library libcublas.so.12 is not found or cannot be loaded"]
+
     class NoCublas:  # what a CUDA 13 machine's CTranslate2 does on device="cuda"
-        def __init__(self, path, device="cpu", **kwargs):
+        def __init__(self, path, device="cpu", compute_type="default", **kwargs):
             self.translator = real(path, device="cpu", **kwargs)
 
         def translate_batch(self, *args, **kwargs):
-            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+            raise RuntimeError(failure[0])
 
     monkeypatch.setattr(ctranslate2, "Translator", lambda path, device="cpu", **kwargs:
                         NoCublas(path, **kwargs) if device == "cuda" else real(path, device=device, **kwargs))
@@ -262,6 +264,12 @@ def test_a_gpu_ctranslate2_cannot_compute_on_gives_the_cpu_for_auto_and_one_line
     assert engine.device == "cpu" and _engine_label(said, engine) == "ctranslate2 float32 on cpu"  # evaluate's column
     assert said[0].startswith("precision: auto -> ctranslate2 default on cuda")
     assert said[1] == ("CTranslate2 cannot run on CUDA here (Library libcublas.so.12 is not found or cannot be "
-                       "loaded): on the CPU instead")
+                       "loaded): on the CPU instead, default")
     with pytest.raises(XformerError, match=r"cannot run on CUDA here \(Library libcublas.so.12 .*--device cpu"):
         load_engine(export, "ctranslate2", device="cuda", threads=1)
+    said.clear()  # a GPU compute type becomes its CPU kind (CTranslate2 computes no float16 on a CPU)
+    engine = load_engine(export, "ctranslate2", precision="float16", device="auto", threads=1, log=said.append)
+    assert said[1].endswith("on the CPU instead, float32") and engine.precision == "float32"
+    failure[0] = "CUDA failed with error out of memory"  # not a missing library: no CPU for it, one line
+    with pytest.raises(XformerError, match=r"cannot run on CUDA \(CUDA failed with error out of memory\)"):
+        load_engine(export, "ctranslate2", device="auto", threads=1)

@@ -320,6 +320,25 @@ def test_a_translating_stage_gives_the_engine_its_own_batches_or_the_models(tmp_
             smoke(tmp_path, key)
 
 
+def test_a_translating_stages_fingerprint_leaves_out_settings_added_later_at_their_default(tmp_path):
+    from xformer_cli.pipeline.stages import fingerprint_backtranslate, stage_settings
+
+    config = smoke(tmp_path)
+    # what runs recorded before batch_size and max_tokens existed hashed: a default stage hashes the same
+    assert set(stage_settings(config.backtranslate)) == {"beam_size", "sampling_topk", "temperature", "chunk_lines",
+                                                          "engine", "precision"}
+    assert set(stage_settings(config.distill)) == set(stage_settings(config.backtranslate)) | {"teachers",
+                                                                                                 "mono_source"}
+    mono = tmp_path / "mono.de"
+    mono.write_text("Ein Hund.\n")
+    plain, batched = (Pipeline(smoke(tmp_path, f"mono.target={mono}", *sets), log=lambda _: None)
+                      for sets in ((), ("backtranslate.batch_size=4000",)))
+    plain.record("reverse").begin("f")
+    plain.record("reverse").finish("f", minutes=1.0)
+    assert stage_settings(batched.config.backtranslate)["batch_size"] == 4000
+    assert fingerprint_backtranslate(batched) != fingerprint_backtranslate(plain)
+
+
 def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, monkeypatch):
     """A misspelt baseline or teacher is found at once, not after hours of the stages before it;
     --status names the stage that needs it."""

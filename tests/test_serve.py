@@ -172,6 +172,7 @@ def test_bytes_that_are_no_http_get_a_json_400_and_the_server_serves_on(http, mo
                     answer += chunk
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer
+            assert b"\r\ndate: " in head.lower()  # uvicorn's default headers, as on every other answer
             assert json.loads(body)["error"].startswith("malformed HTTP request: "), body
         assert get(url + "/health")[0] == 200  # everyone else is still served
 

@@ -28,9 +28,16 @@ def test_short_lists_go_a_line_a_call_and_long_ones_in_one_call():
 
 def test_a_tokenizer_encodes_and_decodes_alike_either_way():
     text = sentences(400, seed=1)
-    tok = Tokenizer.train(text, text, joint=True, vocab_size=60)
-    for n in (1, 5, ONE_CALL_FROM - 1, ONE_CALL_FROM, 200):
-        lines = sentences(n, seed=n)
-        each = [tok.src.encode(line) for line in lines]
-        assert tok.encode_src(lines) == each and tok.encode_tgt(lines) == each
-        assert tok.decode_tgt(each) == [tok.tgt.decode(ids) for ids in each] == lines
+    trained = Tokenizer.train(text, text, joint=True, vocab_size=60)
+    pieces = [trained.src.id_to_piece(i) for i in range(trained.src.get_piece_size())]
+    # an imported MarianMT model's kind: a vocabulary of its own over the sentencepiece model, with a target tag
+    imported = Tokenizer(trained.src_model_bytes, None, pieces + [">>deu<<"])
+    for tok in (trained, imported):
+        for n in (1, 5, ONE_CALL_FROM - 1, ONE_CALL_FROM, 200):
+            lines = sentences(n, seed=n)
+            each = [tok.src.encode(line) for line in lines]
+            assert tok.encode_tgt(lines) == each
+            assert tok.decode_tgt(each) == [tok.tgt.decode(ids) for ids in each] == lines
+            assert tok.decode_tgt([[]] + each[:1]) == ["", lines[0]]  # an empty hypothesis is an empty line
+            tagged = [f">>deu<< {line}" if tok is imported else line for line in lines]
+            assert tok.encode_src(tagged) == [([len(pieces)] if tok is imported else []) + ids for ids in each]

@@ -122,7 +122,7 @@ class VocabPieces:
         return [[self.ids.get(p, UNK_ID) for p in line] for line in pieces]
 
     def decode(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> str | list[str]:
-        if ids and isinstance(ids[0], int):
+        if not ids or isinstance(ids[0], int):  # one sequence; [] is the empty one, as sentencepiece reads it
             return self._text(ids)
         return [self._text(line) for line in ids]
 

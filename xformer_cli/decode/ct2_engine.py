@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,11 @@ def cpu_workers(threads: int) -> int:
     return threads if threads > 0 else available_cores()
 
 
+# CTranslate2's words for a CUDA library it cannot load ("Library libcublas.so.12 is not found or
+# cannot be loaded") or a driver too old for its CUDA: what no retry on this GPU mends
+MISSING_CUDA_LIBRARY = re.compile(r"\blibrar(y|ies)\b|cannot be loaded|\blibcu|driver version", re.IGNORECASE)
+
+
 class CudaUnusable(XformerError):
     """CTranslate2 loaded a model on CUDA but cannot compute there (its wheel loads the CUDA
     libraries it was built for, CUDA 12's cuBLAS for 4.x: a CUDA 13 machine lacks them)."""
@@ -106,7 +112,10 @@ def _check_runs_on_cuda(translator: Any, path: Path) -> None:
     try:
         translator.translate_batch([["\u2581"]], beam_size=1, max_decoding_length=1)
     except RuntimeError as exc:
-        raise CudaUnusable(path, str(exc).strip()[:160]) from None
+        reason = str(exc).strip()[:160]
+        if MISSING_CUDA_LIBRARY.search(reason):
+            raise CudaUnusable(path, reason) from None
+        raise XformerError(f"{path}: the CTranslate2 model cannot run on CUDA ({reason})") from None  # out of memory...
 
 
 class CTranslate2Translator(Engine):

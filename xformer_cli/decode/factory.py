@@ -295,9 +295,15 @@ def _ctranslate2_engine(path: Path, choice: EngineChoice, threads: int, log: Opt
     except CudaUnusable as exc:
         if asked != "auto":
             raise
+        on_cpu = replace(choice, device="cpu", precision=CPU_COMPUTE_TYPE.get(choice.precision, choice.precision))
         if log is not None:
-            log(f"CTranslate2 cannot run on CUDA here ({exc.reason}): on the CPU instead")
-        return _ctranslate2_engine_on(path, replace(choice, device="cpu"), threads, log)
+            log(f"CTranslate2 cannot run on CUDA here ({exc.reason}): on the CPU instead, {on_cpu.precision}")
+        return _ctranslate2_engine_on(path, on_cpu, threads, log)
+
+
+# A GPU compute type's nearest on a CPU, which CTranslate2 computes in neither half precision
+CPU_COMPUTE_TYPE = {"float16": "float32", "bfloat16": "float32", "int8_float16": "int8_float32",
+                    "int8_bfloat16": "int8_float32"}
 
 
 def _ctranslate2_engine_on(path: Path, choice: EngineChoice, threads: int, log: Optional[Log]) -> Engine:

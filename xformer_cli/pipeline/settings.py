@@ -45,8 +45,8 @@ class TranslateStage:
     chunk_lines: int = 2000  # lines per engine call, and the unit a killed run resumes by
     engine: str = "auto"  # auto | xformer | ctranslate2 (decode.factory's rules)
     precision: str = "auto"
-    # xformer's batches within a chunk (0: the model's decode.batch_size / decode.max_tokens): a
-    # GPU wants far more sentences a batch than a CPU; CTranslate2 batches by its own rule
+    # the engine's batches within a chunk, either engine (0: the model's decode.batch_size /
+    # decode.max_tokens): a GPU wants far more sentences a batch than a CPU
     batch_size: int = 0
     max_tokens: int = 0
 

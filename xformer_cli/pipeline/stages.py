@@ -139,9 +139,19 @@ def _mono(pipe: Pipeline, side: str) -> TextLines:
     return TextLines(Path(path), mono.skip_invalid_utf8, mono.max_lines)
 
 
+# Settings a translating stage gained after runs had recorded it, with their defaults: left out of
+# its fingerprint at the default, so that a finished stage stays finished when xformer is upgraded.
+ADDED_LATER = {"batch_size": 0, "max_tokens": 0}
+
+
+def stage_settings(stage: TranslateStage) -> dict:
+    """A translating stage's settings as its fingerprint hashes them."""
+    return {key: value for key, value in asdict(stage).items() if ADDED_LATER.get(key, object()) != value}
+
+
 def fingerprint_backtranslate(pipe: Pipeline) -> str:
     mono = _mono(pipe, "target")
-    return pipe.stamp("backtranslate", asdict(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
+    return pipe.stamp("backtranslate", stage_settings(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
                       mono.skip_invalid, pipe.upstream("backtranslate"))
 
 
@@ -293,7 +303,7 @@ def fingerprint_distill(pipe: Pipeline) -> str:
     d = pipe.config.distill
     given = [file_stamp(name) for name in d.teachers if name != "teacher"]
     mono = [file_stamp(_mono(pipe, "source").path), pipe.config.mono.max_lines] if d.mono_source else []
-    return pipe.stamp("distill", asdict(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
+    return pipe.stamp("distill", stage_settings(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
                       pipe.upstream("distill"))
 
 

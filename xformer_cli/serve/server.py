@@ -65,7 +65,8 @@ def json_bad_requests(protocol: type) -> type:
     class JsonBadRequests(protocol):  # type: ignore[misc, valid-type]
         def send_400_response(self, msg: str) -> None:
             body = json.dumps({"error": f"malformed HTTP request: {msg}"}).encode("utf-8")
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + defaults + b"content-type: application/json\r\n"
                                  b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             self.transport.close()
 

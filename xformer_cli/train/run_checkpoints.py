@@ -130,6 +130,7 @@ def mismatch_error(path: Path, key: str) -> XformerError:
 
 # What a checkpoint must hold to continue a run (an averaged or exported model has weights only).
 TRAINING_STATE = ("model", "optimizer", "schedule", "rng", "step", "config")
+COUNTERS = ("step", "epoch", "batches_done")  # what a resume counts on (a hand-edited "12" failed deep in it)
 
 
 def read_last(config: Config, overwrite: bool) -> Optional[dict]:
@@ -159,9 +160,6 @@ def read_last(config: Config, overwrite: bool) -> Optional[dict]:
         raise XformerError(f"{path}: '{bad}' must be a whole number, 0 or more, not {last[bad]!r} (an edited file?); "
                            "put the run's own last.pt back, or --overwrite to start afresh")
     return last
-
-
-COUNTERS = ("step", "epoch", "batches_done")  # what a resume counts on (a hand-edited "12" failed deep in it)
 
 
 def _whole(value: Any) -> bool:
