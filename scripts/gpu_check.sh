@@ -41,7 +41,8 @@
 #   9. (part 9) configs/multi30k-pipeline-gpu.yaml, every stage (~19 minutes, more than a 15-minute lease: two calls on one warm
 #      machine, the second resuming), teacher and student scored on test2016 on the GPU
 #   10. (part 10) its first half: a reverse model, its back-translation, then the tagged teacher beside
-#      configs/multi30k-gpu.yaml on the same GPU for the same minutes, both scored (issue 49's +1.5)
+#      configs/multi30k-gpu.yaml on the same GPU for the same minutes, both scored (issue 49's +1.5); then
+#      the teacher's translation profiled (scripts/profile_decode.py: GPU busy share, kernels, host ops)
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -65,7 +66,8 @@ case "${GPU_CHECK_PART:-}" in  # each part fits one device call (10 minutes) on 
   8) ONLY="transfer" ;;  # ~6 minutes: three runs side by side, $GPU_CHECK_TRANSFER_MINUTES (3) of training each
   9) ONLY="pipeline_gpu" ;;  # configs/multi30k-pipeline-gpu.yaml: ~19 minutes as shipped, so two calls on one warm
                              # machine (the second resumes), or $GPU_CHECK_PIPELINE_SETS's shorter models in one
-  10) ONLY="bt_teacher" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below)
+  10) ONLY="bt_teacher profile_decode" ;;  # ~9 minutes: the GPU pipeline's teacher question alone (below), and
+                                          # where its translation time goes
 esac
 MINUTES="${GPU_CHECK_MINUTES:-}"
 DATA="${XFORMER_DATA:-../shared/data}"
@@ -347,6 +349,12 @@ bt_teacher() {
 }
 step bt_teacher bt_teacher
 grep -hE "^(== |BLEU|chrF|numbers|stage |\{)|minutes of stages" "$OUT/bt_teacher.log" >> "$SUMMARY" 2>/dev/null
+# where the GPU's translation time goes (the stages' ~1200 lines/s at any batch size in the sixth lease):
+# the teacher translating mono.en in the GPU config's batches, under the profiler
+DECODE_LINES=$([[ "$QUICK" == 1 ]] && echo 200 || echo 8000)
+step profile_decode python scripts/profile_decode.py --checkpoint "$BT_RUN/teacher/best.pt" --device "$DEVICE" \
+  --input "$DATA/multi30k/mono.en" --lines "$DECODE_LINES" --batch-size 4000 --max-tokens 240000
+grep -hE "sentences/s|^host|^GPU kernel|^  [a-z]" "$OUT/profile_decode.log" >> "$SUMMARY" 2>/dev/null
 
 # 8. transfer to a small pair (issue 27 goal 2): runs side by side get the same wall-clock time
 TRANSFER_RUNS=(b-bi-mid-pre-drop3-gpu b-multi-mid-pre-gpu b-multi-big-pre-gpu)
