@@ -113,8 +113,7 @@ class VocabPieces:
 
     def encode(self, lines: str | Sequence[str], out_type: type = int,
                **kwargs: Any) -> list[int] | list[str] | list[list[int]] | list[list[str]]:
-        pieces = self.sp.encode(lines, out_type=str, **kwargs) if isinstance(lines, str) else \
-            one_call_or_each(lambda some: self.sp.encode(some, out_type=str, **kwargs), list(lines))
+        pieces = self.sp.encode(lines, out_type=str, **kwargs)
         if out_type is str:
             return pieces
         if isinstance(lines, str):
