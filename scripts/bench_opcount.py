@@ -11,7 +11,8 @@ state). Rows:
 - blocked loss: the CPU's label-smoothed loss, which CUDA ran before the one-pass loss;
 - one-pass loss: CUDA's loss, autocast casting each weight at every use;
 - + half-weight cache: what the trainer runs on CUDA bf16 (``forward_loss.wants_half_weights``):
-  bf16 weight copies made once per update instead of autocast's per-use casts.
+  bf16 weight copies made once per update instead of autocast's per-use casts, self-attention's
+  q, k and v from one product on them, bias gradients summed straight into fp32.
 
 Columns: all aten ops, and those that launch a kernel (views and allocations left out).
 Random ids in rows of 25 tokens stand in for a batch (the count does not depend on them).

@@ -125,3 +125,18 @@ def test_the_cuda_code_path_keeps_attention_in_its_inputs_dtype():
         cuda = count_ops(step).ops
     assert cpu["_to_copy"] == 6  # q, k, v to fp32 and their gradients back (the output is fp32 already)
     assert cuda["_to_copy"] == 2  # only the test's own .float() of the bf16 output, and its gradient back
+
+
+def test_the_cuda_code_path_counts_cudas_fused_dropout():
+    """On CUDA F.dropout is one fused kernel forward and one backward; the CPU draws its own
+    mask in several (model/dropout.py). The count takes CUDA's, so it does not carry the CPU's."""
+    from xformer_cli.model.dropout import dropout
+    from xformer_cli.model.linear import plain_products
+
+    x = torch.randn(64, 32, requires_grad=True)
+    cpu = count_ops(lambda: dropout(x, 0.1, True).sum().backward()).ops
+    with plain_products():
+        cuda = count_ops(lambda: dropout(x, 0.1, True).sum().backward()).ops
+    assert cpu["randint"] == 1 and "native_dropout" not in cpu
+    assert cuda["native_dropout"] == cuda["native_dropout_backward"] == 1 and "randint" not in cuda
+    assert sum(cuda.values()) < sum(cpu.values())

@@ -14,8 +14,11 @@ and other devices take the plain ``F.linear``.
 On CUDA, autocast would cast every weight to bf16 at every use, forward and backward: a
 cast kernel per weight per micro-batch. ``HalfWeightCache`` instead keeps bf16 copies of
 the Linear weights, refreshed once per optimizer step (one foreach copy), while the fp32
-weights stay the masters that the optimizer updates; the products and gradients are those
-autocast computes.
+weights stay the masters that the optimizer updates. The products are those autocast computes,
+the gradients too but for the weights' and biases', which reach fp32 in one kernel each (a
+bias's without autocast's rounding to bf16 between); self-attention's q, k and v come from one
+product (``stacked_half_product``). On CUDA a small model's step waits on the host's kernel
+launches (docs/benchmarks/gpu.md, the fourth lease): each kernel left out counts.
 """
 
 from __future__ import annotations
@@ -134,29 +137,47 @@ def _cpu_bf16(x: Tensor, weight: Tensor) -> bool:
 
 
 class _CachedHalfLinear(torch.autograd.Function):
-    """x W^T + b with W and b already in the half type; gradients as autocast's (half
-    products, cast back to the fp32 masters' and the input's dtypes)."""
+    """x W^T + b with W and b already in the half type (``half_w``, ``half_b``): the rows of one
+    or more Linears stacked (``masters``: their fp32 weight and bias, weight and bias, ...), one
+    product for Linears that read the same input. The product and the input's gradient are
+    autocast's; the weight and bias gradients reach the fp32 masters in one kernel each, the bias
+    summed straight into fp32 (autocast sums in the half type, then casts: two kernels, and the
+    rounding between)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Optional[Tensor], half_w: Tensor,
-                half_b: Optional[Tensor]) -> Tensor:
+    def forward(ctx: Any, x: Tensor, half_w: Tensor, half_b: Optional[Tensor], *masters: Optional[Tensor]) -> Tensor:
         xh = x.to(half_w.dtype)
         ctx.save_for_backward(xh, half_w)
-        ctx.x_dtype, ctx.dtypes = x.dtype, (weight.dtype, None if bias is None else bias.dtype)
+        ctx.x_dtype, ctx.rows = x.dtype, [w.size(0) for w in masters[0::2]]
+        ctx.dtypes = (masters[0].dtype, None if masters[1] is None else masters[1].dtype)
         return F.linear(xh, half_w, half_b)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
         xh, w = ctx.saved_tensors
         g = grad.to(w.dtype).reshape(-1, grad.size(-1))
-        grad_x = grad_w = grad_b = None
+        grad_x = None
+        masters: list[Optional[Tensor]] = [None] * (2 * len(ctx.rows))
         if ctx.needs_input_grad[0]:
             grad_x = (g @ w).view(*xh.shape[:-1], w.size(1)).to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = (g.t() @ xh.reshape(-1, xh.size(-1))).to(ctx.dtypes[0])
-        if ctx.needs_input_grad[2]:
-            grad_b = g.sum(0).to(ctx.dtypes[1])
-        return grad_x, grad_w, grad_b, None, None
+        if any(ctx.needs_input_grad[3::2]):
+            masters[0::2] = (g.t() @ xh.reshape(-1, xh.size(-1))).to(ctx.dtypes[0]).split(ctx.rows)
+        if any(ctx.needs_input_grad[4::2]):
+            masters[1::2] = g.sum(0, dtype=ctx.dtypes[1]).split(ctx.rows)
+        return (grad_x, None, None, *masters)
+
+
+def stacked_half_product(x: Tensor, linears: tuple["Linear", ...]) -> Optional[Tensor]:
+    """``torch.cat([m(x) for m in linears], -1)`` in one product, where a ``HalfWeightCache``
+    applies (CUDA training in half precision; it holds the Linears' half weights stacked, see
+    ``shared_input_linears``); None elsewhere: the caller applies each Linear."""
+    cache = linears[0].half_cache
+    if cache is None or not cache.applies(x):
+        return None
+    stacked = cache.stacked_halves(linears)
+    if stacked is None:
+        return None
+    return _CachedHalfLinear.apply(x, *stacked, *(p for m in linears for p in (m.weight, m.bias)))
 
 
 class HalfWeightCache:
@@ -165,20 +186,47 @@ class HalfWeightCache:
     hook mark them stale, and the first training product after that refreshes them all with
     one foreach copy. Only products under autocast to ``dtype`` with gradients enabled use
     them (decoding and validation take the usual path). Attach it only where autocast's
-    per-use casts cost launches, i.e. on CUDA."""
+    per-use casts cost launches, i.e. on CUDA.
+
+    A module whose ``shared_input_linears()`` names Linears that often read one input (attention's
+    q and kv projections, in self-attention) gets their copies stacked in one buffer, each
+    Linear's copy a view of its rows, so ``stacked_half_product`` runs them as one product:
+    fewer kernels forward and backward, and no concatenation."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype = torch.bfloat16):
         self.dtype = dtype
         self.linears = [m for m in model.modules() if isinstance(m, Linear)]
         masters = {id(p): p for m in self.linears for p in (m.weight, m.bias) if p is not None}
         self.masters = list(masters.values())  # a tied weight once
-        self.halves = [torch.empty_like(p, dtype=dtype) for p in self.masters]
-        self.half_of = {id(p): h for p, h in zip(self.masters, self.halves)}
+        self.half_of: dict[int, Tensor] = {}
+        self.stacked: dict[tuple[int, ...], tuple[Tensor, Optional[Tensor]]] = {}
+        for module in model.modules():
+            if hasattr(module, "shared_input_linears"):
+                self._stack(module.shared_input_linears())
+        for p in self.masters:
+            self.half_of.setdefault(id(p), torch.empty_like(p, dtype=dtype))
+        self.halves = [self.half_of[id(p)] for p in self.masters]
         self.stale = True
         for m in self.linears:
             m.half_cache = self
         self._hooks = [optimizer.register_step_post_hook(lambda *_: self.mark_stale()),
                        model.register_load_state_dict_post_hook(lambda *_: self.mark_stale())]
+
+    def _stack(self, linears: tuple["Linear", ...]) -> None:
+        """One buffer for the weights of ``linears`` (and one for their biases), each Linear's
+        copy a view of its rows; left alone where a parameter already has its copy (a tied or
+        shared one) or only some of them have a bias."""
+        weights, biases = [m.weight for m in linears], [m.bias for m in linears]
+        has_bias = [b is not None for b in biases]
+        if any(id(p) in self.half_of for p in weights + biases if p is not None) or len(set(has_bias)) > 1:
+            return
+        rows = [w.size(0) for w in weights]
+        stacked_w = weights[0].new_empty((sum(rows), weights[0].size(1)), dtype=self.dtype)
+        stacked_b = biases[0].new_empty(sum(rows), dtype=self.dtype) if has_bias[0] else None
+        for params, stacked in ((weights, stacked_w), (biases, stacked_b)):
+            if stacked is not None:
+                self.half_of.update((id(p), view) for p, view in zip(params, stacked.split(rows)))
+        self.stacked[tuple(map(id, linears))] = (stacked_w, stacked_b)
 
     def mark_stale(self) -> None:
         self.stale = True
@@ -195,12 +243,22 @@ class HalfWeightCache:
         return (torch.is_grad_enabled() and torch.is_autocast_enabled(kind)
                 and torch.get_autocast_dtype(kind) == self.dtype)
 
-    def halves_for(self, m: "Linear") -> tuple[Tensor, Optional[Tensor]]:
+    def _refresh(self) -> None:
         if self.stale:
             with torch.no_grad():
                 torch._foreach_copy_(self.halves, self.masters)
             self.stale = False
+
+    def halves_for(self, m: "Linear") -> tuple[Tensor, Optional[Tensor]]:
+        self._refresh()
         return self.half_of[id(m.weight)], None if m.bias is None else self.half_of[id(m.bias)]
+
+    def stacked_halves(self, linears: tuple["Linear", ...]) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+        """The stacked copies of ``linears`` (weight, bias), or None where they were not stacked."""
+        stacked = self.stacked.get(tuple(map(id, linears)))
+        if stacked is not None:
+            self._refresh()
+        return stacked
 
 
 class Linear(nn.Linear):
@@ -215,7 +273,7 @@ class Linear(nn.Linear):
             half_w, half_b = self.half_cache.halves_for(self)
             if rows is not None:
                 half_w, half_b = _rows_of(half_w, rows), None if half_b is None else _rows_of(half_b, rows)
-            return _CachedHalfLinear.apply(x, weight, bias, half_w, half_b)
+            return _CachedHalfLinear.apply(x, half_w, half_b, weight, bias)
         if not _cpu_bf16(x, weight):
             return F.linear(x, weight, bias)
         if not torch.is_grad_enabled():  # decoding (bf16 weights): no graph, just the padded product

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 # ModelConfig lives apart (torch-free, for config.py) and is re-exported here, beside the model it shapes.
 from xformer_cli.model.config import ACTIVATION_NAMES, ModelConfig
 from xformer_cli.model.dropout import Dropout
-from xformer_cli.model.linear import Linear, cpu_bf16_training, cuda_code_path, padded_bf16_block
+from xformer_cli.model.linear import (Linear, cpu_bf16_training, cuda_code_path, padded_bf16_block,
+                                      stacked_half_product)
 
 
 # -- 3.5 Positional encoding ---------------------------------------------------------
@@ -161,10 +162,26 @@ class MultiHeadAttention(nn.Module):
         ``kv`` passes keys and values already projected (the decoding cache)."""
         if kv is None and cpu_bf16_training(query, self.q_proj.weight):
             return self._padded_forward(query, memory, mask, causal)
-        q = self._split_heads(self.q_proj(query))
-        k, v = kv if kv is not None else self.project_kv(query if memory is None else memory)
+        q, k, v = self._project(query, memory, kv)
         out = attention(q, k, v, mask, causal, self.dropout if self.training else 0.0)
         return self.out_proj(out.transpose(1, 2).reshape(query.shape))
+
+    def _project(self, query: Tensor, memory: Optional[Tensor],
+                 kv: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V split into heads. Self-attention training on CUDA in half precision takes
+        them from one product (``stacked_half_product``: the half weight cache stacks q_proj and
+        kv_proj, ``shared_input_linears``); elsewhere each projection is its own."""
+        if kv is None and memory is None:
+            qkv = stacked_half_product(query, self.shared_input_linears())
+            if qkv is not None:
+                q, k, v = (self._split_heads(t) for t in qkv.chunk(3, dim=-1))
+                return q, k, v
+        k, v = kv if kv is not None else self.project_kv(query if memory is None else memory)
+        return self._split_heads(self.q_proj(query)), k, v
+
+    def shared_input_linears(self) -> tuple[Linear, Linear]:
+        """The projections self-attention applies to one input (see ``HalfWeightCache``)."""
+        return self.q_proj, self.kv_proj
 
     def _padded_forward(self, query: Tensor, memory: Optional[Tensor], mask: Optional[Tensor], causal: bool) -> Tensor:
         """``forward`` when training in bf16 on a CPU: the projections on rows padded once per
