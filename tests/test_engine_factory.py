@@ -112,6 +112,16 @@ def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
         choose_engine([tmp_path], device="cpu")
     with pytest.raises(XformerError, match="not an ensemble"):
         choose_engine([checkpoint, checkpoint], "ctranslate2", device="cpu")
+    # what CTranslate2 cannot do, refused before a checkpoint is exported for it, by the option's own name
+    with pytest.raises(XformerError, match=r"^the ctranslate2 engine does not support --no-cache$"):
+        choose("ctranslate2", needs=["use_cache", "beam_search"])
+    with pytest.raises(XformerError, match=r"an export, which runs on CTranslate2, does not support --sampling-topk, --seed"):
+        export = tmp_path / "ct2"
+        export.mkdir()
+        (export / EXPORT_INFO).write_text("{}")
+        monkeypatch.setattr(factory, "is_export_directory", lambda path: True)
+        choose(paths=[export], needs=["sampling_topk", "seed"])
+    assert choose("ctranslate2", needs=["beam_search"])[0] == "ctranslate2"  # it has a beam search of its own
 
 
 def test_the_log_line_says_what_auto_chose_and_why(tmp_path, monkeypatch, loaded_ct2):

@@ -1,8 +1,8 @@
 """Scores people can trust: sacreBLEU's BLEU, chrF and TER, always with their signatures.
 
-Everything numeric is sacrebleu's own computation; this module picks the metrics, reads
-the files, checks that the hypotheses look like detokenized text, and runs sacrebleu's
-bootstrap confidence intervals and paired significance tests.
+Everything numeric is sacrebleu's own computation; this module picks the metrics, scores
+lines it is given (``cli/scoring.py`` reads the files), checks that the hypotheses look like
+detokenized text, and runs sacrebleu's bootstrap confidence intervals and paired significance tests.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What every command shares: the Typer app, one-line errors (``user_errors``), the log on
-stderr, the engine loading of the commands that translate, and their common options."""
+stderr, the engine loading of the commands that translate, and ``--version`` (the options several
+commands share are ``cli/options.py``'s)."""
 
 from __future__ import annotations
 

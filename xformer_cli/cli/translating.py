@@ -112,7 +112,8 @@ def translate(  # long: its signature is its options, one parameter each
 
 def _needs(*wanted: bool) -> tuple[str, ...]:
     """What a translate run asks of its engine (the engine factory's ``needs``), in this order:
-    attention, sampling, temperature, a seed, no key/value cache, beam search."""
+    attention, sampling, temperature, a seed, no key/value cache, beam search. A need is named
+    by the ``SearchOptions`` field it moves from its default (``use_cache``: turned off)."""
     names = ("attention", "sampling_topk", "temperature", "seed", "use_cache", "beam_search")
     return tuple(name for name, asked in zip(names, wanted) if asked)
 

@@ -24,6 +24,11 @@ from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import Tokenizer
 
 
+def option_name(field: str) -> str:
+    """The command-line option that moves a ``SearchOptions`` field from its default."""
+    return "--no-cache" if field == "use_cache" else "--" + field.replace("_", "-")
+
+
 class Engine:
     """Subclasses set ``tokenizer``, ``decode`` and ``truncated_lines`` (input lines cut to
     ``max_input_len`` over the engine's life) and implement ``search``; ``unsupported``
@@ -52,7 +57,7 @@ class Engine:
         default = SearchOptions()
         for name in self.unsupported:
             if getattr(opts, name) != getattr(default, name):
-                raise XformerError(f"the {self.name} engine does not support --{name.replace('_', '-')}")
+                raise XformerError(f"the {self.name} engine does not support {option_name(name)}")
         if opts.target_lang is not None and self.languages is not None:
             opts.target_lang = self.languages.target(opts.target_lang, "target_lang")
         if given.get("length_penalty") is None and opts.target_lang in opts.length_penalty_by_target:

@@ -213,7 +213,7 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
         raise XformerError("no model given")
     exported = len(paths) == 1 and paths[0].is_dir()
     if exported or engine == "ctranslate2" or precision not in ("auto", *TORCH_DECODE_PRECISIONS):
-        return _ctranslate2_choice(paths, engine, precision, device, exported)
+        return _ctranslate2_choice(paths, engine, precision, device, exported, needs)
     if engine == "xformer" or precision != "auto" or _torch_sees_cuda(device):
         torch_device = engine_device("xformer", device)
         chosen, why = resolve_decode_precision(precision, _device(torch_device), flags)
@@ -224,12 +224,19 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
 
 
 def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, device: str,
-                        exported: bool) -> EngineChoice:
+                        exported: bool, needs: Iterable[str] = ()) -> EngineChoice:
+    from xformer_cli.decode.ct2_engine import CTranslate2Translator
+    from xformer_cli.decode.engine import option_name
+
     if exported and engine != "ctranslate2" and (engine == "xformer" or not is_export_directory(paths[0])):
         raise XformerError(f"{paths[0]} is a directory: give a checkpoint file, or a directory written by "
                            "xformer export (with --engine ctranslate2)")
     if len(paths) != 1:
         raise XformerError("the ctranslate2 engine takes one model, not an ensemble")
+    refused = [option_name(need) for need in needs if need in CTranslate2Translator.unsupported]
+    if refused:  # said before a checkpoint is exported for it
+        runs_it = f"{paths[0]} is an export, which runs on CTranslate2," if exported else "the ctranslate2 engine"
+        raise XformerError(f"{runs_it} does not support {', '.join(refused)}")
     compute_type = "default" if precision == "auto" else CT2_COMPUTE_TYPES.get(precision, precision)
     why = "the export's own weights" if exported else "float32 weights"
     if precision != "auto":

@@ -531,5 +531,9 @@ def _unusable_text(lines: TextLines) -> Optional[str]:
     return None
 
 
-FINGERPRINTS = {name: globals()[f"fingerprint_{name}"] for name in STAGES}
-RUNS = {name: globals()[f"run_{name}"] for name in STAGES}
+# Each stage's two functions, in STAGES' order: what its output depends on, and the run that makes it.
+FINGERPRINTS = {"reverse": fingerprint_reverse, "backtranslate": fingerprint_backtranslate,
+                "teacher": fingerprint_teacher, "distill": fingerprint_distill, "student": fingerprint_student,
+                "export": fingerprint_export, "evaluate": fingerprint_evaluate}
+RUNS = {"reverse": run_reverse, "backtranslate": run_backtranslate, "teacher": run_teacher, "distill": run_distill,
+        "student": run_student, "export": run_export, "evaluate": run_evaluate}

@@ -25,7 +25,9 @@ MAX_UNITS_PER_TEXT = 256  # past it the rest of a text is one unit, cut by the e
 
 @dataclass
 class TextOptions:
-    """How texts are read: ``source_lang`` picks the sentence splitter's rules."""
+    """How texts are read and rebuilt around the engine: ``source_lang`` picks the sentence
+    splitter's rules; the others say what is kept from the source (numbers, glossary terms, HTML
+    tags, placeholders) and what is written (``alternatives``: the n-best)."""
 
     source_lang: str = "en"
     split_sentences: bool = True
