@@ -112,18 +112,20 @@ def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_aut
                                                                                        restrict):
     """CUDA's bf16 path on a CPU (plain products, the switch that attaches the cache): the
     cache is attached and refreshed once per step, and the losses and weights are autocast's
-    (also when the output layer takes the target side's rows of the cached weights)."""
+    to bf16's rounding (the cache's bias gradients skip autocast's rounding to bf16, and
+    self-attention's q, k and v come from one product; also when the output layer takes the
+    target side's rows of the cached weights)."""
     from xformer_cli.model import linear
     from xformer_cli.train.forward_loss import forced_half_weights
 
     refreshes = {"n": 0}
-    real_halves = linear.HalfWeightCache.halves_for
+    real_refresh = linear.HalfWeightCache._refresh
 
-    def counted(self, m):
+    def counted(self):
         refreshes["n"] += self.stale
-        return real_halves(self, m)
+        return real_refresh(self)
 
-    monkeypatch.setattr(linear.HalfWeightCache, "halves_for", counted)
+    monkeypatch.setattr(linear.HalfWeightCache, "_refresh", counted)
     sets = {"train.max_steps": 6, "train.precision": "bf16", "train.update_freq": 2,
             "model.restrict_output": str(restrict).lower()}
     with linear.plain_products():
@@ -139,7 +141,9 @@ def test_the_trainer_uses_cached_half_weights_where_cuda_would_and_trains_as_aut
             plain.run()
     assert refreshes["n"] == 6  # one refresh per optimizer step, not per micro-batch or per use
     a, b = losses(tmp_path / "cached"), losses(tmp_path / "autocast")
-    assert sorted(a) == list(range(1, 7)) and a == b
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert all(abs(a[step] - b[step]) <= 1e-4 * abs(b[step]) for step in a)
     wa = load_checkpoint(tmp_path / "cached" / "last.pt")["model"]
     wb = load_checkpoint(tmp_path / "autocast" / "last.pt")["model"]
-    assert all(torch.equal(wa[key], wb[key]) for key in wa)
+    for key in wa:  # Adam turns a near-zero bias gradient's rounding into a step of up to the learning rate
+        torch.testing.assert_close(wa[key], wb[key], atol=0.1, rtol=0)
