@@ -132,3 +132,30 @@ def test_the_same_seed_builds_the_same_untied_embeddings():
     for model in built[1:]:
         for a, b in zip(built[0].state_dict().values(), model.state_dict().values()):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_cudas_training_path_turns_each_mask_additive_once_and_computes_the_same(packed):
+    """On CUDA's path, training hands attention the additive masks SDPA would make from the
+    boolean ones at every layer, made once per forward: the same logits, bit for bit, without the
+    per-layer conversion (its ``where``)."""
+    from xformer_cli.model.linear import plain_products
+    from xformer_cli.model.transformer import Packing
+    from xformer_cli.train.opcount import count_ops
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0),
+                        src_vocab=30).train()
+    src = torch.tensor([[5, 6, 7, 8, 9, 0], [5, 6, 7, 0, 0, 0]])
+    tgt = torch.tensor([[2, 5, 6, 7, 0], [2, 8, 9, 0, 0]])
+    packing = Packing(torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 0, 0, 0]]), torch.tensor([[1, 1, 2, 2, 0], [1, 1, 1, 0, 0]]),
+                      torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 0, 0, 0]]), torch.tensor([[0, 1, 0, 1, 0], [0, 1, 2, 0, 0]]))
+    run = lambda: model(src, tgt, packing if packed else None)  # noqa: E731
+    with plain_products():
+        ours, ops = run(), count_ops(run).ops
+        model._sdpa_masks = lambda *masks: masks  # the boolean masks, converted by SDPA in each layer
+        theirs, their_ops = run(), count_ops(run).ops
+    assert torch.equal(ours, theirs)
+    layers_with_a_mask = 2 + 2 + (2 if packed else 0)  # encoder, encoder-decoder, and the packed decoder's own
+    assert their_ops["where"] == layers_with_a_mask and "where" not in ops
+    assert sum(ops.values()) < sum(their_ops.values())

@@ -454,11 +454,23 @@ class Transformer(nn.Module):
         """Logits (B, T, scored pieces) for teacher forcing (``scored_logits``: the gold ids
         index them through ``scored_targets``); with ``packing``, rows hold several pairs each."""
         if packing is None:
-            src_mask = self.padding_mask(src)
+            (src_mask,) = self._sdpa_masks(self.padding_mask(src))
             return self.scored_logits(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
-        encoder_mask, decoder_mask, cross_mask = packing.masks()  # built once, shared by every layer
+        encoder_mask, decoder_mask, cross_mask = self._sdpa_masks(*packing.masks())  # built once, shared by every layer
         memory = self.encode(src, encoder_mask, packing.src_positions)
         return self.scored_logits(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
+
+    def _sdpa_masks(self, *masks: Tensor) -> tuple[Tensor, ...]:
+        """Training on CUDA's path: each boolean mask as the additive one (0 where attending is
+        allowed, -inf elsewhere, in the dtype attention computes in) that
+        ``F.scaled_dot_product_attention`` would otherwise make from it at every call: made once
+        for every layer, three kernels instead of three a layer. Elsewhere (a CPU's own attention
+        path, decoding) the masks as they are."""
+        kind = masks[0].device.type
+        if not torch.is_grad_enabled() or not (kind == "cuda" or cuda_code_path()):
+            return masks
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.src_embed.tokens.weight.dtype
+        return tuple(torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf")) for m in masks)
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:
         """One incremental step: (B*K, 1) newest tokens of K beams per sentence (sentence-major)
