@@ -201,3 +201,43 @@ def test_a_pipe_or_device_output_is_written_into_and_stays_what_it_was(tmp_path)
         reader.join(10)
         assert received == ["Ein Hund.\nEine Katze.\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]
+
+
+def _read_only(monkeypatch, folder: Path) -> None:
+    """``folder`` as on a read-only mount (tests may run as root, whom permissions do not stop)."""
+    real_access, real_mkstemp, real_mkdtemp = os.access, fileio.tempfile.mkstemp, fileio.tempfile.mkdtemp
+
+    def refused(make):
+        def call(*args, dir=None, **kw):
+            if dir is not None and Path(dir) == folder:
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder / ".x.tmp"))
+            return make(*args, dir=dir, **kw)
+        return call
+
+    monkeypatch.setattr(fileio.os, "access", lambda p, mode: False if Path(p) == folder else real_access(p, mode))
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", refused(real_mkstemp))
+    monkeypatch.setattr(fileio.tempfile, "mkdtemp", refused(real_mkdtemp))
+
+
+def test_a_folder_nothing_can_be_written_in_is_one_line_naming_the_path(tmp_path, monkeypatch):
+    """A read-only disk or a folder without permission: one line naming the file asked for (not
+    the temporary beside it), said before any work where a command checks its outputs first."""
+    from xformer_cli.cli.common import check_output
+    from xformer_cli.plots import check_png_path
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _read_only(monkeypatch, locked)
+    assert fileio.unwritable_folder(locked) is not None and fileio.unwritable_folder(tmp_path) is None
+    with pytest.raises(XformerError, match=rf"^cannot write {locked / 'out.txt'}: Read-only file system$"):
+        with atomic_file(locked / "out.txt", "w") as handle:
+            handle.write("never")
+    with pytest.raises(XformerError, match=rf"^cannot write {locked / 'export'}: Read-only file system$"):
+        with atomic_directory(locked / "export"):
+            pass
+    with pytest.raises(XformerError, match=r"^cannot write --output .*out\.de: "):
+        check_output(locked / "out.de", [])
+    with pytest.raises(XformerError, match=r"^cannot write .*plot\.png: "):
+        check_png_path(locked / "plot.png")
+    check_output(tmp_path / "out.de", [])  # a writable folder passes
+    assert list(locked.iterdir()) == []

@@ -260,6 +260,31 @@ def test_running_out_of_memory_in_torch_is_one_line(capsys):
                                        "or the model's size\n")
 
 
+def test_a_path_the_system_refuses_is_one_line_and_other_os_errors_stay_loud(capsys):
+    """An OSError naming a path (a read-only mount a library writes into, a busy mount point
+    given to --force) is one line with the path and the reason; one that names none is a bug's."""
+    import errno
+
+    import typer
+
+    from xformer_cli.cli.common import user_errors
+
+    @user_errors
+    def refused():
+        raise OSError(errno.EBUSY, "Device or resource busy", "/mnt/export")
+
+    @user_errors
+    def unnamed():
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        refused()
+    assert exit_info.value.exit_code == 1
+    assert capsys.readouterr().err == "error: /mnt/export: Device or resource busy\n"
+    with pytest.raises(OSError):
+        unnamed()
+
+
 def test_a_glossary_that_is_not_utf8_names_its_line(tmp_path):
     from xformer_cli.text.glossary import load_glossary
 

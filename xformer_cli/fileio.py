@@ -101,6 +101,22 @@ def sync_tree(root: "str | Path") -> None:
         sync_directory(directory)
 
 
+def unwritable_folder(folder: Path) -> Optional[str]:
+    """Why files cannot be made in ``folder`` (an existing directory), or None when they can."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "a read-only file system" if read_only else "no permission to write there"
+
+
+def _cannot_make(path: Path, exc: OSError) -> XformerError:
+    """The one line for a file or folder beside which nothing can be written (not a full disk)."""
+    return XformerError(f"cannot write {path}: {exc.strerror or exc}")
+
+
 @contextlib.contextmanager
 def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str] = None,
                 newline: Optional[str] = None) -> Iterator[IO]:
@@ -117,7 +133,12 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
         with open(path, mode, encoding=encoding, newline=newline) as handle:
             yield handle
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        if disk_full(exc):
+            raise
+        raise _cannot_make(path, exc) from None
     with _removed_on_failure(tmp):
         os.fchmod(fd, _mode_for(path, 0o666))  # mkstemp's 0600 would hide the file from others
         with os.fdopen(fd, mode, encoding=encoding, newline=newline) as handle:
@@ -228,12 +249,17 @@ def atomic_directory(target: Path, *, staging_name: Optional[str] = None, replac
     temporary name.
     """
     make_folder(target.parent, str(target))
-    if staging_name is None:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-        staging.chmod(_mode_for(target, 0o777))  # mkdtemp's 0700, as mkdir would have made it
-    else:
-        staging = target.parent / staging_name
-        staging.mkdir()
+    try:
+        if staging_name is None:
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+            staging.chmod(_mode_for(target, 0o777))  # mkdtemp's 0700, as mkdir would have made it
+        else:
+            staging = target.parent / staging_name
+            staging.mkdir()
+    except (PermissionError, OSError) as exc:
+        if disk_full(exc) or isinstance(exc, FileExistsError):
+            raise
+        raise _cannot_make(target, exc) from None
     try:
         yield staging
         sync_tree(staging)

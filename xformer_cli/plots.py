@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from xformer_cli.errors import XformerError
+from xformer_cli.fileio import unwritable_folder
 
 REPORT_SIZE = (15.0, 8.0)  # inches at REPORT_DPI: a 1500 x 800 PNG
 REPORT_DPI = 100
@@ -201,6 +202,9 @@ def check_png_path(output: str | Path) -> Path:
         raise XformerError(f"{output}: plots are written as PNG; give a .png path")
     if not output.parent.is_dir():
         raise XformerError(f"{output}: folder {output.parent} does not exist")
+    why = unwritable_folder(output.parent)
+    if why is not None:
+        raise XformerError(f"cannot write {output}: {why}")
     return output
 
 

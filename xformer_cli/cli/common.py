@@ -57,6 +57,8 @@ def user_errors(fn: Command) -> Command:
             if isinstance(exc, RuntimeError) and _out_of_memory(exc):  # torch's allocators raise RuntimeErrors
                 _fail("out of memory; lower train.max_tokens or decode.batch_size, or the model's size")
             if not disk_full(exc):
+                if isinstance(exc, OSError) and exc.filename is not None:  # a path the system refused
+                    _fail(f"{exc.filename}: {exc.strerror or exc}")
                 raise
             # a write the library did not name itself (config.yaml, the tokenizer, an export)
             target = getattr(exc, "filename", None) or "a file"
@@ -139,6 +141,13 @@ def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attenti
                                "elsewhere")
     if Path(output).suffix == ".pt" and Path(output).is_file():  # a run's last.pt beside the best.pt given
         raise XformerError(f"--output {output} is a checkpoint file: write the translation elsewhere")
+    from xformer_cli.fileio import unwritable_folder
+
+    output, folder = Path(output), Path(output).parent
+    replaced = output.is_file() or not output.exists()  # a device or a pipe (/dev/null) is written into as it is
+    why = unwritable_folder(folder) if replaced and folder.is_dir() else None
+    if why is not None:  # said now, not after the translation
+        raise XformerError(f"cannot write --output {output}: {why}")
 
 
 def direction_for(languages: Optional[Languages], target_lang: Optional[str], source_lang: Optional[str],
