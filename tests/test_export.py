@@ -72,6 +72,19 @@ def test_greedy_outputs_and_scores_equal_xformer(exported):
         assert mine.score == pytest.approx(hyp.score, abs=5e-3)  # over the same length penalty
 
 
+def test_a_minimum_length_past_the_limit_ends_at_the_limit_on_both_engines(exported):
+    """--min-len 500 with --max-len-b 3: the limit wins on either engine (CTranslate2 refused a
+    minimum above its maximum with a ValueError), and greedy search gives the same lines."""
+    checkpoint, out, sentences = exported
+    reference = Translator.from_checkpoint(checkpoint, device="cpu")
+    ct2 = CTranslate2Translator.from_directory(out, threads=1)
+    options = dict(beam_size=1, min_len=500, max_len_a=0.0, max_len_b=3)
+    ours = reference.search(sentences[:4], reference.options(**options))
+    theirs = ct2.search(sentences[:4], ct2.options(**options))
+    assert [hyps[0].tokens for hyps in theirs] == [h.tokens for (h,) in ours]
+    assert all(len(h.tokens) == 3 for (h,) in ours)
+
+
 def test_cpu_threads_run_parallel_batches_and_every_line_keeps_its_place(exported):
     """On a CPU the threads are CTranslate2 workers, each taking jobs of a few sentences, with
     the next engine batch queued before the last is read: the lines must come back in place."""

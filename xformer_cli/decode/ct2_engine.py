@@ -240,7 +240,8 @@ class CTranslate2Translator(Engine):
             num_hypotheses=beam,
             length_penalty=0.0,  # scores are plain log-probabilities, eos included (the note on beam search)
             max_decoding_length=max_length,
-            min_decoding_length=min_len,  # pieces before eos, as xformer counts them
+            # pieces before eos, as xformer counts them; capped by the length limit, as xformer caps it
+            min_decoding_length=min(min_len, max_length - 1),
             max_input_length=self.max_positions - 1,  # one position left for the added eos
             suppress_sequences=self.suppress,  # xformer never emits pad or bos either
             use_vmap=self.shortlist,
