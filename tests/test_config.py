@@ -136,6 +136,13 @@ def test_decode_options_are_checked_in_one_place_for_configs_and_translation():
                            ({"seed": 2**64}, "--seed: must be 0 to 4294967295, got 18446744073709551616")):
         with pytest.raises(XformerError, match=message):
             resolve_options(DecodeConfig(beam_size=1), **given)
+    # what only sampling reads is refused without it, not ignored
+    for given, message in (({"temperature": 0.5}, "--temperature: sets how sampling draws: use it with --sampling-topk"),
+                           ({"seed": 3}, "--seed: seeds sampling's draws: use it with --sampling-topk")):
+        for beam in (1, 4):
+            with pytest.raises(XformerError, match=message):
+                resolve_options(DecodeConfig(beam_size=beam), **given)
+        assert resolve_options(DecodeConfig(beam_size=1), sampling_topk=10, **given).sampling_topk == 10
 
 
 def test_a_section_given_as_a_value_is_named_whatever_the_other_overrides():

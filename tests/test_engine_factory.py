@@ -101,7 +101,10 @@ def test_choices_for_checkpoints_and_directories(tmp_path, monkeypatch):
     assert choose(needs=["attention"], flags=ZEN4)[:2] == ("xformer", "bf16")
     assert choose("xformer", flags=ZEN4)[:2] == ("xformer", "bf16")  # an engine asked for is kept
     assert choose("auto", "fp32")[:2] == ("xformer", "fp32")
-    assert choose("xformer", "int8")[:2] == ("ctranslate2", "int8")  # int8 is CTranslate2's, as before
+    assert choose("auto", "int8")[:2] == ("ctranslate2", "int8")  # int8 is CTranslate2's
+    for ct2_only in ("int8", "float16", "int16"):  # an engine asked for runs, or the command says why not
+        with pytest.raises(XformerError, match=rf"^--engine xformer computes in fp32, bf16, fp16 \(or auto\), not {ct2_only}"):
+            choose("xformer", ct2_only)
     assert choose("ctranslate2", "fp32")[:2] == ("ctranslate2", "float32")
     assert choose(paths=[checkpoint, checkpoint], flags=ZEN3)[:2] == ("xformer", "fp32")  # an ensemble
     with pytest.raises(XformerError, match="--precision must be one of"):

@@ -42,6 +42,23 @@ def test_lowercase_and_tokenize_pass_through():
     assert "case:lc" in ours.signature and "tok:intl" in ours.signature
 
 
+@pytest.mark.parametrize("failure", [RuntimeError("Japanese tokenization requires extra dependencies"),
+                                     OSError("<urlopen error [Errno -2] Name or service not known>")],
+                         ids=["an extra not installed", "a tokenizer model offline"])
+def test_a_tokenizer_sacrebleu_cannot_set_up_is_one_line(monkeypatch, failure):
+    """sacreBLEU lists ja-mecab and flores200, but the one needs an extra package and the other
+    downloads its model: one line naming the option, not a traceback."""
+    import xformer_cli.evaluate as evaluate
+
+    class Refusing(BLEU):
+        def __init__(self, **kw):
+            raise failure
+
+    monkeypatch.setattr(evaluate, "BLEU", Refusing)
+    with pytest.raises(XformerError, match=r"^--tokenize ja-mecab: sacreBLEU cannot set it up here \(.+\)$"):
+        score_lines(["ein Hund"], [["ein Hund"]], tokenize="ja-mecab")
+
+
 def test_bootstrap_confidence_interval_and_paired_significance():
     score = score_lines(HYPS, [REF1], ("bleu",), bootstrap=100)[0]
     theirs = BLEU().corpus_score(HYPS, [REF1], n_bootstrap=100)  # sacrebleu's resampling is seeded (12345)

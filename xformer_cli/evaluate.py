@@ -50,7 +50,11 @@ def make_metrics(names: Sequence[str] = DEFAULT_METRICS, lowercase: bool = False
         if key == "bleu":
             if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
                 raise XformerError(f"unknown BLEU tokenizer '{tokenize}' (choose from {', '.join(BLEU.TOKENIZERS)})")
-            metrics["BLEU"] = BLEU(lowercase=lowercase, tokenize=tokenize)
+            try:
+                metrics["BLEU"] = BLEU(lowercase=lowercase, tokenize=tokenize)
+            except (ImportError, RuntimeError, OSError) as exc:  # an extra not installed, a model not downloadable
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise XformerError(f"--tokenize {tokenize}: sacreBLEU cannot set it up here ({reason})") from None
         elif key == "chrf":
             metrics["chrF2"] = CHRF(lowercase=lowercase)
         elif key == "ter":

@@ -107,7 +107,8 @@ def average(
 
     paths = last_checkpoints(checkpoints[0], last) if len(checkpoints) == 1 and checkpoints[0].is_dir() else checkpoints
     average_checkpoints(paths, output)
-    typer.echo(f"averaged {len(paths)} checkpoints into {output}: {', '.join(p.name for p in paths)}")
+    typer.echo(f"averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} into {output}: "
+               f"{', '.join(p.name for p in paths)}")
 
 
 @app.command()

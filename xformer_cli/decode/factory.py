@@ -209,6 +209,9 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
         raise XformerError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if engine != "ctranslate2" and precision not in DECODE_PRECISIONS:  # CTranslate2 checks its own names
         raise XformerError(f"--precision must be one of {', '.join(DECODE_PRECISIONS)}, not {precision!r}")
+    if engine == "xformer" and precision not in ("auto", *TORCH_DECODE_PRECISIONS):
+        raise XformerError(f"--engine xformer computes in {', '.join(TORCH_DECODE_PRECISIONS)} (or auto), not "
+                           f"{precision}, which is CTranslate2's: --engine ctranslate2 (or auto) for it")
     if not paths:
         raise XformerError("no model given")
     exported = len(paths) == 1 and paths[0].is_dir()
