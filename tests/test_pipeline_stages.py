@@ -366,6 +366,34 @@ def test_the_files_a_config_names_are_checked_before_the_first_stage(tmp_path, m
     run_pipeline(smoke(tmp_path, *mono, "evaluate.baseline=/no/b.pt"), only="reverse", log=lambda _: None)
 
 
+def test_each_training_stages_own_settings_are_checked_before_the_first_stage(tmp_path):
+    """A bad key in teacher.set or student.set failed only when its stage came, after the reverse
+    model and the back-translation (hours, in the CPU config); --status said `starts`."""
+    from xformer_cli.pipeline import pipeline_status, run_pipeline
+
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    mono = (f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}")
+    for given, stage, said in (("teacher.set={model.d_model: abc}", "teacher", "config key 'model.d_model': expected int"),
+                               ("student.set={model.n_heads: 3}", "student", "is not divisible by model.n_heads=3"),
+                               ("reverse.set={model.pre_norm: maybe}", "reverse", "config key 'model.pre_norm'"),
+                               ("teacher.seeds=[1, 2]", None, None)):
+        config = smoke(tmp_path, *mono, given)
+        failing = [(s.stage, s.detail) for s in pipeline_status(config) if s.action == "fails"]
+        if stage is None:  # settings that build: nothing fails
+            assert failing == []
+            continue
+        assert len(failing) == 1 and failing[0][0] == stage and said in failing[0][1]
+        with pytest.raises(XformerError, match=rf"^pipeline stage {stage}: .*{re.escape(said)}.*"
+                                               r"\(checked before the first stage runs\)$"):
+            run_pipeline(config, log=lambda _: None, progress=False)
+        assert not (tmp_path / "run").exists()  # nothing ran, nothing was written
+    for key, value, message in (("distill.engine", "foo", "must be one of auto, xformer, ctranslate2"),
+                                ("backtranslate.beam_size", "1000", "must be 1 to 256")):
+        with pytest.raises(XformerError, match=rf"^config key '{key}': {message}$"):
+            smoke(tmp_path, *mono, f"{key}={value}")
+
+
 def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):
     """A folder, a file of blank lines or bytes that are not UTF-8 as mono.target failed after the
     reverse model had trained (a folder: "file not found"; an empty file: 0 back-translations, exit 0)."""

@@ -7,6 +7,8 @@ TRAINING_PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 # What the xformer (PyTorch) engine translates in.
 TORCH_DECODE_PRECISIONS = ("fp32", "bf16", "fp16")
+# The translation engines (decode/factory.py builds them; auto: its rules choose).
+ENGINES = ("auto", "xformer", "ctranslate2")
 # The names device.resolve_decode_precision decides on: PyTorch's, and int8 (CTranslate2's int8 weights).
 DEVICE_DECODE_PRECISIONS = ("auto", *TORCH_DECODE_PRECISIONS, "int8")
 # CTranslate2's own compute types: --precision takes them as well, and they select that engine.

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 from xformer_cli.cpu_cores import available_cores, too_many_threads
 from xformer_cli.errors import XformerError
 from xformer_cli.export.format import is_export_directory
-from xformer_cli.precisions import DECODE_PRECISIONS, TORCH_DECODE_PRECISIONS
+from xformer_cli.precisions import DECODE_PRECISIONS, ENGINES, TORCH_DECODE_PRECISIONS
 
 if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI can set OpenMP up first
     import torch
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # the engines import torch; this module must not, so the CLI 
     from xformer_cli.model.transformer import Transformer
     from xformer_cli.tokenizer import Tokenizer
 
-ENGINES = ("auto", "xformer", "ctranslate2")
 # xformer's precision names in CTranslate2's terms; any other name goes to CTranslate2 as is.
 CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 # What a request may need that only the xformer engine offers (CTranslate2Translator.unsupported

@@ -39,7 +39,8 @@ class SearchOptions(DecodeConfig):
             found.append(("seed", f"must be 0 to {SEED_LIMIT - 1}, got {self.seed}"))
         if self.sampling_topk == 0:  # search draws nothing: these would be ignored without a word
             if self.temperature != 1.0:
-                found.append(("temperature", "sets how sampling draws: use it with --sampling-topk (and --beam-size 1)"))
+                found.append(("temperature",
+                              "sets how sampling draws: use it with --sampling-topk (and --beam-size 1)"))
             if self.seed is not None:
                 found.append(("seed", "seeds sampling's draws: use it with --sampling-topk (and --beam-size 1)"))
         return found

@@ -456,7 +456,7 @@ class Transformer(nn.Module):
         if packing is None:
             (src_mask,) = self._sdpa_masks(self.padding_mask(src))
             return self.scored_logits(self.decode(tgt_in, self.encode(src, src_mask), src_mask))
-        encoder_mask, decoder_mask, cross_mask = self._sdpa_masks(*packing.masks())  # built once, shared by every layer
+        encoder_mask, decoder_mask, cross_mask = self._sdpa_masks(*packing.masks())  # once, for every layer
         memory = self.encode(src, encoder_mask, packing.src_positions)
         return self.scored_logits(self.decode(tgt_in, memory, cross_mask, decoder_mask, packing.tgt_positions))
 
@@ -469,7 +469,8 @@ class Transformer(nn.Module):
         kind = masks[0].device.type
         if not torch.is_grad_enabled() or not (kind == "cuda" or cuda_code_path()):
             return masks
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.src_embed.tokens.weight.dtype
+        autocast = torch.is_autocast_enabled(kind)
+        dtype = torch.get_autocast_dtype(kind) if autocast else self.src_embed.tokens.weight.dtype
         return tuple(torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf")) for m in masks)
 
     def decode_step(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Optional[list[dict]]) -> Tensor:

@@ -12,7 +12,7 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import FINGERPRINTS, NEEDS, RUNS, STAGES, Pipeline, gone_output, unusable_named_file
+from xformer_cli.pipeline.stages import FINGERPRINTS, NEEDS, RUNS, STAGES, Pipeline, gone_output, stage_problem
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -130,9 +130,9 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts, and the files it names
     for name in stages:
-        missing = unusable_named_file(pipe, name)
-        if missing:
-            raise XformerError(missing)
+        problem = stage_problem(pipe, name)
+        if problem:
+            raise XformerError(problem)
     for need in dict.fromkeys(need for name in stages for need in NEEDS[name] if need not in stages):
         gone = gone_output(pipe, need)  # --from or --only past a stage whose output was deleted
         if gone is not None:

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from xformer_cli.cpu_cores import too_many_threads
 from xformer_cli.errors import XformerError
-from xformer_cli.precisions import EXPORT_QUANTIZATIONS
+from xformer_cli.config import MAX_BEAM_SIZE
+from xformer_cli.precisions import ENGINES, EXPORT_QUANTIZATIONS
 from xformer_cli.settings_file import apply_overrides, build_section, read_tree, require
 
 
@@ -145,7 +146,8 @@ def check(config: PipelineConfig) -> None:
     for name in ("backtranslate", "distill"):
         stage: TranslateStage = getattr(config, name)
         require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
-        require(stage.beam_size >= 1, f"{name}.beam_size", "must be 1 or more")
+        require(1 <= stage.beam_size <= MAX_BEAM_SIZE, f"{name}.beam_size", f"must be 1 to {MAX_BEAM_SIZE}")
+        require(stage.engine in ENGINES, f"{name}.engine", f"must be one of {', '.join(ENGINES)}")
         require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
                 "sampling draws one translation per sentence: set beam_size to 1")
         require(stage.temperature > 0, f"{name}.temperature", "must be positive")

@@ -508,6 +508,26 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
     return None
 
 
+def unbuildable_config(pipe: Pipeline, stage: str) -> Optional[str]:
+    """The training config a training stage builds from ``model_config`` and its own ``set``
+    (every seed's teacher), checked before the first stage runs: a bad key in ``student.set``
+    must not wait hours for the teacher to be found. One line, or None when it builds."""
+    build = {"reverse": lambda: None if pipe.config.reverse.checkpoint else reverse_config(pipe),
+             "teacher": lambda: teacher_configs(pipe), "student": lambda: student_config(pipe)}.get(stage)
+    try:
+        if build is not None:
+            build()
+    except XformerError as exc:
+        return f"{exc} (checked before the first stage runs)"
+    return None
+
+
+def stage_problem(pipe: Pipeline, stage: str) -> Optional[str]:
+    """Why ``stage`` cannot run, found before the first stage starts (a file it names, the
+    training config it builds), or None."""
+    return unusable_named_file(pipe, stage) or unbuildable_config(pipe, stage)
+
+
 def _multi30k_mono(path: Path) -> bool:
     """Whether ``path`` is where the configs read Multi30k's monolingual captions."""
     return path.parent.name == "multi30k" and path.name in ("mono.de", "mono.en")

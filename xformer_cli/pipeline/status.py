@@ -15,7 +15,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
 from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, gone_output,
-                                         trained_run_dirs, translation_files, unusable_named_file)
+                                         stage_problem, trained_run_dirs, translation_files)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
 RUNNING = "running"  # another process's pipeline is at this stage now (run_lock)
@@ -42,9 +42,9 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
     statuses = []
     for name in STAGES:
         waits = [need for need in NEEDS[name] if need in running]
-        missing = unusable_named_file(pipe, name)
-        if missing:  # the run stops before its first stage
-            status = StageStatus(name, FAIL, missing)
+        problem = stage_problem(pipe, name)
+        if problem:  # the run stops before its first stage
+            status = StageStatus(name, FAIL, problem)
         elif waits:
             status = StageStatus(name, AFTER, f"runs after {', '.join(waits)}")
         else:
