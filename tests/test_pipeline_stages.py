@@ -389,9 +389,13 @@ def test_each_training_stages_own_settings_are_checked_before_the_first_stage(tm
             run_pipeline(config, log=lambda _: None, progress=False)
         assert not (tmp_path / "run").exists()  # nothing ran, nothing was written
     for key, value, message in (("distill.engine", "foo", "must be one of auto, xformer, ctranslate2"),
-                                ("backtranslate.beam_size", "1000", "must be 1 to 256")):
+                                ("backtranslate.beam_size", "1000", "must be 1 to 256"),
+                                ("backtranslate.precision", "fp64", "must be one of auto, fp32, .*"),
+                                ("distill.engine=xformer --set distill.precision", "int8",
+                                 "the xformer engine computes in fp32, bf16, fp16 \\(or auto\\)")):
+        *others, key = key.split(" --set ")
         with pytest.raises(XformerError, match=rf"^config key '{key}': {message}$"):
-            smoke(tmp_path, *mono, f"{key}={value}")
+            smoke(tmp_path, *mono, *others, f"{key}={value}")
 
 
 def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):

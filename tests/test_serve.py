@@ -295,7 +295,7 @@ def test_ctranslate2_engine_from_an_export_and_from_a_checkpoint(trained_run, tm
     assert (from_dir.source, from_dir.target, from_dir.engine, from_dir.name) == ("en", "de-DE", "ctranslate2", "ct2")
     on_the_fly = load_served_model(checkpoint, "ctranslate2", device="cpu", precision="fp32")
     assert (on_the_fly.source, on_the_fly.target, on_the_fly.precision) == ("en", "de", "float32")
-    int8 = load_served_model(checkpoint, "xformer", device="cpu", precision="int8")  # as xformer translate --precision int8
+    int8 = load_served_model(checkpoint, "auto", device="cpu", precision="int8")  # as xformer translate --precision int8
     assert (int8.engine, int8.precision, int8.source, int8.target) == ("ctranslate2", "int8", "en", "de")
     assert len(int8.translate(SENTENCES, beam_size=1)) == len(SENTENCES)
     for engine, target in ((from_dir, "de-DE"), (on_the_fly, "de")):

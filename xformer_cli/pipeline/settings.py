@@ -12,7 +12,7 @@ from typing import Any, Optional
 from xformer_cli.cpu_cores import too_many_threads
 from xformer_cli.errors import XformerError
 from xformer_cli.config import MAX_BEAM_SIZE
-from xformer_cli.precisions import ENGINES, EXPORT_QUANTIZATIONS
+from xformer_cli.precisions import DECODE_PRECISIONS, ENGINES, EXPORT_QUANTIZATIONS, TORCH_DECODE_PRECISIONS
 from xformer_cli.settings_file import apply_overrides, build_section, read_tree, require
 
 
@@ -148,6 +148,10 @@ def check(config: PipelineConfig) -> None:
         require(stage.chunk_lines >= 1, f"{name}.chunk_lines", "must be 1 or more")
         require(1 <= stage.beam_size <= MAX_BEAM_SIZE, f"{name}.beam_size", f"must be 1 to {MAX_BEAM_SIZE}")
         require(stage.engine in ENGINES, f"{name}.engine", f"must be one of {', '.join(ENGINES)}")
+        require(stage.precision in DECODE_PRECISIONS, f"{name}.precision",
+                f"must be one of {', '.join(DECODE_PRECISIONS)}")
+        require(stage.engine != "xformer" or stage.precision in ("auto", *TORCH_DECODE_PRECISIONS), f"{name}.precision",
+                f"the xformer engine computes in {', '.join(TORCH_DECODE_PRECISIONS)} (or auto)")
         require(not stage.sampling_topk or stage.beam_size == 1, f"{name}.sampling_topk",
                 "sampling draws one translation per sentence: set beam_size to 1")
         require(stage.temperature > 0, f"{name}.temperature", "must be positive")
