@@ -83,6 +83,9 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("decode.max_len_b=99999999999", "config key 'decode.max_len_b': must be 0 to 10000"),  # an overflow
         ("data.train.weight=inf", "config key 'data.train.weight': must be above 0 and at most 1000 "
                                   "(1 = every pair once an epoch)"),  # an OverflowError after the tokenizer
+        ("data.train.until=0", "config key 'data.train.until': must be above 0 and at most 1 (a share of the planned steps)"),
+        ("data.train.until=0.5", "config key 'data.train': every corpus has an until below 1: one must train to the end"),
+        ("data.valid.until=0.5", "config key 'data.valid.until': only data.train corpora take an until"),
         ("tokenizer.input_sentence_size=-1", "config key 'tokenizer.input_sentence_size': must be at least 1 "
                                              "(sentences sampled to train the tokenizer)"),
         ("tokenizer.vocab_size=99999999999999999999", "config key 'tokenizer.vocab_size': must be 16 to 1,000,000"),

@@ -16,7 +16,7 @@ from xformer_cli.config import Config, CorpusConfig, TrainConfig, load_config
 from xformer_cli.data.batching import make_batches
 from xformer_cli.data.encoded import encode_corpus
 from xformer_cli.data.sources import load_corpus
-from xformer_cli.data.weights import epoch_indices, epoch_pairs, to_cache_indices
+from xformer_cli.data.weights import epoch_indices, epoch_pairs, source_untils, to_cache_indices
 from xformer_cli.errors import XformerError
 from xformer_cli.model.transformer import ModelConfig
 from xformer_cli.train import init_from
@@ -183,6 +183,17 @@ def test_weighted_batches_hold_cache_indices_of_the_picked_pairs():
     assert [r.tolist() for rows in nested for r in rows] == [picked[[0, 1]].tolist(), picked[[2]].tolist()]
 
 
+def test_a_corpus_whose_until_came_takes_no_pair_and_the_others_keep_theirs():
+    cache = _Cache([300, 200])
+    corpora = [CorpusConfig(), CorpusConfig(weight=0.5, until=0.75)]
+    full, _, _ = epoch_pairs(cache, corpora, seed=1, epoch=2)
+    assert len(full) == 400 and (full >= 300).sum() == 100
+    picked, src, _ = epoch_pairs(cache, corpora, seed=1, epoch=2, left_out={1})
+    assert np.array_equal(picked, np.arange(300)) and np.array_equal(src, cache.src_lens[:300])
+    assert source_untils(load_config("configs/multi30k.yaml", ["data.train=[{prefix: a}, {prefix: b, until: 0.75}]"]).data) \
+        == [("data.train[0] (a)", 1.0), ("data.train[1] (b)", 0.75)]
+
+
 # -- fine-tuning runs --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -324,6 +335,34 @@ def test_weighted_corpora_mix_by_weight_deterministically_and_resume_exactly(sma
     assert all(np.array_equal(x, y) for x, y in zip(trainer._batches_of(1), again._batches_of(1)))
     trainer.run()
     train(tiny_config(small_corpus, tmp_path / "b", **{**sets, "train.max_steps": 7}), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "b", **sets), log=quiet, progress=False)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert sorted(b) == list(range(1, 15))
+    for step in range(8, 15):
+        assert b[step] == pytest.approx(a[step], abs=1e-4), step
+
+
+@pytest.mark.slow
+def test_a_corpus_until_ends_its_epoch_there_is_left_out_after_and_resumes_exactly(small_corpus, tmp_path):
+    general = tmp_path / "general"
+    general.mkdir()
+    for lang in ("en", "de"):
+        write_lines(general / f"valid.{lang}", head(small_corpus / f"valid.{lang}", 100))
+    corpora = [f"{{prefix: {small_corpus}/train}}", f"{{prefix: {general}/valid, until: 0.3}}"]
+    sets = {"data.train": f"[{', '.join(corpora)}]", "train.max_steps": 14, "train.planned_steps": 14}
+    said: list[str] = []
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets), log=said.append, progress=False)
+    first = np.concatenate(trainer._batches_of(1))
+    kept = trainer.train_data.source_pairs
+    assert (first >= kept[0]).sum() == 100 and len(first) == sum(kept)
+    trainer.run()
+    assert f"step 4: data.train[1] ({general}/valid) ends here (until 0.3 of 14 planned steps): epoch 1 stops, " \
+           "the epochs from 2 on leave it out" in said
+    assert trainer.counters.corpora_ended == {1: 2} and trainer.counters.epoch == 2
+    assert trainer.counters.batches_done == 10  # epoch 2's batches from step 5 on: a 3000-pair epoch is far longer
+    assert (np.concatenate(trainer._batches_of(2)) < kept[0]).all()
+    train(tiny_config(small_corpus, tmp_path / "b", **{**sets, "train.max_steps": 7}), log=quiet, progress=False)
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["corpora_ended"] == {1: 2}
     train(tiny_config(small_corpus, tmp_path / "b", **sets), log=quiet, progress=False)
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert sorted(b) == list(range(1, 15))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helpers import ROOT, assert_one_line_error, head, write_lines
+from xformer_cli.checkpoint_file import load_checkpoint
 from xformer_cli.pipeline import STAGES as STAGE_NAMES
 
 pytestmark = pytest.mark.slow
@@ -78,6 +79,8 @@ def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
     numbers = json.loads((run_dir / "distill" / "stage.json").read_text())["numbers"]
     assert numbers["total"] > 0 and 0 <= numbers["kept"] <= numbers["total"]  # the teacher's numbers, counted
     assert any(line.startswith("distilled.de: numbers = ") for line in proc.stderr.decode().splitlines())
+    ended = load_checkpoint(run_dir / "teacher" / "last.pt")["corpora_ended"]
+    assert list(ended) == [1]  # teacher.synthetic_until: the synthetic corpus left the epochs after step 40 of 80
     teachers = json.loads((run_dir / "teacher" / "stage.json").read_text())["models"]
     assert teachers == ["<run_dir>/teacher/best.pt", "<run_dir>/teacher/seed-2/best.pt"]  # a run folder can move
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())

@@ -577,6 +577,24 @@ def test_an_option_added_later_stays_out_of_a_stage_fingerprint_until_it_is_set(
     assert student["config"]["data"]["quote_augmentation"] == 4.0  # the smoke student sets it
 
 
+def test_the_synthetic_corpus_ends_at_teacher_synthetic_until_and_stays_out_of_the_fingerprint_at_1(tmp_path):
+    from xformer_cli.pipeline import models, stages
+
+    pipe = Pipeline(smoke(tmp_path, "teacher.synthetic_until=1"), log=lambda _: None)
+    teacher = stages.teacher_config(pipe)
+    assert [c.until for c in teacher.data.train] == [1.0, 1.0]
+    off = models.config_stamp(teacher, pipe.run_dir)
+    assert not any("until" in c for c in off["config"]["data"]["train"])  # a teacher finished before it stays finished
+    assert "until" not in off["config"]["data"]["valid"]
+    pipe = Pipeline(smoke(tmp_path, "teacher.synthetic_until=0.75"), log=lambda _: None)
+    teacher = stages.teacher_config(pipe)
+    assert [c.until for c in teacher.data.train] == [1.0, 0.75]  # the real pairs train to the end
+    on = models.config_stamp(teacher, pipe.run_dir)
+    assert [c.get("until") for c in on["config"]["data"]["train"]] == [None, 0.75]
+    with pytest.raises(XformerError, match="config key 'teacher.synthetic_until': must be above 0 and at most 1"):
+        smoke(tmp_path, "teacher.synthetic_until=0")
+
+
 def test_a_corpus_tag_is_a_control_piece_no_text_can_produce(tmp_path):
     sentences = [f"a man rides bike number {i} in the park" for i in range(200)]
     tok = Tokenizer.train(sentences, [], joint=True, vocab_size=100, control_symbols=["<bt>"])

@@ -63,6 +63,12 @@ class CorpusConfig:
     # back-translated pairs (tagged back-translation, Caswell et al. 2019). It is a control
     # symbol of the tokenizer: text never encodes to it, so a user's input cannot carry it.
     tag: Optional[str] = None
+    # data.train only: the share of the run's planned steps this corpus trains in (1 = all of
+    # them). At until x the planned steps the epoch under way ends, and every epoch after it
+    # leaves the corpus out: with 0.75 on back-translations, the last quarter of the run (the
+    # schedule's lowest rates) trains on the real pairs alone, a fine-tuning tail in one run.
+    # Fixed by the step count, so a resumed run ends the corpus where an unbroken one does.
+    until: float = 1.0
     # The first max_pairs pairs only (after empty ones are dropped); 0 = all of them.
     max_pairs: int = 0
 
@@ -596,11 +602,15 @@ def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusCo
         where = f"{key}[{i}]" if len(train) > 1 else key
         require(corpus.tag is None or CORPUS_TAG.fullmatch(corpus.tag) is not None, f"{where}.tag",
                 f"{corpus.tag!r} must look like <xxx> (letters, digits, _ or -; no spaces)")
+        require(0 < corpus.until <= 1, f"{where}.until", "must be above 0 and at most 1 (a share of the planned steps)")
+    require(not train or any(corpus.until == 1 for corpus in train), key,
+            "every corpus has an until below 1: one must train to the end")
     for name, corpus in (("valid", valid), ("test", test)):
         if corpus is not None:
             _check_corpus(corpus, f"{prefix}{name}")
             require(corpus.tag is None, f"{prefix}{name}.tag", f"only {key} corpora take a tag")
             require(corpus.weight == 1, f"{prefix}{name}.weight", f"only {key} corpora take a weight")
+            require(corpus.until == 1, f"{prefix}{name}.until", f"only {key} corpora take an until")
 
 
 def _check_tags(d: DataConfig) -> None:

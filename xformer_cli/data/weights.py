@@ -14,7 +14,7 @@ cache kept, so it is the same whenever the epoch is rebuilt.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Collection, Optional, Sequence
 
 import numpy as np
 
@@ -75,12 +75,13 @@ def epoch_lengths(src_lens: np.ndarray, tgt_lens: np.ndarray,
 
 
 def epoch_pairs(cache: TokenCache, data: DataConfig | Sequence[CorpusConfig], seed: int,
-                epoch: int) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
+                epoch: int, left_out: Collection[int] = ()) -> tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
     """(picked cache indices or None, their source lengths, their target lengths) for one
     epoch of ``cache`` (a ``TokenCache``) under the weights of ``data``: the ``DataConfig``
     (pairs, their weights or the sampling temperature, and every corpus's weight), or, as
-    before pairs, the list ``data.train``."""
-    weights = source_weights(data, cache.source_pairs)
+    before pairs, the list ``data.train``. The cached sources in ``left_out`` (their
+    ``until`` reached) take no pair."""
+    weights = [0.0 if i in left_out else w for i, w in enumerate(source_weights(data, cache.source_pairs))]
     picked = epoch_indices(cache.source_pairs, weights, seed, epoch)
     return (picked, *epoch_lengths(cache.src_lens, cache.tgt_lens, picked))
 
@@ -118,8 +119,21 @@ def pair_factors(sizes: Sequence[float], weights: Sequence[float], temperature: 
 
 
 def weighted(corpora: Sequence[CorpusConfig]) -> bool:
-    """Whether any corpus of data.train has a weight other than 1."""
-    return any(c.weight != 1 for c in corpora)
+    """Whether any corpus of data.train has a weight other than 1 or ends before the run (``until``)."""
+    return any(c.weight != 1 or c.until < 1 for c in corpora)
+
+
+def source_untils(data: DataConfig) -> list[tuple[str, float]]:
+    """Each cached source's (name, data.train until), in the cache's order: pair by pair, corpus by corpus."""
+    directions = data.directions()
+    return [(_corpus_name(corpus, i, len(pair.train), pair.name if len(directions) > 1 else ""), corpus.until)
+            for pair in directions for i, corpus in enumerate(pair.train)]
+
+
+def _corpus_name(corpus: CorpusConfig, i: int, n: int, pair: str) -> str:
+    where = f"data.train[{i}]" if n > 1 else "data.train"
+    what = corpus.prefix or corpus.src or corpus.dataset or corpus.data_files
+    return (f"{pair} " if pair else "") + where + (f" ({what})" if what else "")
 
 
 def data_weighted(data: DataConfig) -> bool:

@@ -87,6 +87,7 @@ def with_corpus(prefix: Path, keep_real: bool, **corpus: Any) -> Edit:
 # Data options added after the pipeline shipped: out of a stage's stamp while off, so that a
 # finished stage of a run made before them stays finished (an option changes nothing until set)
 LATER_DATA_OPTIONS = ("quote_augmentation",)
+LATER_CORPUS_OPTIONS = {"until": 1.0}  # data.train[i].until
 
 
 def config_stamp(config: Config, run_dir: Path) -> dict:
@@ -100,7 +101,23 @@ def config_stamp(config: Config, run_dir: Path) -> dict:
     for name in LATER_DATA_OPTIONS:
         if not keys["data"][name]:
             del keys["data"][name]
+    _drop_later_corpus_options(keys["data"])
     return {"config": keys, "files": stamps}
+
+
+def _drop_later_corpus_options(tree: Any) -> None:
+    """Every corpus's options added later (LATER_CORPUS_OPTIONS), wherever a corpus sits in the
+    data section, left out while at their defaults."""
+    if isinstance(tree, dict):
+        if "prefix" in tree and "weight" in tree:  # a corpus
+            for name, default in LATER_CORPUS_OPTIONS.items():
+                if tree.get(name) == default:
+                    del tree[name]
+        for value in tree.values():
+            _drop_later_corpus_options(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            _drop_later_corpus_options(value)
 
 
 def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path) -> list[str]:

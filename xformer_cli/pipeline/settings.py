@@ -56,6 +56,9 @@ class TranslateStage:
 class TeacherStage(ModelStage):
     tag: str = "<bt>"  # leads every back-translated source (a control piece: user text cannot hold it)
     synthetic_weight: float = 1.0  # the synthetic corpus's data.train weight (1 = every pair once an epoch)
+    # The share of the teacher's planned steps the synthetic corpus trains in (its data.train until):
+    # below 1, the run ends on the real pairs alone, as fine-tuning on them after back-translation does
+    synthetic_until: float = 1.0
     # One teacher per seed (its train.seed, over any other), trained one after another: the first in
     # <run_dir>/teacher, each other in <run_dir>/teacher/seed-<seed> on the first's tokenizer;
     # distill's "teacher" is all of them, an ensemble. Empty: one teacher at the train.seed the
@@ -158,6 +161,8 @@ def check(config: PipelineConfig) -> None:
         for key in ("batch_size", "max_tokens"):
             require(getattr(stage, key) >= 0, f"{name}.{key}", "must be 0 (the model's decode setting) or more")
     require(config.teacher.synthetic_weight > 0, "teacher.synthetic_weight", "must be positive")
+    require(0 < config.teacher.synthetic_until <= 1, "teacher.synthetic_until",
+            "must be above 0 and at most 1 (a share of the teacher's planned steps)")
     seeds = config.teacher.seeds
     require(all(seed >= 0 for seed in seeds) and len(set(seeds)) == len(seeds), "teacher.seeds",
             "distinct whole numbers, 0 or more (one teacher per seed)")

@@ -11,7 +11,7 @@ shape, several pairs back to back in a row (``data/packing.py``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Collection, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -119,12 +119,12 @@ def plan_for(data: TrainingData, max_tokens: int, length_bucket: int, seed: int,
 
 
 def epoch_share(plan: BatchPlan, cache: TokenCache, data: DataConfig | Sequence[CorpusConfig], seed: int, epoch: int,
-                rank: int = 0, world_size: int = 1) -> list:
+                rank: int = 0, world_size: int = 1, left_out: Collection[int] = ()) -> list:
     """This rank's batches of ``epoch`` (cache indices): the pairs the weights of ``data`` (the
-    DataConfig: corpus weights, pair weights or temperature) pick for the epoch, batched by
-    ``plan``, cut to a multiple of the ranks (every rank takes the same number of steps) and
-    shared out."""
-    picked, src_lens, tgt_lens = epoch_pairs(cache, data, seed, epoch)
+    DataConfig: corpus weights, pair weights or temperature) pick for the epoch, less the cached
+    sources ``left_out``, batched by ``plan``, cut to a multiple of the ranks (every rank takes the
+    same number of steps) and shared out."""
+    picked, src_lens, tgt_lens = epoch_pairs(cache, data, seed, epoch, left_out)
     batches = to_cache_indices(plan.batches(epoch, src_lens, tgt_lens), picked)
     if world_size > 1:
         usable = len(batches) // world_size * world_size

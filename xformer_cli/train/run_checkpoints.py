@@ -230,6 +230,7 @@ def state(run: RunState, rng_per_rank: Optional[list[dict]] = None) -> dict:
         "nonfinite_total": c.nonfinite_total, "oom_total": c.oom_total, "precision": run.precision,
         "log_window": {"loss_sum": c.window_loss_sum, "good_tokens": c.window_good_tokens},
         "train_seconds": round(run.minutes() * 60, 3),
+        "corpora_ended": dict(c.corpora_ended),
     }
 
 
@@ -244,7 +245,8 @@ def restore(run: RunState, state: dict) -> None:
     window = state["log_window"]
     run.counters = Counters(state["step"], state["epoch"], state["batches_done"], state["best_bleu"],
                             state["bad_validations"], state["nonfinite_total"], state["oom_total"],
-                            window["loss_sum"], window["good_tokens"], state.get("train_seconds", 0.0))
+                            window["loss_sum"], window["good_tokens"], state.get("train_seconds", 0.0),
+                            dict(state.get("corpora_ended", {})))
     run.metrics.keep_until(run.counters.step)  # lines logged after this save (a kill -9) are logged again
     run.log(f"resuming {run.run_dir / 'last.pt'}: step {run.counters.step}, epoch {run.counters.epoch}, "
             f"batch {run.counters.batches_done}, {run.counters.train_seconds / 60:.1f} min trained")

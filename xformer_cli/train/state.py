@@ -47,6 +47,8 @@ class Counters:
     # Seconds the run has trained before this process: a resumed run's clock (metrics'
     # minutes, train.max_minutes) goes on from there, as fairseq's --stop-time-hours does.
     train_seconds: float = 0.0
+    # data.train corpora whose ``until`` came: cached source index -> the first epoch without it.
+    corpora_ended: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

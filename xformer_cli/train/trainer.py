@@ -26,6 +26,7 @@ from xformer_cli import run_lock
 from xformer_cli.checkpoint_file import build_model
 from xformer_cli.config import Config
 from xformer_cli.data.batching import Batch
+from xformer_cli.data.weights import source_untils
 from xformer_cli.errors import XformerError
 from xformer_cli.train import after_training, forward_loss, init_from, run_checkpoints, validation
 from xformer_cli.train.epoch_batches import BatchPlan, epoch_share, plan_for
@@ -102,6 +103,7 @@ class Trainer:
         self.planned_validations: Optional[list[int]] = None  # train.validations' steps, once the plan is known
         self.bar: Optional[RunProgress] = None  # the progress bar, while the loop runs
         self._cached_epoch: Optional[int] = None  # the epoch whose batches _batches_of holds
+        self.untils = source_untils(self.config.data)  # (name, until) of each cached source
 
     def _build_model(self, plan: RunPlan) -> torch.nn.Module:
         """The model, with the pretrained weights on a fresh init_from run, on this rank's device."""
@@ -248,6 +250,7 @@ class Trainer:
             for start, group in prefetch(starts, lambda start: self._load_group(batches, start)):
                 c.batches_done = min(start + tc.update_freq, len(batches))
                 self.window_tokens += self.train_step(group)
+                epoch_cut = self.end_corpora(len(batches))
                 bar.update(c.step)
                 due_to_validate = self.due_to_validate(c.step)
                 due_to_save = due_to_validate or bool(tc.save_every and c.step % tc.save_every == 0)
@@ -271,6 +274,8 @@ class Trainer:
                         self.keeper.exclude(time.time() - started)
                 if reason is not None:
                     return reason, last_validated
+                if epoch_cut:
+                    break
 
     def last_step(self) -> int:
         """train.max_steps, or the planned steps when a plan ends the run sooner."""
@@ -308,10 +313,27 @@ class Trainer:
 
     def _batches_of(self, epoch: int) -> list:
         if self._cached_epoch != epoch:
-            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data,
-                                               self.config.train.seed, epoch, self.dist.rank, self.dist.world_size)
+            left_out = {i for i, first in self.counters.corpora_ended.items() if epoch >= first}
+            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data, self.config.train.seed,
+                                               epoch, self.dist.rank, self.dist.world_size, left_out)
             self._cached_epoch = epoch
         return self._cached_batches
+
+    def end_corpora(self, n_batches: int) -> bool:
+        """data.train's ``until``: a corpus whose share of the planned steps is done leaves every
+        epoch after this one, and this one ends here (``batches_done`` at its end, before any save,
+        so a resume takes up the next epoch too). Returns whether the epoch ends."""
+        c = self.counters
+        steps = self.state.schedule.planned_steps or self.config.train.max_steps  # not moved by a resume's max_steps
+        due = [(i, name, until) for i, (name, until) in enumerate(self.untils)
+               if until < 1 and i not in c.corpora_ended and c.step >= round(until * steps)]
+        for i, name, until in due:
+            c.corpora_ended[i] = c.epoch + 1
+            self.state.log(f"step {c.step}: {name} ends here (until {until:g} of {steps} planned steps): "
+                           f"epoch {c.epoch} stops, the epochs from {c.epoch + 1} on leave it out")
+        if due:
+            c.batches_done = n_batches
+        return bool(due)
 
     def read_stats(self) -> None:
         """Add the device-side loss figures since the last read to the open logging window."""
