@@ -2,6 +2,7 @@
 model, exact resume without a second import), the fine-tuning schedules, and per-corpus
 weights (deterministic per (seed, epoch), resumable)."""
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -359,6 +360,9 @@ def test_a_corpus_until_ends_its_epoch_there_is_left_out_after_and_resumes_exact
     assert f"step 4: data.train[1] ({general}/valid) ends here (until 0.3 of 14 planned steps): epoch 1 stops, " \
            "the epochs from 2 on leave it out" in said
     assert trainer.counters.corpora_ended == {1: 2} and trainer.counters.epoch == 2
+    events = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [e for e in events if "corpus_ended" in e] == [{"step": 4, "epoch": 1, "minutes": pytest.approx(0, abs=5),
+                                                        "corpus_ended": f"data.train[1] ({general}/valid)", "until": 0.3}]
     assert trainer.counters.batches_done == 10  # epoch 2's batches from step 5 on: a 3000-pair epoch is far longer
     assert (np.concatenate(trainer._batches_of(2)) < kept[0]).all()
     train(tiny_config(small_corpus, tmp_path / "b", **{**sets, "train.max_steps": 7}), log=quiet, progress=False)

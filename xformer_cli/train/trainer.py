@@ -331,6 +331,7 @@ class Trainer:
             c.corpora_ended[i] = c.epoch + 1
             self.state.log(f"step {c.step}: {name} ends here (until {until:g} of {steps} planned steps): "
                            f"epoch {c.epoch} stops, the epochs from {c.epoch + 1} on leave it out")
+            self.state.metrics.record(self.state.event(corpus_ended=name, until=until))
         if due:
             c.batches_done = n_batches
         return bool(due)
