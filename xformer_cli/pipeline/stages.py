@@ -217,17 +217,12 @@ def teacher_configs(pipe: Pipeline) -> list[Config]:
     t = pipe.config.teacher
     folder = pipe.record("teacher").directory
     data = models.with_corpus(pipe.record("backtranslate").directory / "synthetic", True,
-                              weight=t.synthetic_weight, tag=t.tag, **_until(t.synthetic_until))
+                              weight=t.synthetic_weight, tag=t.tag, until=t.synthetic_until)
     seeds = t.seeds or [None]
     first = models.stage_config(pipe.config, "teacher", _seeded(t.set, seeds[0]), data)
     shared = _tokenizer_of(first)
     return [first] + [models.stage_config(pipe.config, "teacher", {**_seeded(t.set, seed), **shared}, data,
                                           folder=folder / f"seed-{seed}") for seed in seeds[1:]]
-
-
-def _until(share: float) -> dict[str, float]:
-    # left out at 1, so the fingerprint of a teacher trained before the option stays its own
-    return {} if share == 1 else {"until": share}
 
 
 def teacher_config(pipe: Pipeline) -> Config:
