@@ -241,3 +241,14 @@ def test_a_folder_nothing_can_be_written_in_is_one_line_naming_the_path(tmp_path
         check_png_path(locked / "plot.png")
     check_output(tmp_path / "out.de", [])  # a writable folder passes
     assert list(locked.iterdir()) == []
+
+
+def test_a_command_output_file_is_replaced_only_when_asked(tmp_path):
+    target = tmp_path / "avg.pt"
+    assert fileio.new_output_file(target, force=False) == target  # nothing there yet
+    target.write_bytes(b"a checkpoint")
+    with pytest.raises(XformerError, match=r"avg\.pt exists \(use --force to replace it\)"):
+        fileio.new_output_file(target, force=False)
+    assert fileio.new_output_file(target, force=True) == target and target.read_bytes() == b"a checkpoint"
+    with pytest.raises(XformerError, match="is a directory"):
+        fileio.new_output_file(tmp_path, force=True)

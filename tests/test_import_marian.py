@@ -313,6 +313,19 @@ def test_a_config_of_the_wrong_shape_is_one_line(marian_dir, tmp_path, change, s
     assert not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.slow
+def test_an_existing_output_is_replaced_only_with_force(marian_dir, tmp_path):
+    out = tmp_path / "model.pt"
+    out.write_bytes(b"an earlier checkpoint")
+    assert_one_line_error(xformer("import", marian_dir, "-o", out), "model.pt exists (use --force to replace it)")
+    assert out.read_bytes() == b"an earlier checkpoint"
+    proc = xformer("import", marian_dir, "-o", out, "--force")
+    assert proc.returncode == 0, proc.stderr.decode()
+    from xformer_cli.checkpoint_file import load_model
+
+    assert load_model(out)[2].model.activation == "swish"  # the MarianMT model, not the bytes before
+
+
 def test_the_checkpoint_is_never_written_inside_the_model_it_imports(marian_dir):
     from xformer_cli.importers.marian import import_marian
 

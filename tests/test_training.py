@@ -200,6 +200,12 @@ def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     proc = xformer("translate", "-m", tmp_path / "avg.pt", "-b", "1", stdin=b"A dog runs.\n")
     assert proc.returncode == 0 and len(proc.stdout.decode().splitlines()) == 1
     assert_one_line_error(xformer("average", tmp_path / "run", "--last", "9", "-o", tmp_path / "x.pt"), "fewer than 9")
+    written = (tmp_path / "avg.pt").read_bytes()  # a second average onto it: refused, the first kept
+    assert_one_line_error(xformer("average", tmp_path / "run", "--last", "1", "-o", tmp_path / "avg.pt"),
+                          "avg.pt exists (use --force to replace it)")
+    assert (tmp_path / "avg.pt").read_bytes() == written
+    assert xformer("average", tmp_path / "run", "--last", "1", "-o", tmp_path / "avg.pt", "--force").returncode == 0
+    torch.testing.assert_close(load_checkpoint(tmp_path / "avg.pt")["model"][key], original[key])
 
 
 @pytest.mark.slow

@@ -164,6 +164,17 @@ def same_file(a: "str | Path | None", b: "str | Path | None") -> bool:
     return a is not None and b is not None and Path(a).exists() and Path(b).exists() and os.path.samefile(a, b)
 
 
+def new_output_file(path: "str | Path", force: bool) -> Path:
+    """``path`` as a command's output file (-o): one that exists is replaced only with --force,
+    so a checkpoint already written is never lost to a mistyped name; a directory never is."""
+    path = Path(path)
+    if path.is_dir():
+        raise XformerError(f"{path} is a directory: -o takes the file to write")
+    if path.exists() and not force:
+        raise XformerError(f"{path} exists (use --force to replace it)")
+    return path
+
+
 def is_inside(path: "str | Path", folder: "str | Path") -> bool:
     """Whether ``path`` is ``folder`` or lies under it (links resolved: another spelling of it counts)."""
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))

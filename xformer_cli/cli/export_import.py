@@ -77,9 +77,12 @@ def import_(
                                  help="A MarianMT model directory, or a Hub id such as "
                                       "Helsinki-NLP/opus-mt-en-de (needs internet)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the xformer checkpoint."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
 ) -> None:
     """Import a Hugging Face MarianMT (OPUS-MT) model as an xformer checkpoint: translate, fine-tune
     (train.init_from) and export it like any other."""
+    from xformer_cli.fileio import new_output_file
     from xformer_cli.importers.marian import import_marian
 
+    new_output_file(output, force)
     typer.echo(f"imported {source} -> {import_marian(source, output)}", err=True)

@@ -101,10 +101,13 @@ def average(
     checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to average, or one run directory (with --last)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
     last: int = typer.Option(5, "--last", help="With a run directory: average its newest N step checkpoints."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
 ) -> None:
     """Average the weights of several checkpoints (the paper averaged the last 5 for base, 20 for big)."""
+    from xformer_cli.fileio import new_output_file
     from xformer_cli.train.average import average_checkpoints, last_checkpoints
 
+    new_output_file(output, force)
     paths = last_checkpoints(checkpoints[0], last) if len(checkpoints) == 1 and checkpoints[0].is_dir() else checkpoints
     average_checkpoints(paths, output)
     typer.echo(f"averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''} into {output}: "
