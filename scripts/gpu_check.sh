@@ -43,7 +43,8 @@
 #   10. (part 10) its first half: a reverse model, its back-translation, then the tagged teacher beside
 #      configs/multi30k-gpu.yaml on the same GPU for the same minutes, both scored (issue 49's +1.5); then
 #      the teacher's translation profiled (scripts/profile_decode.py: GPU busy share, kernels, host ops)
-#      (GPU_CHECK_SYNTHETIC_UNTIL=0.75: the teacher ends on the real pairs alone, teacher.synthetic_until)
+#      (GPU_CHECK_SYNTHETIC_UNTIL=0.75: the teacher ends on the real pairs alone, teacher.synthetic_until;
+#      GPU_CHECK_REAL_TARGETS=true: the real pairs' targets back-translated too, backtranslate.real_targets)
 # A failing step is recorded and the next one still runs; the exit code is the number of failures.
 set -uo pipefail
 
@@ -332,6 +333,7 @@ BT_RUN="$OUT/bt-teacher"
 BT_SETS=(--set "run_dir=$BT_RUN" --set "reverse.set.train.max_minutes=${GPU_CHECK_REVERSE_MINUTES:-1.0}"
          --set "mono.max_lines=${GPU_CHECK_BT_LINES:-60000}")
 [[ -n "${GPU_CHECK_SYNTHETIC_UNTIL:-}" ]] && BT_SETS+=(--set "teacher.synthetic_until=$GPU_CHECK_SYNTHETIC_UNTIL")
+[[ -n "${GPU_CHECK_REAL_TARGETS:-}" ]] && BT_SETS+=(--set "backtranslate.real_targets=$GPU_CHECK_REAL_TARGETS")
 BASELINE_SETS=(--set "run_dir=$OUT/bt-baseline" --set "train.device=$DEVICE")
 if [[ "$QUICK" == 1 ]]; then
   BT_SETS+=("${PIPELINE_SETS[@]:2}")  # the pipeline's tiny models (its run_dir left out)

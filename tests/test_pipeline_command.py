@@ -67,20 +67,23 @@ def smoke_run(smoke_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedP
     return run_dir, proc
 
 
-def test_every_stage_runs_and_the_table_has_every_model(smoke_run):
+def test_every_stage_runs_and_the_table_has_every_model(smoke_run, smoke_data):
     run_dir, proc = smoke_run
     for stage in STAGE_NAMES:
         assert json.loads((run_dir / stage / "stage.json").read_text())["done"] is True
     assert len((run_dir / "backtranslate" / "synthetic.en").read_text().splitlines()) == 200  # mono.max_lines
     backtranslated = json.loads((run_dir / "backtranslate" / "stage.json").read_text())
     assert backtranslated["dropped"] == {} and "mono.de|" in backtranslated["mono_read"]  # a rerun trusts it
+    assert backtranslated["real_targets"] == {"lines": 600, "prefix": "<run_dir>/backtranslate/real-targets"}
+    real_targets = (run_dir / "backtranslate" / "real-targets.de").read_text().splitlines()
+    assert real_targets == (smoke_data / "multi30k" / "train.de").read_text().splitlines()[:600]
     distilled = (run_dir / "distill" / "distilled.de").read_text().splitlines()
     assert len(distilled) == 600 + 200  # the training sources and mono.en's first 200 lines
     numbers = json.loads((run_dir / "distill" / "stage.json").read_text())["numbers"]
     assert numbers["total"] > 0 and 0 <= numbers["kept"] <= numbers["total"]  # the teacher's numbers, counted
     assert any(line.startswith("distilled.de: numbers = ") for line in proc.stderr.decode().splitlines())
     ended = load_checkpoint(run_dir / "teacher" / "last.pt")["corpora_ended"]
-    assert list(ended) == [1]  # teacher.synthetic_until: the synthetic corpus left the epochs after step 40 of 80
+    assert list(ended) == [1, 2]  # teacher.synthetic_until: the synthetic corpora left the epochs after step 40 of 80
     teachers = json.loads((run_dir / "teacher" / "stage.json").read_text())["models"]
     assert teachers == ["<run_dir>/teacher/best.pt", "<run_dir>/teacher/seed-2/best.pt"]  # a run folder can move
     rows = json.loads((run_dir / "evaluate" / "summary.json").read_text())
@@ -170,7 +173,7 @@ def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):
     from xformer_cli.checkpoint_file import load_model
 
     _, tokenizer, config = load_model(run_dir / "teacher" / "best.pt")
-    assert [c.tag for c in config.data.train] == [None, "<bt>"]
+    assert [c.tag for c in config.data.train] == [None, "<bt>", "<bt>"]  # the real pairs, mono.de's, their targets'
     tag = tokenizer.tag_id("<bt>")
     assert tag not in tokenizer.src.encode("<bt> Ein Mann fährt Rad.")
     proc = subprocess.run([sys.executable, "-m", "xformer_cli", "translate", "--checkpoint",
@@ -185,7 +188,8 @@ def test_the_tag_leads_the_synthetic_pairs_and_never_a_users_input(smoke_run):
 def test_a_kill_inside_back_translation_resumes_to_the_same_output(smoke_data, smoke_run, tmp_path):
     run_dir, _ = smoke_run
     folder = run_dir / "backtranslate"
-    whole = {name: (folder / name).read_bytes() for name in ("synthetic.en", "synthetic.de")}
+    whole = {name: (folder / name).read_bytes() for name in ("synthetic.en", "synthetic.de", "real-targets.en",
+                                                               "real-targets.de")}
     shutil.rmtree(folder)
     killed = pipeline(smoke_data, run_dir, "--only", "backtranslate", prelude=DYING)
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]

@@ -320,10 +320,60 @@ def test_a_translating_stage_gives_the_engine_its_own_batches_or_the_models(tmp_
             smoke(tmp_path, key)
 
 
+def test_backtranslating_the_real_targets_gives_the_teacher_new_sources_for_them(tmp_path, monkeypatch):
+    """backtranslate.real_targets: the real pairs' targets (as training reads them: the first
+    max_pairs, empty pairs left out) back-translated beside the monolingual text; the teacher trains
+    on them tagged, at weight 1, until synthetic_until; the stage redoes when the corpus changes."""
+    from xformer_cli.decode import factory
+    from xformer_cli.pipeline import stages
+
+    class Reversing:
+        def options(self, **opts):
+            pass
+
+        def translate(self, chunk, seed=None, **opts):
+            return [line[::-1] for line in chunk]
+
+    monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: Reversing())
+    monkeypatch.setenv("XFORMER_DATA", str(tmp_path))
+    (tmp_path / "multi30k").mkdir()
+    write_lines(tmp_path / "multi30k" / "train.en", ["a dog", "", "a cat"] + ["x"] * 700)
+    write_lines(tmp_path / "multi30k" / "train.de", ["ein Hund", "leer", "eine Katze"] + ["y"] * 700)
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft.", "Zwei Katzen."])
+    sets = (f"mono.target={tmp_path / 'mono.de'}", "teacher.synthetic_until=0.75")
+    plain, real = (Pipeline(smoke(tmp_path, *sets, f"backtranslate.real_targets={on}"), log=lambda _: None,
+                            progress=False) for on in ("false", "true"))
+    finish_upstream(real, "reverse")
+    assert stages.fingerprint_backtranslate(real) != stages.fingerprint_backtranslate(plain)
+    assert "real_targets" not in stages.stage_settings(plain.config.backtranslate)  # earlier runs stay finished
+    monkeypatch.setattr(Pipeline, "model", lambda self, stage: tmp_path / f"{stage}.pt")
+    real.record("backtranslate").begin("f")
+    record = stages.run_backtranslate(real)
+    assert record["lines"] == 2 and record["real_targets"]["lines"] == 600  # max_pairs, the empty pair left out
+    targets, sources = stages.real_target_files(real)
+    assert targets.read_text().splitlines()[:3] == ["ein Hund", "eine Katze", "y"]
+    assert sources.read_text().splitlines()[:2] == ["dnuH nie", "eztaK enie"]
+    corpora = stages.teacher_config(real).data.train
+    assert [(c.prefix.split("/")[-1], c.weight, c.tag, c.until) for c in corpora] == [
+        ("train", 1.0, None, 1.0), ("synthetic", 1.0, "<bt>", 0.75), ("real-targets", 1.0, "<bt>", 0.75)]
+    assert len(stages.teacher_config(plain).data.train) == 2
+    from xformer_cli.pipeline.status import _how_far  # what --status says of a stage killed about here
+
+    assert _how_far(real, "backtranslate") == ("after 0 translated lines (the whole chunks of 64), "
+                                               "then 576 of the real targets")
+    real.record("backtranslate").finish("f", **record)
+    assert stages.gone_output(real, "backtranslate") is None
+    targets.unlink()
+    assert stages.gone_output(real, "backtranslate") == targets
+    before = stages.fingerprint_backtranslate(real)
+    write_lines(tmp_path / "multi30k" / "train.de", ["ein Hund", "leer", "eine Katze"] + ["z"] * 701)
+    assert stages.fingerprint_backtranslate(real) != before  # another corpus: the stage redoes
+
+
 def test_a_translating_stages_fingerprint_leaves_out_settings_added_later_at_their_default(tmp_path):
     from xformer_cli.pipeline.stages import fingerprint_backtranslate, stage_settings
 
-    config = smoke(tmp_path)
+    config = smoke(tmp_path, "backtranslate.real_targets=false")
     # what runs recorded before batch_size and max_tokens existed hashed: a default stage hashes the same
     assert set(stage_settings(config.backtranslate)) == {"beam_size", "sampling_topk", "temperature", "chunk_lines",
                                                           "engine", "precision"}
@@ -331,8 +381,8 @@ def test_a_translating_stages_fingerprint_leaves_out_settings_added_later_at_the
                                                                                                  "mono_source"}
     mono = tmp_path / "mono.de"
     mono.write_text("Ein Hund.\n")
-    plain, batched = (Pipeline(smoke(tmp_path, f"mono.target={mono}", *sets), log=lambda _: None)
-                      for sets in ((), ("backtranslate.batch_size=4000",)))
+    plain, batched = (Pipeline(smoke(tmp_path, f"mono.target={mono}", "backtranslate.real_targets=false", *sets),
+                               log=lambda _: None) for sets in ((), ("backtranslate.batch_size=4000",)))
     plain.record("reverse").begin("f")
     plain.record("reverse").finish("f", minutes=1.0)
     assert stage_settings(batched.config.backtranslate)["batch_size"] == 4000
@@ -454,9 +504,10 @@ def test_each_model_stage_gets_its_data_and_run_dir(tmp_path):
     assert (reverse.data.src_lang, reverse.data.tgt_lang) == ("de", "en")
     assert reverse.run_dir == str(tmp_path / "run" / "reverse")
     teacher = stages.teacher_config(pipe)
-    real, synthetic = teacher.data.train
+    real, synthetic, real_targets = teacher.data.train
     assert real.max_pairs == 600 and real.tag is None  # the model_set reached the real corpus
     assert synthetic.prefix.endswith("backtranslate/synthetic") and synthetic.tag == "<bt>"
+    assert real_targets.prefix.endswith("backtranslate/real-targets") and real_targets.tag == "<bt>"
     student = stages.student_config(pipe)
     assert [c.prefix.split("/")[-1] for c in student.data.train] == ["distilled"]
     assert (student.model.encoder_layers, student.model.decoder_layers) == (2, 1)
@@ -582,15 +633,15 @@ def test_the_synthetic_corpus_ends_at_teacher_synthetic_until_and_stays_out_of_t
 
     pipe = Pipeline(smoke(tmp_path, "teacher.synthetic_until=1"), log=lambda _: None)
     teacher = stages.teacher_config(pipe)
-    assert [c.until for c in teacher.data.train] == [1.0, 1.0]
+    assert [c.until for c in teacher.data.train] == [1.0, 1.0, 1.0]
     off = models.config_stamp(teacher, pipe.run_dir)
     assert not any("until" in c for c in off["config"]["data"]["train"])  # a teacher finished before it stays finished
     assert "until" not in off["config"]["data"]["valid"]
     pipe = Pipeline(smoke(tmp_path, "teacher.synthetic_until=0.75"), log=lambda _: None)
     teacher = stages.teacher_config(pipe)
-    assert [c.until for c in teacher.data.train] == [1.0, 0.75]  # the real pairs train to the end
+    assert [c.until for c in teacher.data.train] == [1.0, 0.75, 0.75]  # the real pairs train to the end
     on = models.config_stamp(teacher, pipe.run_dir)
-    assert [c.get("until") for c in on["config"]["data"]["train"]] == [None, 0.75]
+    assert [c.get("until") for c in on["config"]["data"]["train"]] == [None, 0.75, 0.75]
     with pytest.raises(XformerError, match="config key 'teacher.synthetic_until': must be above 0 and at most 1"):
         smoke(tmp_path, "teacher.synthetic_until=0")
 

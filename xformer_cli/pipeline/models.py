@@ -79,8 +79,15 @@ def swapped(base: Config) -> Edit:
 def with_corpus(prefix: Path, keep_real: bool, **corpus: Any) -> Edit:
     """data.train: the corpus at ``prefix`` (``corpus``: its weight, tag), after the real
     corpora when ``keep_real``."""
+    return with_corpora(keep_real, {"prefix": prefix, **corpus})
+
+
+def with_corpora(keep_real: bool, *corpora: dict[str, Any]) -> Edit:
+    """data.train: ``corpora`` (each a prefix and its weight, tag, ...), after the real corpora
+    when ``keep_real``."""
     def edit(data: dict) -> None:
-        data["train"] = (_train_list(data) if keep_real else []) + [{"prefix": str(prefix), **corpus}]
+        added = [{**corpus, "prefix": str(corpus["prefix"])} for corpus in corpora]
+        data["train"] = (_train_list(data) if keep_real else []) + added
     return edit
 
 
@@ -103,6 +110,13 @@ def config_stamp(config: Config, run_dir: Path) -> dict:
             del keys["data"][name]
     _drop_later_corpus_options(keys["data"])
     return {"config": keys, "files": stamps}
+
+
+def corpora_stamp(config: Config, run_dir: Path) -> dict:
+    """What a stage that reads the training corpora (not the model) takes of the config: each
+    corpus's keys and the files outside the run folder, as config_stamp hashes them."""
+    stamp = config_stamp(config, run_dir)
+    return {"train": stamp["config"]["data"]["train"], "files": stamp["files"]}
 
 
 def _drop_later_corpus_options(tree: Any) -> None:

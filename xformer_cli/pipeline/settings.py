@@ -53,6 +53,15 @@ class TranslateStage:
 
 
 @dataclass
+class BacktranslateStage(TranslateStage):
+    # Also back-translate the real pairs' target side, for the teacher to train on those new sources
+    # beside the originals (tagged, at weight 1, until teacher.synthetic_until): paraphrases of the
+    # sources in the test's own domain, which the monolingual captions are not (data diversification,
+    # Nguyen et al. 2020, with the reverse model's half of it)
+    real_targets: bool = False
+
+
+@dataclass
 class TeacherStage(ModelStage):
     tag: str = "<bt>"  # leads every back-translated source (a control piece: user text cannot hold it)
     synthetic_weight: float = 1.0  # the synthetic corpus's data.train weight (1 = every pair once an epoch)
@@ -110,7 +119,7 @@ class PipelineConfig:
     reserve_minutes: float = 10.0
     mono: MonoConfig = field(default_factory=MonoConfig)
     reverse: ReverseStage = field(default_factory=ReverseStage)
-    backtranslate: TranslateStage = field(default_factory=TranslateStage)
+    backtranslate: BacktranslateStage = field(default_factory=BacktranslateStage)
     teacher: TeacherStage = field(default_factory=TeacherStage)
     distill: DistillStage = field(default_factory=DistillStage)
     student: StudentStage = field(default_factory=lambda: StudentStage(

@@ -9,6 +9,7 @@ returns what its record keeps (the model it made, line counts)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -141,7 +142,7 @@ def _mono(pipe: Pipeline, side: str) -> TextLines:
 
 # Settings a translating stage gained after runs had recorded it, with their defaults: left out of
 # its fingerprint at the default, so that a finished stage stays finished when xformer is upgraded.
-ADDED_LATER = {"batch_size": 0, "max_tokens": 0}
+ADDED_LATER = {"batch_size": 0, "max_tokens": 0, "real_targets": False}
 
 
 def stage_settings(stage: TranslateStage) -> dict:
@@ -151,20 +152,32 @@ def stage_settings(stage: TranslateStage) -> dict:
 
 def fingerprint_backtranslate(pipe: Pipeline) -> str:
     mono = _mono(pipe, "target")
+    real = [models.corpora_stamp(pipe.base, pipe.run_dir)] if pipe.config.backtranslate.real_targets else []
     return pipe.stamp("backtranslate", stage_settings(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
-                      mono.skip_invalid, pipe.upstream("backtranslate"))
+                      mono.skip_invalid, pipe.upstream("backtranslate"), *real)
+
+
+REAL_TARGETS = "real-targets"  # <run_dir>/backtranslate/real-targets.{src,tgt}: the real targets back-translated
 
 
 def run_backtranslate(pipe: Pipeline) -> dict:
     src, tgt = pipe.langs
+    s = pipe.config.backtranslate
     lines = _mono(pipe, "target")
     read = file_stamp(lines.path)  # as it was before the reading: unusable_named_file trusts this one
     folder = pipe.record("backtranslate").directory
-    job = CorpusJob(lines, *translation_files(pipe, "backtranslate"), _total(lines),
-                    pipe.config.backtranslate.chunk_lines, pipe.base.train.seed)
-    written = _translate(pipe, [pipe.model("reverse")], pipe.config.backtranslate, job)
-    return {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
-            "numbers": _numbers(pipe, job, tgt, src), "mono_read": read}
+    job = CorpusJob(lines, *translation_files(pipe, "backtranslate"), _total(lines), s.chunk_lines,
+                    pipe.base.train.seed)
+    written = _translate(pipe, [pipe.model("reverse")], s, job)
+    record = {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
+              "numbers": _numbers(pipe, job, tgt, src), "mono_read": read}
+    if s.real_targets:
+        targets, total = _training_side(pipe, 1)
+        job = CorpusJob(targets, *real_target_files(pipe), total, s.chunk_lines, pipe.base.train.seed)
+        pipe.log("backtranslate: the real pairs' target side")
+        record["real_targets"] = {"lines": _translate(pipe, [pipe.model("reverse")], s, job),
+                                  "prefix": pipe.kept(folder / REAL_TARGETS)}
+    return record
 
 
 def _total(lines: TextLines) -> int:
@@ -216,8 +229,11 @@ def teacher_configs(pipe: Pipeline) -> list[Config]:
     tokenizer (an ensemble needs one vocabulary)."""
     t = pipe.config.teacher
     folder = pipe.record("teacher").directory
-    data = models.with_corpus(pipe.record("backtranslate").directory / "synthetic", True,
-                              weight=t.synthetic_weight, tag=t.tag, until=t.synthetic_until)
+    made = pipe.record("backtranslate").directory
+    synthetic = [{"prefix": made / "synthetic", "weight": t.synthetic_weight}]
+    if pipe.config.backtranslate.real_targets:  # one new source for each real pair an epoch, as the pair itself
+        synthetic.append({"prefix": made / REAL_TARGETS, "weight": 1.0})
+    data = models.with_corpora(True, *({**corpus, "tag": t.tag, "until": t.synthetic_until} for corpus in synthetic))
     seeds = t.seeds or [None]
     first = models.stage_config(pipe.config, "teacher", _seeded(t.set, seeds[0]), data)
     shared = _tokenizer_of(first)
@@ -307,22 +323,24 @@ def fingerprint_distill(pipe: Pipeline) -> str:
                       pipe.upstream("distill"))
 
 
-def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]) -> tuple[Iterator[str], Optional[int]]:
-    """The real training pairs' source side, then the monolingual source text; and about how
-    many lines that is (for the progress bar's ETA; None when a source cannot tell)."""
+def _training_side(pipe: Pipeline, side: int) -> tuple[Iterator[str], Optional[int]]:
+    """One side (0 source, 1 target) of the real training pairs, as training reads them; and
+    about how many lines that is (for the progress bar's ETA; None when a source cannot tell)."""
     from xformer_cli.data.sources import open_sources
 
     src, tgt = pipe.langs
     sources = open_sources(pipe.base.data.train, src, tgt, "train", pipe.base.data.skip_invalid_utf8)
-    counts = [source.line_estimate() for source in sources] + ([_total(mono)] if mono is not None else [])
+    counts = [source.line_estimate() for source in sources]
+    return (line for source in sources for line in source.side(side)), None if None in counts else sum(counts)
 
-    def lines() -> Iterator[str]:
-        for source in sources:
-            yield from source.side(0)
-        if mono is not None:
-            yield from mono
 
-    return lines(), None if None in counts else sum(counts)
+def _distill_sources(pipe: Pipeline, mono: Optional[TextLines]) -> tuple[Iterator[str], Optional[int]]:
+    """The real training pairs' source side, then the monolingual source text; and about how
+    many lines that is (None when a source cannot tell)."""
+    sources, count = _training_side(pipe, 0)
+    if mono is None:
+        return sources, count
+    return itertools.chain(sources, mono), None if count is None else count + _total(mono)
 
 
 def run_distill(pipe: Pipeline) -> dict:
@@ -461,8 +479,9 @@ def gone_output(pipe: Pipeline, stage: str) -> Optional[Path]:
     record = pipe.record(stage).read() or {}
     named = [record.get("model"), *record.get("models", []), record.get("summary")]
     files = [pipe.path(kept) for kept in named if isinstance(kept, str)]
-    if isinstance(record.get("prefix"), str):
-        files += [Path(f"{pipe.path(record['prefix'])}.{lang}") for lang in pipe.langs]
+    prefixes = [record.get("prefix"), (record.get("real_targets") or {}).get("prefix")]
+    files += [Path(f"{pipe.path(prefix)}.{lang}") for prefix in prefixes if isinstance(prefix, str)
+              for lang in pipe.langs]
     return next((path for path in files if not path.exists()), None)
 
 
@@ -473,6 +492,13 @@ def translation_files(pipe: Pipeline, stage: str) -> Optional[tuple[Path, Path]]
     folder = pipe.record(stage).directory
     return {"backtranslate": (folder / f"synthetic.{tgt}", folder / f"synthetic.{src}"),
             "distill": (folder / f"distilled.{src}", folder / f"distilled.{tgt}")}.get(stage)
+
+
+def real_target_files(pipe: Pipeline) -> tuple[Path, Path]:
+    """backtranslate.real_targets's two sides: (the real targets, their back-translations)."""
+    src, tgt = pipe.langs
+    folder = pipe.record("backtranslate").directory
+    return folder / f"{REAL_TARGETS}.{tgt}", folder / f"{REAL_TARGETS}.{src}"
 
 
 def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:

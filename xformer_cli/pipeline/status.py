@@ -15,7 +15,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
 from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, gone_output,
-                                         stage_problem, trained_run_dirs, translation_files)
+                                         real_target_files, stage_problem, trained_run_dirs, translation_files)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
 RUNNING = "running"  # another process's pipeline is at this stage now (run_lock)
@@ -106,7 +106,11 @@ def _how_far(pipe: Pipeline, name: str) -> str:
     files = translation_files(pipe, name)
     if files is not None:
         chunk = getattr(pipe.config, name).chunk_lines
-        return f"after {whole_chunks(*files, chunk):,} translated lines (the whole chunks of {chunk:,})"
+        said = f"after {whole_chunks(*files, chunk):,} translated lines (the whole chunks of {chunk:,})"
+        real = real_target_files(pipe) if name == "backtranslate" else None
+        if real is not None and real[0].exists():  # backtranslate.real_targets: the second job has begun
+            said += f", then {whole_chunks(*real, chunk):,} of the real targets"
+        return said
     runs = [run for run in trained_run_dirs(pipe, name) if run.is_dir()]
     if not runs:
         return "begun, not finished: it runs again from its beginning"
