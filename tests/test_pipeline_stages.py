@@ -334,7 +334,8 @@ def test_backtranslating_the_real_targets_gives_the_teacher_new_sources_for_them
         def translate(self, chunk, seed=None, **opts):
             return [line[::-1] for line in chunk]
 
-    monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: Reversing())
+    loads = []
+    monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: loads.append(args) or Reversing())
     monkeypatch.setenv("XFORMER_DATA", str(tmp_path))
     (tmp_path / "multi30k").mkdir()
     write_lines(tmp_path / "multi30k" / "train.en", ["a dog", "", "a cat"] + ["x"] * 700)
@@ -350,6 +351,7 @@ def test_backtranslating_the_real_targets_gives_the_teacher_new_sources_for_them
     real.record("backtranslate").begin("f")
     record = stages.run_backtranslate(real)
     assert record["lines"] == 2 and record["real_targets"]["lines"] == 600  # max_pairs, the empty pair left out
+    assert len(loads) == 1  # one engine for both jobs
     targets, sources = stages.real_target_files(real)
     assert targets.read_text().splitlines()[:3] == ["ein Hund", "eine Katze", "y"]
     assert sources.read_text().splitlines()[:2] == ["dnuH nie", "eztaK enie"]

@@ -168,15 +168,15 @@ def run_backtranslate(pipe: Pipeline) -> dict:
     folder = pipe.record("backtranslate").directory
     job = CorpusJob(lines, *translation_files(pipe, "backtranslate"), _total(lines), s.chunk_lines,
                     pipe.base.train.seed)
-    written = _translate(pipe, [pipe.model("reverse")], s, job)
+    translate = _translator(pipe, [pipe.model("reverse")], s)
+    written = translate(job)
     record = {"lines": written, "dropped": dict(lines.dropped), "prefix": pipe.kept(folder / "synthetic"),
               "numbers": _numbers(pipe, job, tgt, src), "mono_read": read}
     if s.real_targets:
         targets, total = _training_side(pipe, 1)
         job = CorpusJob(targets, *real_target_files(pipe), total, s.chunk_lines, pipe.base.train.seed)
         pipe.log("backtranslate: the real pairs' target side")
-        record["real_targets"] = {"lines": _translate(pipe, [pipe.model("reverse")], s, job),
-                                  "prefix": pipe.kept(folder / REAL_TARGETS)}
+        record["real_targets"] = {"lines": translate(job), "prefix": pipe.kept(folder / REAL_TARGETS)}
     return record
 
 
@@ -197,6 +197,12 @@ def stage_threads(pipe: Pipeline, asked: int = 0) -> int:
 
 
 def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: CorpusJob) -> int:
+    return _translator(pipe, checkpoints, s)(job)
+
+
+def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> Callable[[CorpusJob], int]:
+    """The stage's engine, loaded once, as a function that translates a job (resuming it) and
+    returns its line count: a stage with two jobs (backtranslate.real_targets) loads one engine."""
     from xformer_cli.decode.factory import load_engine
 
     sampling = bool(s.sampling_topk)
@@ -207,10 +213,13 @@ def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: 
                 max_tokens=s.max_tokens or None)
     engine.options(**opts)  # bad options refused before any line is read
 
-    def translate(chunk: list[str], index: int) -> list[str]:
-        return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
+    def run(job: CorpusJob) -> int:
+        def translate(chunk: list[str], index: int) -> list[str]:
+            return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
 
-    return translate_corpus(job, translate, pipe.log, pipe.progress)
+        return translate_corpus(job, translate, pipe.log, pipe.progress)
+
+    return run
 
 
 def _numbers(pipe: Pipeline, job: CorpusJob, src_lang: str, tgt_lang: str) -> dict:
