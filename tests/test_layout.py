@@ -49,7 +49,7 @@ LAYERS = (
     Layer("definitions", ("model/config.py", "precisions.py", "settings_file.py")),
     Layer("tools", ("tokenizer.py", "textio.py", "evaluate.py", "plots.py", "langid.py", "number_matching.py",
                     "run_lock.py")),
-    Layer("base", ("languages.py", "fileio.py", "number_words.py")),
+    Layer("base", ("languages.py", "fileio.py", "file_stamps.py", "number_words.py")),
     Layer("root", ("errors.py", "version.py", "cpu_cores.py")),
 )
 # This layer and those below it import no torch when imported: a config is read and checked,

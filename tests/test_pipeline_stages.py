@@ -8,7 +8,6 @@ import json
 import os
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -474,7 +473,7 @@ def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tm
 def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_stage_will_read_it(tmp_path):
     """The check reads mono.max_lines usable lines, as the stage does (a bad line past them is no
     reason to refuse the run), and skips a file the stage's finished record says it read as it is."""
-    from xformer_cli.fileio import file_stamp
+    from xformer_cli.file_stamps import file_stamp
     from xformer_cli.pipeline.stages import unusable_named_file
 
     mono = tmp_path / "mono.de"
@@ -487,7 +486,7 @@ def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_sta
     pipe.record("backtranslate").directory.mkdir(parents=True)
     pipe.record("backtranslate").finish("f", mono_read=file_stamp(mono))  # the stage read it whole
     assert unusable_named_file(pipe, "backtranslate") is None  # not read again
-    os.utime(mono, ns=(mono.stat().st_atime_ns, mono.stat().st_mtime_ns + 10**9))  # rewritten since
+    mono.write_bytes(b"Ein Hund.\nEine Katze!\n\xff\xfe\n")  # rewritten since, to the same size
     with pytest.raises(XformerError, match="mono.de:3: invalid UTF-8"):
         unusable_named_file(pipe, "backtranslate")
 
@@ -904,16 +903,13 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     """Records whose fingerprints hashed the folder's paths as they were, and which name their
     models by absolute path: at the same place with the same inputs each stage is up to date,
     its record upgraded; then the folder moves and the stages stay finished, reading the new place."""
-    from dataclasses import replace
-
     from xformer_cli.pipeline import stages
 
     pipe = Pipeline(smoke(tmp_path), log=lambda _: None)
     finish_upstream(pipe, "reverse", "backtranslate", "teacher", "distill")
     run = tmp_path / "run"
-    old = replace(pipe, old_stamps=True)  # as the code before made them
     for name, model in (("student", run / "student" / "best.pt"), ("export", run / "export" / "student-int8")):
-        stamp = stages.FINGERPRINTS[name](old)
+        stamp = stages.old_fingerprint(pipe, name, "absolute")  # as the code before made them
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, model=str(model))
         if name == "export":  # what the record names is there
@@ -924,7 +920,7 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
         monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
     for name in ("student", "export"):
         upgraded = run_stage(pipe, name)
-        assert upgraded["fingerprint"] == stages.FINGERPRINTS[name](pipe) != upgraded["old_fingerprint"]
+        assert upgraded["fingerprint"] == stages.FINGERPRINTS[name](pipe) != upgraded["old_fingerprints"]["absolute"]
     assert json.loads((run / "student" / "stage.json").read_text())["model"] == "<run_dir>/student/best.pt"
     moved = tmp_path / "elsewhere"
     run.rename(moved)
@@ -935,10 +931,73 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     assert there.model("export") == moved / "export" / "student-int8"
     other = Pipeline(smoke(tmp_path, "student.set.train.seed=7"), log=lambda _: None)  # other inputs: not upgraded
     finish_upstream(other, "reverse", "backtranslate", "teacher", "distill")
-    stamp = stages.FINGERPRINTS["student"](replace(pipe, old_stamps=True))
+    stamp = stages.old_fingerprint(pipe, "student", "absolute")
     other.record("student").begin(stamp)
     other.record("student").finish(stamp, model=str(run / "student" / "best.pt"))
     assert not runner._upgraded(other, "student", stages.FINGERPRINTS["student"](other))
+
+
+def _mono_sets(tmp_path: Path) -> tuple[str, str]:
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
+    write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
+    return f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}"  # not the corpus's
+
+
+def test_finished_stages_stay_finished_when_their_files_get_new_times_and_redo_when_the_text_changes(tmp_path):
+    """A data folder provisioned again or copied (new modification times, the same bytes)."""
+    from xformer_cli.pipeline import pipeline_status, stages
+
+    config = smoke(tmp_path, *_mono_sets(tmp_path))
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in ("reverse", "backtranslate"):
+        stamp = stages.FINGERPRINTS[name](pipe)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp, lines=3)
+    mono = tmp_path / "mono.de"
+    later = mono.stat().st_mtime_ns + 3600 * 10**9
+    os.utime(mono, ns=(later, later))
+    assert [(s.stage, s.action) for s in pipeline_status(config)][:3] == [
+        ("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "starts")]
+    write_lines(mono, ["Ein Hund läuft!"] * 3)  # the same size: the bytes tell
+    assert [(s.stage, s.action) for s in pipeline_status(config)][:2] == [("reverse", "skipped"),
+                                                                          ("backtranslate", "redone")]
+
+
+def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_or_begun(tmp_path, monkeypatch):
+    """Stamped by size and time: with these files as they are, the finished stages stay finished
+    (their records upgraded, without running) and a begun one resumes; the status says so first."""
+    from xformer_cli.file_stamps import stamps_by_time
+    from xformer_cli.pipeline import pipeline_status, stages
+
+    config = smoke(tmp_path, *_mono_sets(tmp_path))
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in ("reverse", "backtranslate"):
+        stamp = stages.old_fingerprint(pipe, name, "by_time")
+        pipe.record(name).begin(stamp)
+        extra = {"old_fingerprint": "made-before-run-folders-moved"} if name == "reverse" else {}
+        pipe.record(name).finish(stamp, lines=3, **extra)
+    pipe.record("teacher").begin(stages.old_fingerprint(pipe, "teacher", "by_time"))  # killed part-way
+    with stamps_by_time():
+        assert stages.FINGERPRINTS["reverse"](pipe) == pipe.record("reverse").read()["fingerprint"]
+    statuses = [(s.stage, s.action, s.detail) for s in pipeline_status(config)][:3]
+    assert [s[:2] for s in statuses] == [("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "resumes")]
+    upgraded = "its record, from an earlier version of these inputs, upgraded"
+    assert all(detail.endswith(upgraded) for *_, detail in statuses)
+    for name in ("reverse", "backtranslate"):
+        monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
+    monkeypatch.setitem(runner.RUNS, "teacher", lambda _: {"model": "<run_dir>/teacher/best.pt"})
+    said: list[str] = []
+    pipe = Pipeline(config, log=said.append)
+    for name in ("reverse", "backtranslate", "teacher"):
+        run_stage(pipe, name)
+    skipped = [f"stage {name}: up to date (fingerprint {stages.FINGERPRINTS[name](pipe)}), skipped"
+               for name in ("reverse", "backtranslate")]
+    assert said[:3] == skipped + [f"stage teacher: resuming in {tmp_path}/run/teacher"]
+    reverse = pipe.record("reverse").read()
+    assert reverse["old_fingerprints"] == {"absolute": "made-before-run-folders-moved",
+                                           "by_time": stages.old_fingerprint(pipe, "reverse", "by_time")}
+    assert "old_fingerprint" not in reverse and reverse["fingerprint"] == stages.FINGERPRINTS["reverse"](pipe)
+    assert pipe.record("teacher").read()["done"]
 
 
 def test_a_moved_stages_last_pt_names_the_new_folders_files_and_nothing_else_changes(tmp_path):
@@ -1023,10 +1082,11 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
 
     # A record from before run folders could move: up to date, upgraded by the run, not by the status.
     pipe.record("distill").finish(distill)
-    old = stages.FINGERPRINTS["student"](replace(pipe, old_stamps=True))
+    old = stages.old_fingerprint(pipe, "student", "absolute")
     pipe.record("student").begin(old)
     pipe.record("student").finish(old, model=str(run / "student" / "best.pt"))
-    assert said()[4] == ("student", "skipped", "finished; its record upgraded to a movable one")
+    assert said()[4] == ("student", "skipped", "finished; its record, from an earlier version of these inputs, "
+                                               "upgraded")
     assert said()[5] == ("export", "starts", "not begun")
     changed = smoke(tmp_path, *mono, "backtranslate.beam_size=4")
     assert [(s[0], s[1]) for s in said(changed)][:3] == [("reverse", "skipped"), ("backtranslate", "redone"),

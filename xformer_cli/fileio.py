@@ -149,16 +149,6 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     sync_directory(path.parent)
 
 
-def file_stamp(path: "str | Path") -> str:
-    """A file's identity for a fingerprint: resolved path, size and modification time (rewriting
-    a file changes it, reading it does not); one line when the file is not there."""
-    path = Path(path)
-    if not path.is_file():
-        raise XformerError(f"file not found: {path}")
-    stat = path.stat()
-    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-
-
 def same_file(a: "str | Path | None", b: "str | Path | None") -> bool:
     """Whether ``a`` and ``b`` are one existing file (links and other spellings included)."""
     return a is not None and b is not None and Path(a).exists() and Path(b).exists() and os.path.samefile(a, b)

@@ -7,7 +7,7 @@ Layout of ``<cache_dir>/<fingerprint>/``::
     meta.json                     counts, what was dropped and why, what went into the fingerprint,
                                   and the pairs kept from each source in order (``source_pairs``)
 
-The fingerprint covers the data (file sizes and mtimes, or the dataset's fingerprint), the
+The fingerprint covers the data (each file's content hash, or the dataset's fingerprint), the
 tokenizer model bytes and the filters, so any change builds a new cache and an unchanged
 setup reuses the old one without tokenizing again. A build writes into a temporary
 directory that is fsynced and renamed into place at the end (``fileio.atomic_directory``):
@@ -39,7 +39,8 @@ from xformer_cli.data.quote_augmentation import QUOTE_AUGMENTATION_VERSION, quot
 from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.cpu_cores import available_cores
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import atomic_directory, make_folder, writing
+from xformer_cli.file_stamps import stamps_by_time
+from xformer_cli.fileio import atomic_directory, atomic_file, make_folder, writing
 from xformer_cli.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -186,6 +187,8 @@ def build_or_load(
     key = fingerprint(sources, tokenizer, filters)
     final = cache_dir / key
     outdated = False
+    if not (final / "meta.json").is_file():
+        _adopt_cache_keyed_by_time(sources, tokenizer, filters, final)
     if (final / "meta.json").is_file():
         try:
             cache = TokenCache(final)
@@ -210,6 +213,26 @@ def build_or_load(
         if not (final / "meta.json").is_file():
             raise
     return TokenCache(final), False
+
+
+def _adopt_cache_keyed_by_time(sources: Sequence[PairSource], tokenizer: Tokenizer, filters: Filters,
+                               final: Path) -> None:
+    """A cache of these very files built before file stamps hashed content (its key made of
+    sizes and modification times) moves to ``final``, its key now, instead of being built again."""
+    with stamps_by_time():
+        old = final.with_name(fingerprint(sources, tokenizer, filters))
+    if old == final or not (old / "meta.json").is_file():
+        return
+    try:
+        os.rename(old, final)
+    except OSError:
+        return  # another run moved or built it first, or it cannot move: found or built as usual
+    try:
+        meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # damaged: TokenCache says so and it is built again
+    with atomic_file(final / "meta.json", "w", encoding="utf-8") as handle:
+        json.dump({**meta, "fingerprint": final.name}, handle, indent=1)
 
 
 def _remove_abandoned_builds(cache_dir: Path, key: str) -> None:

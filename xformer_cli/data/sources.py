@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import file_stamp
+from xformer_cli.file_stamps import file_stamp
 from xformer_cli.textio import count_lines, decode_line, without_bom
 
 DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
@@ -295,7 +295,7 @@ class PairSource:
         return (pair[side] for pair in self)
 
     def fingerprint(self) -> str:
-        """Changes when the data changes: file size and mtime, or the dataset's own fingerprint."""
+        """Changes when the data changes: each file's content (``file_stamp``), or the dataset's own fingerprint."""
         h = hashlib.sha256()
         if self._dataset is not None:
             h.update(f"{self.name}|{self._columns}|{self._dataset._fingerprint}".encode())

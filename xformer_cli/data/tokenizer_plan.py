@@ -16,6 +16,7 @@ from xformer_cli.config import Config, DataConfig
 from xformer_cli.data.directions import language_sample, reservoir
 from xformer_cli.data.sources import PairSource
 from xformer_cli.errors import XformerError
+from xformer_cli.file_stamps import stamps_by_time
 from xformer_cli.fileio import atomic_file
 from xformer_cli.languages import Languages
 from xformer_cli.tokenizer import Tokenizer
@@ -58,7 +59,7 @@ class TokenizerPlan:
             return Tokenizer.from_files(tc.model, tc.tgt_model if not tc.joint else None)
         saved = self.run_dir / "tokenizer"
         settings = saved / "settings.json"
-        if settings.is_file() and settings.read_text(encoding="utf-8") == self.settings:
+        if settings.is_file() and self._made_with(settings.read_text(encoding="utf-8")):
             self.log(f"tokenizer: reusing {saved} (same data and settings)")
             if tc.joint:
                 return Tokenizer.from_files(saved / "joint.model")
@@ -88,6 +89,15 @@ class TokenizerPlan:
             self.log(f"warning: tokenizer.vocab_size asked for {tc.vocab_size} pieces, got {got}: the "
                      f"{what} do not hold enough distinct pieces for more")
         return tokenizer
+
+    def _made_with(self, saved: str) -> bool:
+        """Whether a saved tokenizer's settings are these: as this version writes them, or as one
+        before content hashes did (the same files then stamped by size and time; ``save`` then
+        writes them anew)."""
+        if saved == self.settings:
+            return True
+        with stamps_by_time():
+            return saved == _tokenizer_settings(self.config, self.sources)
 
     def _sample(self) -> tuple[list[str], list[str], str]:
         """(source-side, target-side) sentences to train on, and what they are. One direction:

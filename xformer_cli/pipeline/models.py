@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from xformer_cli.config import Config, CorpusConfig, load_config
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import file_stamp
+from xformer_cli.file_stamps import file_stamp
 from xformer_cli.pipeline.record import rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 from xformer_cli.settings_file import apply_overrides, read_tree

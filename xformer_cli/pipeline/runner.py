@@ -5,14 +5,14 @@ otherwise; ``from_stage`` redoes a stage and all after it, ``only`` runs one sta
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable, Optional
 
 from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, rebased
+from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, STOPPED, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import FINGERPRINTS, NEEDS, RUNS, STAGES, Pipeline, gone_output, stage_problem
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, OLD_STAMPS, RUNS, STAGES, Pipeline, gone_output,
+                                         old_fingerprint, old_fingerprints, stage_problem)
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -39,6 +39,8 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     if gone is not None:
         pipe.log(f"stage {name}: its record names {gone}, which is gone: the stage runs again")
         redo = True
+    if standing == STOPPED and not redo:
+        _upgraded(pipe, name, stamp)  # begun by an earlier version with these inputs: begin() resumes it
     if not redo and (standing == DONE or (standing == ASIDE and record.restore())
                      or (standing == CHANGED and _upgraded(pipe, name, stamp))):
         record.drop_replaced()
@@ -70,27 +72,32 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
 
 
 def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
-    """A stage finished before run folders could move (its record hashed the folder's paths as
-    they were, and names its files by absolute path) that these inputs at this path would make
-    again: its record takes the new fingerprint (the old one kept for the stages after it to
-    check theirs against) and names its files under <run_dir>, as a new record would."""
-    old = _upgradable(pipe, name)
-    if old is None:
+    """A stage's record made by an earlier version (``OLD_STAMPS``) that these inputs at this
+    path would make again: it takes the new fingerprint (the old ones kept for the stages after
+    it to check theirs against) and names its files under <run_dir>, as a new record would.
+    Finished, it stays finished; begun, it resumes."""
+    found = _upgradable(pipe, name)
+    if found is None:
         return False
-    upgraded = old
+    old, form = found
+    upgraded = {key: value for key, value in old.items() if key != "old_fingerprint"}
     for spelling in {str(pipe.run_dir), str(pipe.run_dir.resolve())}:  # the models, corpora, summary it names
         upgraded = rebased(upgraded, spelling, HOME)
-    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprint": old["fingerprint"]})
+    kept = {**old_fingerprints(old), form: old["fingerprint"]}
+    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprints": kept})
     return True
 
 
-def _upgradable(pipe: Pipeline, name: str) -> Optional[dict]:
-    """The stage's record when it is one from before run folders could move that these inputs
-    at this path would make again (read only)."""
+def _upgradable(pipe: Pipeline, name: str) -> Optional[tuple[dict, str]]:
+    """The stage's record and the earlier form it is in, when an earlier version made it of
+    these inputs at this path (read only); else None."""
     old = pipe.record(name).read()
-    if not old or not old.get("done") or "old_fingerprint" in old:
+    if not old or not isinstance(old.get("fingerprint"), str):
         return None
-    return old if old.get("fingerprint") == FINGERPRINTS[name](replace(pipe, old_stamps=True)) else None
+    for form in OLD_STAMPS:
+        if old["fingerprint"] == old_fingerprint(pipe, name, form):
+            return old, form
+    return None
 
 
 def whole_path(pipe: Pipeline) -> Optional[str]:

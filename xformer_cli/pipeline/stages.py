@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import file_stamp
+from xformer_cli.file_stamps import file_stamp, stamps_by_time
 from xformer_cli.pipeline import models
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, numbers_kept, translate_corpus
 from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home
@@ -36,7 +36,7 @@ class Pipeline:
     log: Callable[[str], None] = print
     progress: bool = True
     _base: Optional[Config] = field(default=None, repr=False)
-    old_stamps: bool = False  # fingerprints as records made them before run folders could move (runner)
+    old_stamps: str = ""  # one of OLD_STAMPS: fingerprints as an earlier version's records hold them (runner)
     # Stages whose finished record is read where a redo set it aside: the status, seeing what a run would put back.
     read_aside: frozenset[str] = frozenset()
 
@@ -57,7 +57,7 @@ class Pipeline:
     def stamp(self, *parts: Any) -> str:
         """The fingerprint of a stage's inputs, the run folder's own paths hashed as <run_dir>/...:
         a run folder moved or copied elsewhere keeps its finished stages."""
-        return fingerprint(*parts, home=None if self.old_stamps else self.run_dir)
+        return fingerprint(*parts, home=None if self.old_stamps == "absolute" else self.run_dir)
 
     def kept(self, path: Path | str) -> str:
         """A path as the records keep it (<run_dir>/... for the run's own files)."""
@@ -81,12 +81,37 @@ class Pipeline:
     def upstream(self, stage: str) -> dict[str, str]:
         """The needed stages' identities: fingerprint and when it finished (a stage done over
         with the same inputs still makes the stages after it stale)."""
-        key = "old_fingerprint" if self.old_stamps else "fingerprint"
-        return {need: f"{rec.get(key, rec['fingerprint'])}@{rec.get('finished', '')}"
+        return {need: f"{held_fingerprint(rec, self.old_stamps)}@{rec.get('finished', '')}"
                 for need in NEEDS[stage] for rec in [self.finished(need)]}
 
     def model(self, stage: str) -> Path:
         return self.path(self.finished(stage)["model"])
+
+
+# Fingerprints as records of earlier versions hold them, newest first: "by_time" stamped files
+# by size and modification time (before content hashes); "absolute" also hashed the run
+# folder's own paths as they were (before run folders could move).
+OLD_STAMPS = ("by_time", "absolute")
+
+
+def held_fingerprint(record: dict, form: str = "") -> str:
+    """The fingerprint a stage's record holds in ``form`` (one of OLD_STAMPS; "" the current):
+    a record upgraded from that form keeps it in ``old_fingerprints`` (``old_fingerprint``: the
+    "absolute" one, as the first upgrade kept it); one never upgraded holds only its own."""
+    return old_fingerprints(record).get(form, record["fingerprint"]) if form else record["fingerprint"]
+
+
+def old_fingerprints(record: dict) -> dict[str, str]:
+    """The earlier forms' fingerprints a record upgraded from them keeps, by form."""
+    first = {"absolute": record["old_fingerprint"]} if "old_fingerprint" in record else {}
+    return {**first, **record.get("old_fingerprints", {})}
+
+
+def old_fingerprint(pipe: Pipeline, stage: str, form: str) -> str:
+    """``stage``'s fingerprint of these inputs as an earlier version's record would hold it
+    (``form`` one of OLD_STAMPS)."""
+    with stamps_by_time():
+        return FINGERPRINTS[stage](replace(pipe, old_stamps=form))
 
 
 # -- reverse -------------------------------------------------------------------------------
@@ -571,7 +596,11 @@ def _multi30k_mono(path: Path) -> bool:
 def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
     """Whether ``stage`` finished reading ``path`` as it is now (its path, size and time)."""
     record = pipe.record(stage).read() or {}
-    return bool(record.get("done")) and path.is_file() and record.get("mono_read") == file_stamp(path)
+    if not (record.get("done") and path.is_file()):
+        return False
+    with stamps_by_time():  # a record of a version before content hashes
+        by_time = file_stamp(path)
+    return record.get("mono_read") in (file_stamp(path), by_time)
 
 
 def _unusable_text(lines: TextLines) -> Optional[str]:

@@ -60,6 +60,7 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
 
 
 PUT_BACK = "(put back from where a redo set it aside)"
+UPGRADED = "its record, from an earlier version of these inputs, upgraded"
 
 
 def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageStatus:
@@ -78,7 +79,9 @@ def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageS
     if standing == ASIDE:
         return StageStatus(name, SKIP, f"{_finished(StageRecord(name, record.replaced).read())} {PUT_BACK}")
     if standing == CHANGED and upgradable(name):
-        return StageStatus(name, SKIP, f"{_finished(record.read())}; its record upgraded to a movable one")
+        return StageStatus(name, SKIP, f"{_finished(record.read())}; {UPGRADED}")
+    if standing == STOPPED and upgradable(name):
+        return StageStatus(name, RESUME, f"{_how_far(pipe, name)}; {UPGRADED}")
     if standing == RESUMABLE:
         spent = record.minutes_so_far()
         return StageStatus(name, RESUME, _how_far(pipe, name) + (f"; {spent:.1f} min so far" if spent else ""))
