@@ -286,3 +286,20 @@ def test_a_gpu_ctranslate2_cannot_compute_on_gives_the_cpu_for_auto_and_one_line
     failure[0] = "CUDA failed with error out of memory"  # not a missing library: no CPU for it, one line
     with pytest.raises(XformerError, match=r"cannot run on CUDA \(CUDA failed with error out of memory\)"):
         load_engine(export, "ctranslate2", device="auto", threads=1)
+
+
+def test_a_checkpoint_saved_for_greedy_search_does_not_ask_for_xformers_beam_search(tmp_path):
+    """Without --beam-size the model's decode.beam_size decides whether beam search is a need
+    (which keeps auto on xformer's engine where CTranslate2 would run greedy search faster)."""
+    import torch
+
+    from xformer_cli.decode.factory import searches_beam
+
+    greedy, beam, old = tmp_path / "greedy.pt", tmp_path / "beam.pt", tmp_path / "old.pt"
+    torch.save({"config": {"decode": {"beam_size": 1}}}, greedy)
+    torch.save({"config": {"decode": {"beam_size": 5}}}, beam)
+    torch.save({"config": {}}, old)  # no decode section: the default, a beam
+    assert [searches_beam(None, [path]) for path in (greedy, beam, old)] == [False, True, True]
+    assert searches_beam(4, [greedy]) and not searches_beam(1, [beam])  # --beam-size wins
+    assert searches_beam(None, [greedy, beam]) is False  # an ensemble decodes with its first model's settings
+    assert searches_beam(None, [tmp_path]) is True  # an export: CTranslate2 runs it either way

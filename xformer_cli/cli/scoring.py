@@ -126,7 +126,9 @@ def _eval_engine(checkpoint: Optional[Path], engine_args: tuple):
     if checkpoint is None:
         return None
     *args, search = engine_args
-    needs = ("beam_search",) if search["beam_size"] != 1 else ()
+    from xformer_cli.decode.factory import searches_beam
+
+    needs = ("beam_search",) if searches_beam(search["beam_size"], [checkpoint]) else ()
     return load_engine_logged([checkpoint], *args, needs)
 
 

@@ -85,6 +85,8 @@ def translate(  # long: its signature is its options, one parameter each
     docs/translation.md.
     """
     before_torch()
+    from xformer_cli.decode.factory import searches_beam
+
     check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
     if attention_sentences < 1:
         raise XformerError(f"--attention-sentences must be at least 1, not {attention_sentences}")
@@ -92,7 +94,8 @@ def translate(  # long: its signature is its options, one parameter each
     terms = _glossary(format, glossary)  # a bad --format or glossary file: said before the model loads
     # tags and terms follow attention
     aligning = attention is not None or format == "html" or glossary is not None or keep_numbers
-    needs = _needs(aligning, sampling_topk != 0, temperature != 1.0, seed is not None, no_cache, beam_size != 1)
+    needs = _needs(aligning, sampling_topk != 0, temperature != 1.0, seed is not None, no_cache,
+                   searches_beam(beam_size, checkpoints))
     translator = load_engine_logged(checkpoints, engine, precision, device, threads, needs, compute_type)
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine (fp32, bf16 or fp16), not {translator.name}")

@@ -225,6 +225,24 @@ def choose_engine(paths: Sequence[Path], engine: str = "auto", precision: str = 
     return EngineChoice(chosen_engine, chosen, engine_device(chosen_engine, device), why)
 
 
+def searches_beam(beam_size: Optional[int], paths: Sequence[Path]) -> bool:
+    """Whether a run of ``beam_size`` (None: the first model's ``decode.beam_size``) searches a
+    beam, the ``beam_search`` need: a checkpoint saved for greedy search leaves the fastest greedy
+    engine free to run it. An export directory runs on CTranslate2 whichever it is; a missing
+    file is named by the engine's loading."""
+    if beam_size is not None:
+        return beam_size != 1
+    if not paths or not Path(paths[0]).is_file():
+        return True
+    from xformer_cli.checkpoint_file import read_light
+    from xformer_cli.config import DecodeConfig
+
+    config = read_light(paths[0]).get("config")
+    decode = config.get("decode") if isinstance(config, dict) else None
+    saved = decode.get("beam_size") if isinstance(decode, dict) else None
+    return (saved if isinstance(saved, int) else DecodeConfig.beam_size) != 1
+
+
 def _ctranslate2_choice(paths: Sequence[Path], engine: str, precision: str, device: str,
                         exported: bool, needs: Iterable[str] = ()) -> EngineChoice:
     from xformer_cli.decode.ct2_engine import CTranslate2Translator
