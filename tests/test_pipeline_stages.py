@@ -937,39 +937,60 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     assert not runner._upgraded(other, "student", stages.FINGERPRINTS["student"](other))
 
 
-def _mono_sets(tmp_path: Path) -> tuple[str, str]:
+def _own_data(tmp_path: Path) -> tuple[str, ...]:
+    """Overrides that read the pipeline's corpus and monolingual text from ``tmp_path``."""
+    write_lines(tmp_path / "t.en", ["A dog runs."] * 5)
+    write_lines(tmp_path / "t.de", ["Ein Hund läuft."] * 5)
     write_lines(tmp_path / "mono.de", ["Ein Hund läuft."] * 3)
     write_lines(tmp_path / "mono.en", ["A dog runs."] * 3)
-    return f"mono.target={tmp_path / 'mono.de'}", f"mono.source={tmp_path / 'mono.en'}"  # not the corpus's
+    return (f"model_set.data.train.prefix={tmp_path / 't'}", f"mono.target={tmp_path / 'mono.de'}",
+            f"mono.source={tmp_path / 'mono.en'}")
 
 
-def test_finished_stages_stay_finished_when_their_files_get_new_times_and_redo_when_the_text_changes(tmp_path):
-    """A data folder provisioned again or copied (new modification times, the same bytes)."""
-    from xformer_cli.pipeline import pipeline_status, stages
+def _actions(config, count: int) -> list[tuple[str, str]]:
+    from xformer_cli.pipeline import pipeline_status
 
-    config = smoke(tmp_path, *_mono_sets(tmp_path))
+    return [(s.stage, s.action) for s in pipeline_status(config)][:count]
+
+
+def _never_run(monkeypatch, *names: str) -> None:
+    for name in names:
+        monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
+
+
+def test_finished_stages_stay_finished_when_their_files_get_new_times_and_redo_when_the_text_changes(
+        tmp_path, monkeypatch):
+    """A data folder provisioned again (new modification times, the same bytes at the same paths)."""
+    from xformer_cli.pipeline import stages
+
+    config = smoke(tmp_path, *_own_data(tmp_path))
     pipe = Pipeline(config, log=lambda _: None)
     for name in ("reverse", "backtranslate"):
         stamp = stages.FINGERPRINTS[name](pipe)
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, lines=3)
-    mono = tmp_path / "mono.de"
-    later = mono.stat().st_mtime_ns + 3600 * 10**9
-    os.utime(mono, ns=(later, later))
-    assert [(s.stage, s.action) for s in pipeline_status(config)][:3] == [
-        ("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "starts")]
-    write_lines(mono, ["Ein Hund läuft!"] * 3)  # the same size: the bytes tell
-    assert [(s.stage, s.action) for s in pipeline_status(config)][:2] == [("reverse", "skipped"),
-                                                                          ("backtranslate", "redone")]
+    later = time.time() + 3600
+    for name in ("t.en", "t.de", "mono.de"):
+        os.utime(tmp_path / name, (later, later))
+    assert _actions(config, 3) == [("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "starts")]
+    _never_run(monkeypatch, "reverse", "backtranslate")
+    said: list[str] = []
+    for name in ("reverse", "backtranslate"):
+        run_stage(Pipeline(config, log=said.append), name)
+    assert len(said) == 2 and all(line.endswith("skipped") for line in said)
+    write_lines(tmp_path / "mono.de", ["Ein Hund läuft!"] * 3)  # the same size: the bytes tell
+    assert _actions(config, 2) == [("reverse", "skipped"), ("backtranslate", "redone")]
+    write_lines(tmp_path / "t.de", ["Ein Hund rennt."] * 5)
+    assert _actions(config, 1) == [("reverse", "redone")]
 
 
 def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_or_begun(tmp_path, monkeypatch):
-    """Stamped by size and time: with these files as they are, the finished stages stay finished
-    (their records upgraded, without running) and a begun one resumes; the status says so first."""
-    from xformer_cli.file_stamps import stamps_by_time
+    """Stamped by size and time: with these files as they were, the finished stages stay finished
+    (their records upgraded, without running; `--only` a later stage first included) and a begun
+    one resumes; the status says so first. A file touched since: its stage is redone."""
     from xformer_cli.pipeline import pipeline_status, stages
 
-    config = smoke(tmp_path, *_mono_sets(tmp_path))
+    config = smoke(tmp_path, *_own_data(tmp_path))
     pipe = Pipeline(config, log=lambda _: None)
     for name in ("reverse", "backtranslate"):
         stamp = stages.old_fingerprint(pipe, name, "by_time")
@@ -977,27 +998,52 @@ def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_o
         extra = {"old_fingerprint": "made-before-run-folders-moved"} if name == "reverse" else {}
         pipe.record(name).finish(stamp, lines=3, **extra)
     pipe.record("teacher").begin(stages.old_fingerprint(pipe, "teacher", "by_time"))  # killed part-way
-    with stamps_by_time():
-        assert stages.FINGERPRINTS["reverse"](pipe) == pipe.record("reverse").read()["fingerprint"]
+    mono, mtime = tmp_path / "mono.de", (tmp_path / "mono.de").stat().st_mtime_ns
+    os.utime(mono, ns=(mtime + 10**9, mtime + 10**9))  # the earlier version's stamp no longer holds
+    assert _actions(config, 2) == [("reverse", "skipped"), ("backtranslate", "redone")]
+    os.utime(mono, ns=(mtime, mtime))
     statuses = [(s.stage, s.action, s.detail) for s in pipeline_status(config)][:3]
     assert [s[:2] for s in statuses] == [("reverse", "skipped"), ("backtranslate", "skipped"), ("teacher", "resumes")]
     upgraded = "its record, from an earlier version of these inputs, upgraded"
     assert all(detail.endswith(upgraded) for *_, detail in statuses)
-    for name in ("reverse", "backtranslate"):
-        monkeypatch.setitem(runner.RUNS, name, lambda _: pytest.fail("a finished stage ran again"))
+    _never_run(monkeypatch, "reverse", "backtranslate")
     monkeypatch.setitem(runner.RUNS, "teacher", lambda _: {"model": "<run_dir>/teacher/best.pt"})
     said: list[str] = []
     pipe = Pipeline(config, log=said.append)
-    for name in ("reverse", "backtranslate", "teacher"):
+    for name in ("backtranslate", "reverse", "backtranslate", "teacher"):  # `--only backtranslate` first
         run_stage(pipe, name)
     skipped = [f"stage {name}: up to date (fingerprint {stages.FINGERPRINTS[name](pipe)}), skipped"
                for name in ("reverse", "backtranslate")]
-    assert said[:3] == skipped + [f"stage teacher: resuming in {tmp_path}/run/teacher"]
+    assert said[1:4] == skipped + [f"stage teacher: resuming in {tmp_path}/run/teacher"]
     reverse = pipe.record("reverse").read()
     assert reverse["old_fingerprints"] == {"absolute": "made-before-run-folders-moved",
                                            "by_time": stages.old_fingerprint(pipe, "reverse", "by_time")}
     assert "old_fingerprint" not in reverse and reverse["fingerprint"] == stages.FINGERPRINTS["reverse"](pipe)
     assert pipe.record("teacher").read()["done"]
+
+
+def test_the_oldest_records_upgrade_whole_when_a_stage_hashes_no_run_folder_path(tmp_path, monkeypatch):
+    """Records from before run folders could move, the reverse model given (outside the run): its
+    fingerprint is the same in both earlier forms, the teacher's (naming its run folder) only in
+    the oldest, which it checks against the reverse model's oldest: every stage stays finished."""
+    import torch
+
+    from xformer_cli.pipeline import stages
+
+    given = tmp_path / "reverse.pt"
+    torch.save({"config": {}}, given)
+    config = smoke(tmp_path, *_own_data(tmp_path), f"reverse.checkpoint={given}")
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in ("reverse", "backtranslate", "teacher"):
+        stamp = stages.old_fingerprint(pipe, name, "absolute")
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp)
+    assert stages.old_fingerprint(pipe, "reverse", "by_time") == pipe.record("reverse").read()["fingerprint"]
+    assert stages.old_fingerprint(pipe, "teacher", "by_time") != pipe.record("teacher").read()["fingerprint"]
+    _never_run(monkeypatch, "reverse", "backtranslate", "teacher")
+    for name in ("reverse", "backtranslate", "teacher"):
+        run_stage(pipe, name)
+    assert set(pipe.record("reverse").read()["old_fingerprints"]) == {"by_time", "absolute"}
 
 
 def test_a_moved_stages_last_pt_names_the_new_folders_files_and_nothing_else_changes(tmp_path):
@@ -1085,6 +1131,8 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
     old = stages.old_fingerprint(pipe, "student", "absolute")
     pipe.record("student").begin(old)
     pipe.record("student").finish(old, model=str(run / "student" / "best.pt"))
+    assert said()[4] == ("student", "redone", f"{run}/student/best.pt is gone: runs again")  # upgraded, then seen
+    (run / "student" / "best.pt").write_bytes(b"weights")
     assert said()[4] == ("student", "skipped", "finished; its record, from an earlier version of these inputs, "
                                                "upgraded")
     assert said()[5] == ("export", "starts", "not begun")

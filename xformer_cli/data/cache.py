@@ -40,7 +40,7 @@ from xformer_cli.data.sources import PairSource, describe
 from xformer_cli.cpu_cores import available_cores
 from xformer_cli.errors import XformerError
 from xformer_cli.file_stamps import stamps_by_time
-from xformer_cli.fileio import atomic_directory, atomic_file, make_folder, writing
+from xformer_cli.fileio import atomic_directory, make_folder, writing
 from xformer_cli.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -223,16 +223,10 @@ def _adopt_cache_keyed_by_time(sources: Sequence[PairSource], tokenizer: Tokeniz
         old = final.with_name(fingerprint(sources, tokenizer, filters))
     if old == final or not (old / "meta.json").is_file():
         return
-    try:
+    try:  # its meta.json keeps the key it was built under: nothing reads it but a person
         os.rename(old, final)
     except OSError:
-        return  # another run moved or built it first, or it cannot move: found or built as usual
-    try:
-        meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # damaged: TokenCache says so and it is built again
-    with atomic_file(final / "meta.json", "w", encoding="utf-8") as handle:
-        json.dump({**meta, "fingerprint": final.name}, handle, indent=1)
+        pass  # another run moved or built it first, or it cannot move: found or built as usual
 
 
 def _remove_abandoned_builds(cache_dir: Path, key: str) -> None:

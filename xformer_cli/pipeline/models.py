@@ -99,8 +99,8 @@ LATER_CORPUS_OPTIONS = {"until": 1.0}  # data.train[i].until
 
 def config_stamp(config: Config, run_dir: Path) -> dict:
     """What a training stage's fingerprint takes of its config: every key (less the later
-    options while off), and the size and time of each training file outside the pipeline's
-    run_dir (those inside come from upstream stages, whose fingerprints stand for them)."""
+    options while off), and the stamp (path, size, bytes) of each training file outside the
+    pipeline's run_dir (those inside come from upstream stages, whose fingerprints stand for them)."""
     stamps = []
     for corpus in config.data.train:
         stamps.extend(_corpus_files(corpus, config, run_dir))

@@ -12,7 +12,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, STOPPED, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
 from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, OLD_STAMPS, RUNS, STAGES, Pipeline, gone_output,
-                                         old_fingerprint, old_fingerprints, stage_problem)
+                                         current_stamp, old_fingerprint, old_fingerprints, stage_problem)
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -35,14 +35,13 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
     standing = record.standing(stamp)
+    if standing in (CHANGED, STOPPED) and not redo and _upgraded(pipe, name, stamp):
+        standing = record.standing(stamp)  # an earlier version's record of these inputs: finished, or to resume
     gone = gone_output(pipe, name) if standing == DONE else None
     if gone is not None:
         pipe.log(f"stage {name}: its record names {gone}, which is gone: the stage runs again")
         redo = True
-    if standing == STOPPED and not redo:
-        _upgraded(pipe, name, stamp)  # begun by an earlier version with these inputs: begin() resumes it
-    if not redo and (standing == DONE or (standing == ASIDE and record.restore())
-                     or (standing == CHANGED and _upgraded(pipe, name, stamp))):
+    if not redo and (standing == DONE or (standing == ASIDE and record.restore())):
         record.drop_replaced()
         pipe.log(f"stage {name}: up to date (fingerprint {stamp}), skipped")
         return record.read() or {}
@@ -72,32 +71,34 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
 
 
 def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
-    """A stage's record made by an earlier version (``OLD_STAMPS``) that these inputs at this
-    path would make again: it takes the new fingerprint (the old ones kept for the stages after
-    it to check theirs against) and names its files under <run_dir>, as a new record would.
-    Finished, it stays finished; begun, it resumes."""
+    """A stage's record made by an earlier version (``OLD_STAMPS``) of these inputs at this path:
+    it takes the new fingerprint (the earlier forms' kept for the stages after it to check theirs
+    against) and names its files under <run_dir>, as a new record would. Finished, it stays
+    finished; begun, it resumes."""
     found = _upgradable(pipe, name)
     if found is None:
         return False
-    old, form = found
+    old, matched = found
     upgraded = {key: value for key, value in old.items() if key != "old_fingerprint"}
     for spelling in {str(pipe.run_dir), str(pipe.run_dir.resolve())}:  # the models, corpora, summary it names
         upgraded = rebased(upgraded, spelling, HOME)
-    kept = {**old_fingerprints(old), form: old["fingerprint"]}
+    if isinstance(old.get("mono_read"), str):
+        upgraded["mono_read"] = current_stamp(old["mono_read"])
+    kept = {**old_fingerprints(old), **matched}
     pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprints": kept})
     return True
 
 
-def _upgradable(pipe: Pipeline, name: str) -> Optional[tuple[dict, str]]:
-    """The stage's record and the earlier form it is in, when an earlier version made it of
-    these inputs at this path (read only); else None."""
+def _upgradable(pipe: Pipeline, name: str) -> Optional[tuple[dict, dict[str, str]]]:
+    """The stage's record and, by form, each earlier form's fingerprint of these inputs that it
+    holds: as its own, or kept by an upgrade made before its upstream stages' (``--only``);
+    None when it holds none (read only)."""
     old = pipe.record(name).read()
     if not old or not isinstance(old.get("fingerprint"), str):
         return None
-    for form in OLD_STAMPS:
-        if old["fingerprint"] == old_fingerprint(pipe, name, form):
-            return old, form
-    return None
+    held = {old["fingerprint"], *old_fingerprints(old).values()}
+    matched = {form: stamp for form in OLD_STAMPS if (stamp := old_fingerprint(pipe, name, form)) in held}
+    return (old, matched) if matched else None
 
 
 def whole_path(pipe: Pipeline) -> Optional[str]:

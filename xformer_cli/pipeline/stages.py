@@ -593,8 +593,21 @@ def _multi30k_mono(path: Path) -> bool:
     return path.parent.name == "multi30k" and path.name in ("mono.de", "mono.en")
 
 
+def current_stamp(stamp: str) -> str:
+    """A file stamp an earlier version wrote (path, size, mtime) as ``file_stamp`` writes it now,
+    when the file is still as it was then; else as it was."""
+    path = stamp.rsplit("|", 2)[0]
+    try:
+        with stamps_by_time():
+            same = file_stamp(path) == stamp
+        return file_stamp(path) if same else stamp
+    except XformerError:  # gone or unreadable: the stage that reads it says so
+        return stamp
+
+
 def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
-    """Whether ``stage`` finished reading ``path`` as it is now (its path, size and time)."""
+    """Whether ``stage`` finished reading ``path`` as it is now (its path, size and bytes; in a
+    record of an earlier version, size and time)."""
     record = pipe.record(stage).read() or {}
     if not (record.get("done") and path.is_file()):
         return False

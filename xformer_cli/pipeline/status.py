@@ -1,8 +1,8 @@
 """``xformer pipeline --status``: what each stage's record says and what the next run would do
 with it (skip, resume, start, redo, or wait for a stage before it), read without writing a
-byte: a record from before run folders could move is not upgraded, an output set aside is
-not put back. A run of several hours is looked at this way while it runs, or before it is
-called again with other settings."""
+byte: a record of an earlier version is not upgraded, an output set aside is not put back. A
+run of several hours is looked at this way while it runs, or before it is called again with
+other settings."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ class StageStatus:
 
 
 def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda name: False) -> list[StageStatus]:
-    """Each stage in order, as the runner would meet it. ``upgradable(name)``: whether a finished
-    record written before run folders could move would be taken as up to date (the runner's
-    check, read only)."""
+    """Each stage in order, as the runner would meet it. ``upgradable(name)``: whether the record
+    is an earlier version's of these inputs, which the run upgrades (the runner's check, read only)."""
     pipe.base  # the model config is read and checked, as a run would
     holder = run_lock.holder(pipe.run_dir)
     running: set[str] = set()  # the stages the next run does work in (or stops at)
@@ -71,20 +70,20 @@ def _one(pipe: Pipeline, name: str, upgradable: Callable[[str], bool]) -> StageS
     except XformerError as exc:  # an input is missing or unreadable: the run stops here, saying this
         return StageStatus(name, FAIL, str(exc))
     standing = record.standing(stamp)
+    upgraded = standing in (CHANGED, STOPPED) and upgradable(name)
+    if upgraded:  # the run upgrades the record first: then finished, or to resume
+        standing = DONE if standing == CHANGED else RESUMABLE
+    said = f"; {UPGRADED}" if upgraded else ""
     gone = gone_output(pipe, name) if standing == DONE else None
     if gone is not None:
         return StageStatus(name, REDO, f"{gone} is gone: runs again")
     if standing == DONE:
-        return StageStatus(name, SKIP, _finished(record.read()))
+        return StageStatus(name, SKIP, _finished(record.read()) + said)
     if standing == ASIDE:
         return StageStatus(name, SKIP, f"{_finished(StageRecord(name, record.replaced).read())} {PUT_BACK}")
-    if standing == CHANGED and upgradable(name):
-        return StageStatus(name, SKIP, f"{_finished(record.read())}; {UPGRADED}")
-    if standing == STOPPED and upgradable(name):
-        return StageStatus(name, RESUME, f"{_how_far(pipe, name)}; {UPGRADED}")
     if standing == RESUMABLE:
         spent = record.minutes_so_far()
-        return StageStatus(name, RESUME, _how_far(pipe, name) + (f"; {spent:.1f} min so far" if spent else ""))
+        return StageStatus(name, RESUME, _how_far(pipe, name) + (f"; {spent:.1f} min so far" if spent else "") + said)
     if standing == CHANGED:
         return StageStatus(name, REDO, f"its inputs changed since it finished ({_finished(record.read())})")
     if standing == STOPPED:
