@@ -458,3 +458,19 @@ def test_resuming_with_another_length_bucket_is_refused_and_old_checkpoints_read
     del old["config"]["train"]["length_bucket"], old["config"]["train"]["tokens_per_update"]  # as before the keys
     torch.save(old, last)
     assert train(tiny_config(small_corpus, tmp_path / "run", **{"train.max_steps": 4}), log=quiet, progress=False).steps == 4
+
+
+@pytest.mark.slow
+def test_resuming_over_changed_training_data_that_trains_another_tokenizer_is_refused_and_keeps_the_run(
+        small_corpus, tmp_path):
+    """The same config over other text: its tokenizer's ids are not the ones the weights learnt."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(small_corpus, data)
+    train(tiny_config(data, run, **{"train.max_steps": 2}), log=quiet, progress=False)
+    kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    Trainer(tiny_config(data, run, **{"train.max_steps": 2}), log=quiet, progress=False)  # the same data: resumes
+    german = (data / "train.de").read_text(encoding="utf-8").splitlines()
+    (data / "train.de").write_text("".join(f"{line.upper()}\n" for line in german), encoding="utf-8")
+    with pytest.raises(XformerError, match=r"last\.pt was trained with another tokenizer than the training data gives"):
+        Trainer(tiny_config(data, run, **{"train.max_steps": 2}), log=quiet, progress=False)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept

@@ -23,6 +23,7 @@ from xformer_cli.checkpoint_file import kept_checkpoints, load_checkpoint, step_
 from xformer_cli.config import PLANNED_RULES, Config, config_from_dict, planned_settings, with_setting
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import atomic_file
+from xformer_cli.tokenizer import Tokenizer
 from xformer_cli.train import batch_size
 from xformer_cli.train.state import Counters, RunState
 
@@ -174,6 +175,21 @@ def check_resumable(config: Config, last: Optional[dict]) -> Optional[dict]:
     if mismatch:
         raise mismatch_error(Path(config.run_dir) / "last.pt", mismatch)
     return last
+
+
+def check_same_tokenizer(config: Config, last: Optional[dict], tokenizer: Tokenizer) -> None:
+    """A resumed run's tokenizer (the run's, or one trained now from the training data) must be
+    the one ``last`` was trained with: the same settings over changed data train another one,
+    whose ids the weights do not mean. Checked before the run directory is written."""
+    if last is not None and isinstance(last.get("tokenizer"), dict) and \
+            _tokenizer_identity(tokenizer.state()) != _tokenizer_identity(last["tokenizer"]):
+        raise XformerError(f"{Path(config.run_dir) / 'last.pt'} was trained with another tokenizer than the "
+                           "training data gives now (changed since?); use another run_dir, or --overwrite to "
+                           "start afresh")
+
+
+def _tokenizer_identity(state: dict) -> tuple:
+    return state.get("src"), state.get("tgt") or None, state.get("vocab"), state.get("tgt_vocab")
 
 
 def resumed_config(config: Config, state: dict) -> Config:

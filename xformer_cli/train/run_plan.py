@@ -54,7 +54,7 @@ def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None]
         log = _silent
     device, precision = start_device(config.train, dist, log)
     config, pretrained, resume = init_from.resolve(config, overwrite, log)
-    data = _prepare_data(config, overwrite, precision, dist, log, pretrained)
+    data = _prepare_data(config, overwrite, precision, dist, log, pretrained, resume)
     pieces = None
     if config.model.restrict_output and resume is None:  # a resumed run's are in its checkpoint
         config, pieces = output_pieces.counted(config, data.train, data.tokenizer.tgt_vocab_size, log)
@@ -88,12 +88,13 @@ def start_device(tc: TrainConfig, dist: Distributed, log: Callable[[str], None])
 
 
 def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distributed, log: Callable[[str], None],
-                  pretrained: Optional[Pretrained]) -> PreparedData:
+                  pretrained: Optional[Pretrained], resume: Optional[dict] = None) -> PreparedData:
     """Tokenizer and encoded corpora. Every input is read and checked before the run
     directory is touched: bad data must not cost the checkpoints of an earlier run."""
     tokenizer = pretrained.tokenizer if pretrained is not None else None
     if dist.is_main:
         inputs = check_inputs(config, log, tokenizer)
+        run_checkpoints.check_same_tokenizer(config, resume, inputs.tokenizer)
         run_checkpoints.prepare_run_dir(config, overwrite)
         prepared = build_data(inputs, log)
         dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
