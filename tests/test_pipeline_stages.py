@@ -473,7 +473,7 @@ def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tm
 def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_stage_will_read_it(tmp_path):
     """The check reads mono.max_lines usable lines, as the stage does (a bad line past them is no
     reason to refuse the run), and skips a file the stage's finished record says it read as it is."""
-    from xformer_cli.file_stamps import file_stamp
+    from xformer_cli.file_stamps import file_stamp, stamps_by_time
     from xformer_cli.pipeline.stages import unusable_named_file
 
     mono = tmp_path / "mono.de"
@@ -486,6 +486,9 @@ def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_sta
     pipe.record("backtranslate").directory.mkdir(parents=True)
     pipe.record("backtranslate").finish("f", mono_read=file_stamp(mono))  # the stage read it whole
     assert unusable_named_file(pipe, "backtranslate") is None  # not read again
+    with stamps_by_time():  # an earlier version's record of the file as it is
+        pipe.record("backtranslate").finish("f", mono_read=file_stamp(mono))
+    assert unusable_named_file(pipe, "backtranslate") is None
     mono.write_bytes(b"Ein Hund.\nEine Katze!\n\xff\xfe\n")  # rewritten since, to the same size
     with pytest.raises(XformerError, match="mono.de:3: invalid UTF-8"):
         unusable_named_file(pipe, "backtranslate")

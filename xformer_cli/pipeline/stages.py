@@ -609,11 +609,9 @@ def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
     """Whether ``stage`` finished reading ``path`` as it is now (its path, size and bytes; in a
     record of an earlier version, size and time)."""
     record = pipe.record(stage).read() or {}
-    if not (record.get("done") and path.is_file()):
-        return False
-    with stamps_by_time():  # a record of a version before content hashes
-        by_time = file_stamp(path)
-    return record.get("mono_read") in (file_stamp(path), by_time)
+    read = record.get("mono_read")
+    return bool(record.get("done")) and path.is_file() and isinstance(read, str) and \
+        current_stamp(read) == file_stamp(path)
 
 
 def _unusable_text(lines: TextLines) -> Optional[str]:
