@@ -474,3 +474,23 @@ def test_resuming_over_changed_training_data_that_trains_another_tokenizer_is_re
     with pytest.raises(XformerError, match=r"last\.pt was trained with another tokenizer than the training data gives"):
         Trainer(tiny_config(data, run, **{"train.max_steps": 2}), log=quiet, progress=False)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+
+
+@pytest.mark.slow
+def test_resuming_over_changed_training_data_with_the_same_tokenizer_goes_on_and_says_so(small_corpus, tmp_path):
+    """A corrected corpus under a given tokenizer resumes (its ids mean what the weights learnt), with one
+    warning: the batches from there on are not an uninterrupted run's. The same data resumes without it."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(small_corpus, data)
+    train(tiny_config(data, tmp_path / "first", **{"train.max_steps": 1}), log=quiet, progress=False)
+    given = {"tokenizer.model": str(next((tmp_path / "first" / "tokenizer").glob("*.model")))}
+    train(tiny_config(data, run, **given, **{"train.max_steps": 2}), log=quiet, progress=False)
+    said: list[str] = []
+    Trainer(tiny_config(data, run, **given, **{"train.max_steps": 4}), log=said.append, progress=False)
+    assert not [line for line in said if "training data changed" in line]
+    german = (data / "train.de").read_text(encoding="utf-8").splitlines()
+    german[0] = german[1]
+    (data / "train.de").write_text("".join(f"{line}\n" for line in german), encoding="utf-8")
+    said.clear()
+    assert train(tiny_config(data, run, **given, **{"train.max_steps": 4}), log=said.append, progress=False).steps == 4
+    assert len([line for line in said if "the training data changed since last.pt was saved" in line]) == 1

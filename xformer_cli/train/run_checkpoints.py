@@ -247,6 +247,7 @@ def state(run: RunState, rng_per_rank: Optional[list[dict]] = None) -> dict:
         "log_window": {"loss_sum": c.window_loss_sum, "good_tokens": c.window_good_tokens},
         "train_seconds": round(run.minutes() * 60, 3),
         "corpora_ended": dict(c.corpora_ended),
+        "data_key": run.data_key,
     }
 
 
@@ -266,6 +267,10 @@ def restore(run: RunState, state: dict) -> None:
     run.metrics.keep_until(run.counters.step)  # lines logged after this save (a kill -9) are logged again
     run.log(f"resuming {run.run_dir / 'last.pt'}: step {run.counters.step}, epoch {run.counters.epoch}, "
             f"batch {run.counters.batches_done}, {run.counters.train_seconds / 60:.1f} min trained")
+    if state.get("data_key") and run.data_key and state["data_key"] != run.data_key:
+        # The same tokenizer (check_same_tokenizer) over other text: allowed (a corrected corpus), but said.
+        run.log("warning: the training data changed since last.pt was saved (another token cache): the run "
+                "goes on with the data as it is now, so its batches are not those of an uninterrupted run")
 
 
 def _restore_rng(run: RunState, ranks: list[dict], step: int) -> None:
