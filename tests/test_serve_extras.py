@@ -189,6 +189,41 @@ def test_an_html_file_is_translated_as_html():
         assert got.content == page.replace(b"A <b>dog</b> runs.", b"A <b>DOG</b> RUNS.")
 
 
+def test_a_long_html_file_is_translated_in_pieces_that_take_turns():
+    """Cut between blocks, never inside <pre> or <script>: each piece one engine call (other clients'
+    requests go between them), the page as the whole would have come out."""
+    from text_fakes import FakeEngine as TextEngine
+
+    from xformer_cli.serve.engine import ServedModel
+
+    rows = "".join(f"<p>Dog {i} runs <i>fast</i>.</p>\n" for i in range(40))
+    page = f"<html><body>\n{rows}<pre>keep <p>this</p> as it is</pre><script>var p = '<p>x</p>';</script>" \
+           f"<p>Last.</p>\n</body></html>\n"
+    engine = TextEngine()
+    with client_for(ServedModel(engine, "fake", "xformer", "fp32", "en", "de", 4)) as client:  # max_chars 200
+        got = client.get(upload(client, "page.html", page.encode()).json()["translatedFileUrl"])
+    expected = page
+    for i in range(40):
+        expected = expected.replace(f"<p>Dog {i} runs <i>fast</i>.</p>", f"<p>DOG {i} RUNS <i>FAST</i>.</p>")
+    assert got.content.decode() == expected.replace("<p>Last.</p>", "<p>LAST.</p>")
+    assert len(engine.calls) == 7 and max(len(call) for call in engine.calls) <= 7  # ~200 characters a piece
+    assert all("keep" not in line and "x" not in line for call in engine.calls for line in call)
+
+
+def test_an_html_file_that_ends_inside_thousands_of_open_tags_is_answered_at_once():
+    """html.parser before CPython's fix walks an unfinished tail a character at a time (quadratic): a
+    small upload held the engine for minutes. Markup the input ends inside is kept as it is."""
+    from text_fakes import FakeEngine as TextEngine
+
+    from xformer_cli.serve.engine import ServedModel
+
+    page = b"<p>A dog.</p>" + b"<a " * 100_000  # 300 kB; quadratically, hours
+    model = ServedModel(TextEngine(), "fake", "xformer", "fp32", "en", "de", 4)
+    with client_for(model, max_file_bytes=1 << 20) as client:
+        got = client.get(upload(client, "evil.html", page).json()["translatedFileUrl"])
+    assert got.content == b"<p>A DOG.</p>" + b"<a " * 100_000
+
+
 @pytest.mark.parametrize("name, data, status, fragment", [
     ("photo.txt", b"GIF89a\x00\x01\x02", 400, "binary"),
     ("latin1.txt", "café".encode("latin-1"), 400, "not UTF-8"),
@@ -237,9 +272,11 @@ def test_the_file_store_is_bounded_and_forgets():
 
 
 def test_split_lines_gives_the_text_back():
-    for text in ("", "a", "a\n", "a\r\nb\rc\n\n", "\n\nx"):
+    for text in ("", "a", "a\n", "a\r\nb\rc\n\n", "\n\nx", "a\fb\u2028c\x85d\n"):
         lines, endings = split_lines(text)
         assert "".join(line + end for line, end in zip(lines, endings)) == text
+    # a form feed or a Unicode line separator stays inside its line, as POST /translate keeps it
+    assert split_lines("A dog.\fA cat.\u2028A bird.\r\nEnd") == (["A dog.\fA cat.\u2028A bird.", "End"], ["\r\n", ""])
 
 
 # -- hostile clients ----------------------------------------------------------------------------
@@ -251,6 +288,36 @@ def test_deeply_nested_json_is_a_400_json():
             res = client.post(path, content=nested, headers={"Content-Type": "application/json"})
             assert_json_error(res, 400, "nested too deeply")
         assert client.post("/translate", json={"q": "alive", "source": "en", "target": "de"}).status_code == 200
+
+
+def test_a_request_cancelled_by_the_shutdowns_timeout_is_a_json_503_not_a_traceback():
+    """uvicorn cancels what is still running when --graceful-timeout runs out (a stalled client):
+    the answer is JSON too, and the cancellation ends there."""
+    import asyncio
+
+    from xformer_cli.serve.app import Unexpected
+
+    async def stalled(scope, receive, send):
+        raise asyncio.CancelledError("Task cancelled, timeout graceful shutdown exceeded")
+
+    sent, said = [], []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(Unexpected(stalled, said.append)({"type": "http", "method": "POST", "path": "/translate"}, None, send))
+    assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == {"error": "the server is shutting down; try again"}
+    assert len(said) == 1 and "503" in said[0]
+
+
+def test_fields_in_the_query_string_must_be_utf8_and_a_multipart_form_holds_every_text():
+    with client_for(limits=Limits(max_texts=40)) as client:
+        res = client.post("/translate?q=%FF&source=en&target=de")
+        assert_json_error(res, 400, "the query string is not UTF-8")
+        assert client.post("/translate?q=caf%C3%A9&source=en&target=de").json() == {"translatedText": "CAFÉ"}
+        texts = [("q", f"dog {i}") for i in range(30)] + [("source", "en"), ("target", "de")]
+        res = client.post("/translate", files=[(k, (None, v)) for k, v in texts])  # multipart: FormData's shape
+        assert res.status_code == 200 and len(res.json()["translatedText"]) == 30, res.text
 
 
 def test_an_unexpected_exception_is_a_json_500():

@@ -36,11 +36,19 @@ def test_paragraphs_html_glossary_and_alternatives():
         assert res.json() == {"translatedText": "A DOG. A CAT."}
 
 
-@pytest.mark.parametrize("glossary", [["dog"], {"dog": ""}, {"dog": 5}, "not json"])
+@pytest.mark.parametrize("glossary", [["dog"], {"dog": ""}, {"dog": 5}, "not json", "[" * 100_000])
 def test_a_bad_glossary_is_a_json_400(glossary):
     with TestClient(create_app(served())) as client:
         res = post(client, q="A dog.", glossary=glossary)
         assert res.status_code == 400 and "glossary" in res.json()["error"]
+
+
+def test_a_glossary_beside_a_number_longer_than_pythons_int_conversion_is_translated():
+    """The numbers' check reads digit runs of any length (int() refuses over 4300 digits: a 500)."""
+    with TestClient(create_app(served())) as client:
+        for digits in ("1" * 4900, "\u0661" * 4900):
+            res = post(client, q=f"A dog {digits}.", glossary={"dog": "Köter"}, split_sentences=False)
+            assert res.status_code == 200 and "Köter" in res.json()["translatedText"], res.text
 
 
 def test_broken_html_is_translated_not_a_crash():

@@ -101,7 +101,7 @@ def source_numbers(text: str, lang: str = "en") -> list[Mention]:
             found.append(Mention(start, end, frozenset({value})))
             continue
         for run in re.finditer(r"\d+", token):  # a separator neither rule reads: each run alone
-            found.append(Mention(start + run.start(), start + run.end(), frozenset({Decimal(int(run.group()))})))
+            found.append(Mention(start + run.start(), start + run.end(), frozenset({Decimal(run.group())})))
     return found
 
 
@@ -111,9 +111,9 @@ def digit_mentions(token: str, start: int) -> list[Mention]:
     "31.10.2013": 31, 10 and 2013), and then spanning the token (what a replacement replaces)."""
     runs = list(re.finditer(r"\d+", token))
     whole = {read_digits(token, grouping, decimal) for grouping, decimal in ((",", "."), (".", ","))} - {None}
-    first_values = frozenset({Decimal(int(runs[0].group()))} | whole)
+    first_values = frozenset({Decimal(runs[0].group())} | whole)
     first = Mention(start, start + (len(token) if whole else runs[0].end()), first_values)
-    return [first] + [Mention(start + run.start(), start + run.end(), frozenset({Decimal(int(run.group()))}))
+    return [first] + [Mention(start + run.start(), start + run.end(), frozenset({Decimal(run.group())}))
                       for run in runs[1:]]
 
 

@@ -119,6 +119,11 @@ class Unexpected:
 
         try:
             await self.app(scope, receive, watched)
+        except asyncio.CancelledError:  # the graceful shutdown's time ran out on this request (a stalled client)
+            if started:
+                raise
+            self.log(f"{scope.get('method')} {scope.get('path')}: unfinished when the server stopped; answered 503")
+            await error(503, "the server is shutting down; try again")(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the server answers and lives on
             self.log(f"error: {scope.get('method')} {scope.get('path')} failed: {type(exc).__name__}: {str(exc)[:200]}")
             if started:  # half an answer is out: nothing JSON can follow it
@@ -190,7 +195,7 @@ def add_translate_route(app: "FastAPI", engine: Any, limits: Limits, api_key: Op
 
     @app.post("/translate")
     async def translate(request: Request):
-        fields = await read_fields(request, limits.max_body)
+        fields = await read_fields(request, limits.max_body, max_fields=limits.max_texts + 20)  # q once a text
         check_api_key(api_key, fields.get("api_key"), request.headers)
         req, result = await translate_fields(request, fields, limits)
         timing = f"queue;dur={result.wait_s * 1000:.1f}, decode;dur={result.decode_s * 1000:.1f}"

@@ -7,8 +7,9 @@
     GET  /download_file/NAME  the translated file, once (then it is removed)
 
 A file's text goes through the same call as POST /translate (``translate_fields``): a .txt
-file line by line, ``max_texts`` lines per call, so a long file waits its turn between
-other clients' requests instead of holding the engine.
+file line by line, ``max_texts`` lines per call, an .html file in pieces of about ``max_chars``
+cut between blocks, so a long file waits its turn between other clients' requests instead of
+holding the engine.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the handlers' annotations.
@@ -22,6 +23,7 @@ from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, conte
                                      download_name, file_kind, split_lines)
 from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, language_name
 from xformer_cli.serve.reading import Upload, check_api_key, read_fields, read_form
+from xformer_cli.text.html import parse_html, split_html
 
 if TYPE_CHECKING:  # fastapi loads only when serving: the names below are quoted
     from fastapi import FastAPI
@@ -104,13 +106,29 @@ async def translate_text_file(request: "Request", text: str, fields: dict[str, A
     return "".join(line + ending for line, ending in zip(out, endings))
 
 
+def _html_pieces(text: str, max_chars: int) -> list[tuple[str, bool]]:
+    """(piece, whether it holds text to translate): ``split_html``'s pieces of the page."""
+    return [(piece, bool(parse_html(piece).segments)) for piece in split_html(text, max_chars)]
+
+
+async def translate_html_file(request: "Request", text: str, fields: dict[str, Any], limits: Limits,
+                              translate_fields: TranslateFields) -> str:
+    """An .html file's translation: piece by piece, each one text of a /translate call (the
+    pieces' markup kept byte for byte, as the whole page's is); parsed off the event loop."""
+    document_limits = replace(limits, max_chars=len(text), max_texts=1)  # a piece is the whole page at most
+    out = []
+    for piece, has_text in await asyncio.to_thread(_html_pieces, text, limits.max_chars):
+        if has_text:
+            _, result = await translate_fields(request, {**fields, "q": piece}, document_limits)
+            piece = output_text(result.texts[0])
+        out.append(piece)
+    return "".join(out)
+
+
 def add_file_routes(app: "FastAPI", limits: Limits, api_key: Optional[str], store: FileStore, max_file_bytes: int,
                     translate_fields: TranslateFields) -> None:
     from fastapi import Request
     from fastapi.responses import JSONResponse, Response
-
-    # a whole document is one text: as long as the file may be
-    document_limits = replace(limits, max_chars=max_file_bytes, max_texts=1)
 
     @app.post("/translate_file")
     async def translate_file(request: Request):
@@ -125,11 +143,8 @@ def add_file_routes(app: "FastAPI", limits: Limits, api_key: Optional[str], stor
         text, bom = decode_text(upload.data, upload.filename)
         fields = {key: form.get(key) for key in ("source", "target")}
         fields["format"] = FILE_FORMATS[suffix]
-        if fields["format"] == "text":
-            translated = await translate_text_file(request, text, fields, limits, translate_fields)
-        else:
-            _, result = await translate_fields(request, {**fields, "q": text}, document_limits)
-            translated = output_text(result.texts[0])
+        read = translate_text_file if fields["format"] == "text" else translate_html_file
+        translated = await read(request, text, fields, limits, translate_fields)
         data = ("\ufeff" if bom else "").encode("utf-8") + translated.encode("utf-8")
         name = store.put(data, download_name(upload.filename, str(fields["target"]), suffix), suffix)
         return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=name))})

@@ -27,6 +27,7 @@ from xformer_cli.serve.protocol import ApiError
 FILE_FORMATS = {".txt": "text", ".html": "html"}
 MEDIA_TYPES = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8"}
 _UNSAFE = re.compile(r"[^\w.-]+")  # letters and digits of any script stay: "Bericht über.txt"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 _NOT_ASCII_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -52,12 +53,17 @@ def decode_text(data: bytes, filename: str) -> tuple[str, bool]:
 
 
 def split_lines(text: str) -> tuple[list[str], list[str]]:
-    """(lines without their endings, endings): ``"".join(l + e ...)`` gives ``text`` back."""
-    lines, endings = [], []
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\r\n")
-        lines.append(body)
-        endings.append(line[len(body):])
+    """(lines without their endings, endings): ``"".join(l + e ...)`` gives ``text`` back. Lines
+    end at \\n, \\r\\n or \\r only: a form feed or U+2028 inside a line is the line's, translated
+    with it as POST /translate translates it (``str.splitlines`` would cut there and lose it)."""
+    lines, endings, at = [], [], 0
+    for end in _LINE_END.finditer(text):
+        lines.append(text[at:end.start()])
+        endings.append(end.group())
+        at = end.end()
+    if at < len(text):
+        lines.append(text[at:])
+        endings.append("")
     return lines, endings
 
 

@@ -199,7 +199,7 @@ def _glossary_field(value: Any) -> tuple:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the interpreter's depth
             raise ApiError(400, "Invalid request: glossary must be a JSON object "
                                 "{\"source term\": \"target term\"}") from None
     if not isinstance(value, dict) or len(value) > 1000 or not all(

@@ -9,6 +9,7 @@ parameters with an empty body. So do we: body fields win over query fields of th
 from __future__ import annotations
 
 import hmac
+from urllib.parse import unquote_to_bytes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
@@ -33,7 +34,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def query_fields(request: Request) -> dict[str, Any]:
-    """The query string's fields; ``q`` given more than once is a list, as in a form."""
+    """The query string's fields; ``q`` given more than once is a list, as in a form. A
+    percent-encoded byte that is not UTF-8 (q=%FF) is refused, as in a form body (starlette
+    would read it as U+FFFD)."""
+    try:
+        unquote_to_bytes(request.scope.get("query_string", b"").replace(b"+", b" ")).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "Invalid request: the query string is not UTF-8") from None
     return _collect(request.query_params.multi_items())
 
 
@@ -49,7 +56,7 @@ def _collect(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return fields
 
 
-async def read_fields(request: Request, limit: int) -> dict[str, Any]:
+async def read_fields(request: Request, limit: int, max_fields: int = 20) -> dict[str, Any]:
     """The request's fields: the body's (JSON, a form, or a multipart form as a browser's
     FormData sends it), over the query string's."""
     body = await read_body(request, limit)
@@ -59,14 +66,14 @@ async def read_fields(request: Request, limit: int) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     if _media_type(content_type) != "multipart/form-data":
         return {**query, **parse_body(body, content_type)}
-    return {**query, **_collect(await _multipart(request, body, max_files=0))}
+    return {**query, **_collect(await _multipart(request, body, max_files=0, max_fields=max_fields))}
 
 
 def _media_type(content_type: str) -> str:
     return content_type.split(";")[0].strip().lower()
 
 
-async def _multipart(request: Request, body: bytes, max_files: int) -> list[tuple[str, Any]]:
+async def _multipart(request: Request, body: bytes, max_files: int, max_fields: int = 20) -> list[tuple[str, Any]]:
     """The fields of a multipart (or URL-encoded) ``body``: (name, a string or an ``Upload``)."""
     from starlette.requests import Request
 
@@ -80,7 +87,7 @@ async def _multipart(request: Request, body: bytes, max_files: int) -> list[tupl
         return {"type": "http.request", "body": body, "more_body": False}
 
     try:
-        form = await Request(request.scope, replay).form(max_files=max_files, max_fields=20)
+        form = await Request(request.scope, replay).form(max_files=max_files, max_fields=max_fields)
     except AssertionError:  # python-multipart is missing
         raise ApiError(500, "forms and uploads need python-multipart: pip install 'xformer[serve]'") from None
     except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the client's error

@@ -51,9 +51,11 @@ def uvicorn_config(app: Any, *, access_log: bool = False, graceful_timeout: Opti
     a JSON 400 as the app answers every other bad request (uvicorn's own is text/plain)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+    # h11, not httptools where it is installed: h11 bounds a request's unfinished head (16 KiB), httptools
+    # neither bounds nor joins a never-ending header line in linear time (one client slowed everyone)
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on", http="h11",
                             timeout_graceful_shutdown=graceful_timeout, server_header=False)
-    config.load()  # picks the protocol (httptools or h11); Server.run keeps a loaded config
+    config.load()  # Server.run keeps a loaded config
     config.http_protocol_class = json_bad_requests(config.http_protocol_class)
     return config
 

@@ -92,6 +92,11 @@ def tokenize(source: str) -> list[Token]:
     parser = _Tokenizer(source)
     try:
         parser.feed(source)
+        if parser.rawdata:  # the input ends inside markup: what is left is handed back as text here, at
+            # once (close() would walk it a character at a time, quadratic in html.parser before CPython's
+            # fix: "<a " 16,000 times took seconds); _unfinished_tail keeps it as markup
+            parser.starts.append((len(source) - len(parser.rawdata), "text", ""))
+            parser.rawdata = ""
         parser.close()
     except Exception:  # noqa: BLE001 - html.parser should not raise; if it does, what is left is text
         pass
@@ -168,6 +173,28 @@ class Document:
         return "".join(part if isinstance(part, str) else part.render(next(outputs)) for part in self.parts)
 
 
+def _is_boundary(token: Token) -> bool:
+    """A token that ends the block before it (``parse_html`` flushes there)."""
+    return token.kind == "other" or (token.kind != "text" and token.tag not in INLINE)
+
+
+def split_html(source: str, max_chars: int) -> list[str]:
+    """``source`` in pieces of about ``max_chars`` characters whose ``parse_html`` parts, one piece
+    after the other, are the whole page's: cut only after a block boundary, outside script, style,
+    code, pre and textarea (a block longer than ``max_chars`` stays whole). A long page is then
+    translated piece by piece, taking turns with other requests."""
+    pieces: list[str] = []
+    start = at = kept = 0
+    for token in tokenize(source):
+        if token.tag in KEEP and token.kind in ("start", "end"):
+            kept = kept + 1 if token.kind == "start" else max(kept - 1, 0)
+        at += len(token.raw)
+        if at - start >= max_chars and not kept and _is_boundary(token):
+            pieces.append(source[start:at])
+            start = at
+    return pieces + ([source[start:]] if start < len(source) or not pieces else [])
+
+
 def parse_html(source: str) -> Document:
     """The page as raw markup and translatable blocks."""
     parts: list[str | Block] = []
@@ -187,7 +214,7 @@ def parse_html(source: str) -> Document:
             kept = kept + 1 if token.kind == "start" else max(kept - 1, 0)
             flush()
             parts.append(token.raw)
-        elif kept or token.kind == "other" or (token.kind != "text" and token.tag not in INLINE):
+        elif kept or _is_boundary(token):
             flush()
             parts.append(token.raw)
         else:
