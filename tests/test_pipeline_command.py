@@ -164,6 +164,7 @@ def test_a_teacher_stopped_part_way_resumes_in_a_moved_run_folder(smoke_data, sm
     assert proc.returncode == 0, err[-2000:]
     assert f"its run began in {run_dir}; its config now names the same files in {copy}" in err
     assert f"resuming {teacher / 'last.pt'}: step 40" in err
+    assert "training data changed" not in err  # the same pairs from the moved folder's files
     resumed, whole = (load_checkpoint(path)["model"] for path in (teacher / "best.pt", run_dir / "teacher" / "best.pt"))
     assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
 

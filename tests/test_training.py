@@ -487,7 +487,6 @@ def test_resuming_over_changed_training_data_with_the_same_tokenizer_goes_on_and
     train(tiny_config(data, run, **given, **{"train.max_steps": 2}), log=quiet, progress=False)
     said: list[str] = []
     Trainer(tiny_config(data, run, **given, **{"train.max_steps": 4}), log=said.append, progress=False)
-    assert not [line for line in said if "training data changed" in line]
     german = (data / "train.de").read_text(encoding="utf-8").splitlines()
     german[0] = german[1]
     (data / "train.de").write_text("".join(f"{line}\n" for line in german), encoding="utf-8")

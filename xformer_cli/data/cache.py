@@ -5,7 +5,8 @@ Layout of ``<cache_dir>/<fingerprint>/``::
     src.bin, tgt.bin              token ids of every kept pair, back to back (uint16 or uint32)
     src.offsets.npy, tgt.offsets.npy   int64, n + 1 entries: pair i is bin[off[i]:off[i+1]]
     meta.json                     counts, what was dropped and why, what went into the fingerprint,
-                                  and the pairs kept from each source in order (``source_pairs``)
+                                  the pairs kept from each source in order (``source_pairs``), and
+                                  a hash of the ids (``content``: what a resumed run compares)
 
 The fingerprint covers the data (each file's content hash, or the dataset's fingerprint), the
 tokenizer model bytes and the filters, so any change builds a new cache and an unchanged
@@ -144,6 +145,11 @@ class TokenCache:
         return len(self.src_lens)
 
     @property
+    def content(self) -> str:
+        """The hash of the ids (``_content_hash``); "" in a cache built before it was recorded."""
+        return self.meta.get("content", "")
+
+    @property
     def source_pairs(self) -> Optional[list[int]]:
         """Pairs kept from each source, in order (the cache holds them back to back); None
         in a cache built before it was recorded."""
@@ -208,6 +214,7 @@ def build_or_load(
         with writing(final, intact=intact), atomic_directory(final, staging_name=building, replace=outdated) as tmp:
             meta = _build(sources, tokenizer, filters, tmp, log, threads)
             meta["fingerprint"] = key
+            meta["content"] = _content_hash(tmp)
             _write_meta(tmp / "meta.json", meta)  # written last: its presence marks a finished build
     except FileExistsError:  # another process finished the same build first: use theirs
         if not (final / "meta.json").is_file():
@@ -227,6 +234,17 @@ def _adopt_cache_keyed_by_time(sources: Sequence[PairSource], tokenizer: Tokeniz
         os.rename(old, final)
     except OSError:
         pass  # another run moved or built it first, or it cannot move: found or built as usual
+
+
+def _content_hash(folder: Path) -> str:
+    """The built ids' hash: the same pairs give the same one from files at any path (the key
+    names the paths), which is what a resumed run compares (``TokenCache.content``)."""
+    digest = hashlib.blake2b(digest_size=10)
+    for name in ("src.offsets.npy", "tgt.offsets.npy", "src.bin", "tgt.bin"):
+        with open(folder / name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _remove_abandoned_builds(cache_dir: Path, key: str) -> None:

@@ -269,7 +269,7 @@ def restore(run: RunState, state: dict) -> None:
             f"batch {run.counters.batches_done}, {run.counters.train_seconds / 60:.1f} min trained")
     if state.get("data_key") and run.data_key and state["data_key"] != run.data_key:
         # The same tokenizer (check_same_tokenizer) over other text: allowed (a corrected corpus), but said.
-        run.log("warning: the training data changed since last.pt was saved (another token cache): the run "
+        run.log("warning: the training data changed since last.pt was saved (other token ids): the run "
                 "goes on with the data as it is now, so its batches are not those of an uninterrupted run")
 
 

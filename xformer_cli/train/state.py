@@ -85,7 +85,7 @@ class RunState:
     started: float = field(default_factory=time.time)
     decode_precision: str = "auto"  # validation decodes as `translate --engine xformer --precision auto` does
     writer: CheckpointWriter = field(default_factory=lambda: CheckpointWriter(background=False))
-    data_key: str = ""  # the token cache's fingerprint: what the run trains on (a resume tells a change)
+    data_key: str = ""  # the hash of the token cache's ids: what the run trains on (a resume tells a change)
 
     @property
     def run_dir(self) -> Path:

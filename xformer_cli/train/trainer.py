@@ -94,7 +94,7 @@ class Trainer:
                               self.step_fn.optimizer, schedule,
                               self.step_fn.scaler, MetricsLog(Path(self.config.run_dir), enabled=self.dist.is_main),
                               valid, plan.log, writer=CheckpointWriter(writes_in_background(self.device)),
-                              data_key=self.train_data.directory.name)
+                              data_key=self.train_data.content)
         self.resumed = plan.resume is not None
         if plan.resume is not None:
             run_checkpoints.restore(self.state, plan.resume)
