@@ -85,6 +85,14 @@ def test_translate_streams_hostile_input_in_chunks_without_losing_a_line(trained
     assert kept.read_text() == "earlier result\n"  # a failed run leaves earlier output alone
 
 
+def test_an_ensemble_asked_for_its_attention_is_refused_before_anything_is_written(trained_run, tmp_path):
+    out = write_lines(tmp_path / "out.de", ["kept"])
+    best = trained_run / "best.pt"
+    proc = xformer("translate", "-m", best, "-m", best, "--attention", tmp_path / "a.png", "-o", out, stdin=b"A dog.\n")
+    assert_one_line_error(proc, "--attention plots one model's cross-attention: give one --checkpoint")
+    assert out.read_text() == "kept\n" and not (tmp_path / "a.png").exists()
+
+
 def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     hyp = tmp_path / "hyp.de"
     ref = small_corpus / "test2016.de"

@@ -105,6 +105,12 @@ def test_bad_values_name_the_key(override, message):
     assert str(info.value) == message
 
 
+def test_an_odd_model_width_is_refused_before_the_first_step():
+    with pytest.raises(XformerError) as info:  # a traceback from the sinusoids' table before
+        load_config("configs/multi30k.yaml", ["model.d_model=33", "model.n_heads=1"])
+    assert str(info.value) == "config key 'model.d_model': 33 must be even (sines and cosines take half each)"
+
+
 def test_output_pieces_without_restrict_output_is_refused():
     with pytest.raises(XformerError) as info:
         load_config("configs/multi30k.yaml", ["model.restrict_output=false", "model.output_pieces=500"])

@@ -96,6 +96,41 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
         check_output(tmp_path / "out.de", [(source, "--input")], attention=tmp_path / "a.txt")
     check_output(tmp_path / "out.de", [(source, "--input"), (model, "--checkpoint")], attention=tmp_path / "a.png")
     assert model.read_bytes() == b"weights"
+    # the plot written over the translation just written, or over the glossary: both lost with exit 0 before
+    glossary = write_lines(tmp_path / "g.tsv", ["dog\tHund"])
+    inputs = [(source, "--input"), (glossary, "--glossary"), (model, "--checkpoint")]
+    with pytest.raises(XformerError, match="--output .*g.tsv is the --glossary file"):
+        check_output(glossary, inputs)
+    plot = tmp_path / "a.png"  # not written yet: the same path all the same
+    with pytest.raises(XformerError, match="--attention .*a.png is the --output file: write the plot elsewhere"):
+        check_output(plot, inputs, attention=plot)
+    check_output(None, inputs, attention=plot)  # to stdout: nothing to collide with
+
+
+def test_options_a_scoring_would_not_use_are_refused():
+    from xformer_cli.cli.scoring import _check_unused
+
+    hyps = [Path("a.de")]
+    _check_unused(hyps, None, None, None, None, 0)
+    with pytest.raises(XformerError, match="--output, --beam-size: for --checkpoint, which translates"):
+        _check_unused(hyps, Path("o.de"), 4, None, None, 0)
+    with pytest.raises(XformerError, match="--samples sets the paired test's resamples: give several --hyp"):
+        _check_unused(hyps, None, None, None, None, 100)
+    _check_unused(hyps * 2, None, None, None, None, 100)
+    _check_unused([], Path("o.de"), 4, 1.0, 32, 0)  # --checkpoint translates with them
+
+
+def test_a_start_piece_outside_the_target_vocabulary_is_refused_naming_the_key():
+    from types import SimpleNamespace
+
+    from xformer_cli.config import load_config
+    from xformer_cli.train.run_checkpoints import check_ids_fit
+
+    tokenizer = SimpleNamespace(tgt_vocab_size=300)
+    check_ids_fit(load_config("configs/multi30k.yaml", ["model.bos_id=299"]), tokenizer)
+    with pytest.raises(XformerError, match="config key 'model.bos_id': 300 is not a piece of the target vocabulary "
+                                           r"\(300 pieces\)"):
+        check_ids_fit(load_config("configs/multi30k.yaml", ["model.bos_id=300"]), tokenizer)
 
 
 @pytest.mark.parametrize("key, value, fragment", [

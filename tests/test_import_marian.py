@@ -198,6 +198,10 @@ def test_export_ctranslate2_round_trip_keeps_greedy_output(imported, tmp_path):
     settings = dict(beam_size=1, max_len_a=0.0, max_len_b=30)
     assert [h[0].tokens for h in ct2.search(LINES, ct2.options(**settings))] == \
         [h[0].tokens for h in ours.search(LINES, ours.options(**settings))]
+    # an imported model records no training pairs to count a shortlist on: said so, not "file not found"
+    refused = xformer("export", "-m", imported, "-o", tmp_path / "listed", "--shortlist")
+    assert_one_line_error(refused, "--shortlist counts the training pairs a checkpoint records; this one was "
+                                   "imported (xformer import) and records none")
 
 
 def native_checkpoint(path: Path, pre_norm: bool = False) -> Path:

@@ -34,6 +34,12 @@ def test_glossary_file(tmp_path):
     path.write_text("dog\tHund\ncat\n", encoding="utf-8")
     with pytest.raises(XformerError, match=r"terms\.tsv:2: a glossary line needs"):
         load_glossary(path)
+    path.write_text("dog\tHund\ncat\tKatze\ndog\tHund\n", encoding="utf-8")  # the same pair twice: harmless
+    assert load_glossary(path).terms == {"dog": "Hund", "cat": "Katze"}
+    path.write_text("dog\tHund\ncat\tKatze\ndog\tKöter\n", encoding="utf-8")  # the last one won, unsaid
+    with pytest.raises(XformerError, match=r"terms\.tsv:3: 'dog' is given another target term than on line 1 "
+                                           r"\('Hund' there, 'Köter' here\)"):
+        load_glossary(path)
 
 
 @pytest.mark.slow

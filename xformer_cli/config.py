@@ -449,6 +449,7 @@ def validate(cfg: Config) -> None:
     for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
         require(getattr(m, name) > 0, f"model.{name}", "must be positive")
     require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    require(m.d_model % 2 == 0, "model.d_model", f"{m.d_model} must be even (sines and cosines take half each)")
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
     require(m.activation in ACTIVATION_NAMES, "model.activation", f"must be one of {', '.join(ACTIVATION_NAMES)}")

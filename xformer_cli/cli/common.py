@@ -125,11 +125,15 @@ def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attenti
     """Before any work: an output that is one of the command's inputs (a checkpoint, the source),
     lies inside an export directory given, or is a checkpoint file would destroy it; an attention
     plot path that cannot be written would fail the run after the translation was written."""
+    from xformer_cli.fileio import is_inside, same_file
+
     if attention is not None:
         from xformer_cli.plots import check_png_path
 
         check_png_path(attention)
-    from xformer_cli.fileio import is_inside, same_file
+        for path, option in [*inputs, (output, "--output")]:
+            if path is not None and (same_file(attention, path) or Path(attention).resolve() == Path(path).resolve()):
+                raise XformerError(f"--attention {attention} is the {option} file: write the plot elsewhere")
 
     if output is None:
         return

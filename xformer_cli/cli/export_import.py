@@ -65,8 +65,13 @@ def _shortlist(loaded, per_source: int, frequent: int):
     from xformer_cli.data.directions import training_pairs
     from xformer_cli.export.shortlist import ShortlistSettings, build_shortlist
 
+    from xformer_cli.importers.marian import IMPORTED_FROM
+
     settings = ShortlistSettings(per_source=per_source, frequent=frequent)
     settings.check("--shortlist-per-source / --shortlist-frequent")
+    if any(str(corpus.prefix or "").startswith(IMPORTED_FROM) for corpus in loaded[2].data.train):
+        raise XformerError("--shortlist counts the training pairs a checkpoint records; this one was imported "
+                           "(xformer import) and records none")
     return build_shortlist(loaded[1], training_pairs(loaded[2].data, log), settings, log)
 
 

@@ -67,6 +67,7 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
+    _check_unused(hyps, output, beam_size, length_penalty, batch_size, samples)
     if confidence < 0 or confidence == 1:
         raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
                            f"not {confidence}")
@@ -94,6 +95,21 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
     else:
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
+
+
+def _check_unused(hyps: List[Path], output: Optional[Path], beam_size: Optional[int],
+                  length_penalty: Optional[float], batch_size: Optional[int], samples: int) -> None:
+    """An option this scoring would not use is refused, not ignored: the translation's options
+    with --hyp (nothing is translated), --samples without several systems to compare."""
+    if hyps:
+        given = [name for name, value in (("--output", output), ("--beam-size", beam_size),
+                                          ("--length-penalty", length_penalty), ("--batch-size", batch_size))
+                 if value is not None]
+        if given:
+            raise XformerError(f"{', '.join(given)}: for --checkpoint, which translates; --hyp scores given "
+                               "translations")
+    if samples and len(hyps) < 2:
+        raise XformerError("--samples sets the paired test's resamples: give several --hyp to compare")
 
 
 def _given_texts(checkpoint: Optional[Path], src: Optional[Path], refs: List[Path], output: Optional[Path]):

@@ -87,7 +87,10 @@ def translate(  # long: its signature is its options, one parameter each
     before_torch()
     from xformer_cli.decode.factory import searches_beam
 
-    check_output(output, [(input, "--input"), *((c, "--checkpoint") for c in checkpoints)], attention)
+    inputs = [(input, "--input"), (glossary, "--glossary"), *((c, "--checkpoint") for c in checkpoints)]
+    check_output(output, inputs, attention)
+    if attention is not None and len(checkpoints) > 1:  # an ensemble has no one cross-attention to draw
+        raise XformerError("--attention plots one model's cross-attention: give one --checkpoint, not an ensemble")
     if attention_sentences < 1:
         raise XformerError(f"--attention-sentences must be at least 1, not {attention_sentences}")
     lines = _input_lines(input, chunk_lines, invalid_utf8)

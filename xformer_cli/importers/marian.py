@@ -116,6 +116,9 @@ def _pre_norm(hf: dict) -> bool:
     return hf.get("model_type") == "pegasus"
 
 
+IMPORTED_FROM = "imported-from:"  # the training corpus prefix of an imported model: it names no files
+
+
 def _data_config(directory: Path, source: str, tags: list[str]) -> DataConfig:
     """The languages: those xformer's own export recorded (xformer_export.json), else
     tokenizer_config.json's source language and a target per tag of the vocabulary (a
@@ -124,7 +127,7 @@ def _data_config(directory: Path, source: str, tags: list[str]) -> DataConfig:
     path = directory / "tokenizer_config.json"
     tok = read_json(path) if path.is_file() else {}
     defaults = DataConfig()
-    placeholder = [CorpusConfig(prefix=f"imported-from:{source}")]
+    placeholder = [CorpusConfig(prefix=f"{IMPORTED_FROM}{source}")]
     src_lang = str(tok.get("source_lang") or defaults.src_lang)
     recorded = export_languages(read_export_info(directory))
     if recorded is not None and recorded.tagged == bool(tags):

@@ -75,13 +75,19 @@ def load_glossary(path: "str | Path") -> Glossary:
     except OSError as exc:
         raise XformerError(f"{path}: cannot read the glossary ({type(exc).__name__})") from None
     terms: dict[str, str] = {}
+    first_line: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         columns = line.split("\t")
         if len(columns) != 2 or not columns[0].strip() or not columns[1].strip():
             raise XformerError(f"{path}:{number}: a glossary line needs a source term, a tab and a target term")
-        terms[columns[0].strip()] = columns[1].strip()
+        source, target = columns[0].strip(), columns[1].strip()
+        if terms.get(source, target) != target:  # the same pair twice is harmless; two targets are a contradiction
+            raise XformerError(f"{path}:{number}: {source!r} is given another target term than on line "
+                               f"{first_line[source]} ({terms[source]!r} there, {target!r} here)")
+        terms[source] = target
+        first_line.setdefault(source, number)
     return Glossary(terms)
 
 

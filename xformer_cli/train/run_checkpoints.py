@@ -188,6 +188,15 @@ def check_same_tokenizer(config: Config, last: Optional[dict], tokenizer: Tokeni
                            "start afresh")
 
 
+def check_ids_fit(config: Config, tokenizer: Tokenizer) -> None:
+    """``model.bos_id`` must be a piece of the target vocabulary (known once the tokenizer is):
+    checked before the run directory is written, not at the first step's lookup."""
+    size = tokenizer.tgt_vocab_size
+    if config.model.bos_id >= size:
+        raise XformerError(f"config key 'model.bos_id': {config.model.bos_id} is not a piece of the target "
+                           f"vocabulary ({size} pieces)")
+
+
 def _tokenizer_identity(state: dict) -> tuple:
     return state.get("src"), state.get("tgt") or None, state.get("vocab"), state.get("tgt_vocab")
 

@@ -95,6 +95,7 @@ def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distrib
     if dist.is_main:
         inputs = check_inputs(config, log, tokenizer)
         run_checkpoints.check_same_tokenizer(config, resume, inputs.tokenizer)
+        run_checkpoints.check_ids_fit(config, inputs.tokenizer)
         run_checkpoints.prepare_run_dir(config, overwrite)
         prepared = build_data(inputs, log)
         dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
