@@ -67,6 +67,10 @@ def test_environment_variables_expand_in_paths(monkeypatch):
     assert cfg.data.train[0].prefix == "/corpora/multi30k/train"
     monkeypatch.delenv("XFORMER_DATA")
     assert load_config("configs/multi30k.yaml").data.train[0].prefix == "../shared/data/multi30k/train"
+    with pytest.raises(XformerError) as info:  # a folder named "${HOME" before
+        load_config("configs/multi30k.yaml", ["run_dir=${HOME/runs"])
+    assert str(info.value) == "config key 'run_dir': '${HOME/runs' opens a ${VAR} it does not close"
+    assert load_config("configs/multi30k.yaml", ["run_dir=runs/$5{x}"]).run_dir == "runs/$5{x}"  # no variable name
 
 
 @pytest.mark.parametrize(

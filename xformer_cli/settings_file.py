@@ -20,6 +20,7 @@ import yaml
 from xformer_cli.errors import XformerError
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_UNCLOSED = re.compile(r"\$\{[A-Za-z_]")
 
 
 def _expand_env(text: str, key: str) -> str:
@@ -29,7 +30,10 @@ def _expand_env(text: str, key: str) -> str:
             raise XformerError(f"config key '{key}': environment variable {m.group(1)} is not set")
         return value
 
-    return _ENV.sub(repl, text)
+    expanded = _ENV.sub(repl, text)
+    if _UNCLOSED.search(_ENV.sub("", text)):  # "${HOME/runs": a typo, not a folder named "${HOME"
+        raise XformerError(f"config key '{key}': {text!r} opens a ${{VAR}} it does not close")
+    return expanded
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
