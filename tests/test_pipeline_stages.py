@@ -206,6 +206,23 @@ def test_an_interrupted_redo_resumes_and_the_old_inputs_get_their_output_back(tm
     assert (stage.folder / "made").read_text() == "made of a" and not pipe.record("reverse").replaced.exists()
 
 
+def test_a_redo_killed_part_way_resumes_when_asked_again(tmp_path, monkeypatch):
+    """`--from STAGE` killed in STAGE and called again: the redo goes on where it stopped (it
+    started over from step 0 before); the output it replaces waits aside until it finishes."""
+    said: list[str] = []
+    pipe = Pipeline(smoke(tmp_path), log=said.append, progress=False)
+    stage = FakeStage(monkeypatch, pipe)
+    run_stage(pipe, "reverse")
+    stage.fails = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(pipe, "reverse", redo=True)
+    (stage.folder / "last.pt").write_text("step 40")  # what the killed redo had trained
+    stage.fails = None
+    again = run_stage(pipe, "reverse", redo=True)
+    assert f"stage reverse: resuming in {stage.folder}" in said and (stage.folder / "last.pt").read_text() == "step 40"
+    assert again["done"] and not pipe.record("reverse").replaced.exists()
+
+
 def test_a_stages_minutes_are_those_of_all_its_calls(tmp_path, monkeypatch):
     """A running stage writes its minutes into its record as it goes (what a kill -9 leaves); the
     call that resumes it goes on from them, so its record (and budget_minutes) counts every call."""

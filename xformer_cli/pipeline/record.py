@@ -98,11 +98,12 @@ class StageRecord:
 
     def begin(self, fingerprint: str, fresh: bool = False) -> bool:
         """Make ready to run with ``fingerprint``; True when an unfinished run of the same
-        inputs is there to resume. A finished output of other inputs (or of these, when
+        inputs is there to resume (also when ``fresh``: a redo killed part-way goes on where it
+        stopped, not from the start). A finished output of other inputs (or of these, when
         ``fresh``) is set aside, to come back if the new run fails (``restore``) and go when it
-        finishes (``drop_replaced``); an unfinished one is removed."""
+        finishes (``drop_replaced``); an unfinished one of other inputs is removed."""
         record = self.read()
-        if not fresh and record is not None and record.get("fingerprint") == fingerprint and not record.get("done"):
+        if record is not None and record.get("fingerprint") == fingerprint and not record.get("done"):
             return True
         if self.directory.exists():
             if record is not None and record.get("done"):
