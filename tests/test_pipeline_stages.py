@@ -134,6 +134,8 @@ def test_a_stage_record_skips_resumes_or_starts_over(tmp_path):
     assert record.begin("b", fresh=True) is False and not record.done_with("b")
     record.path.write_text("{ cut")  # a damaged record is a stage to do again
     assert record.read() is None and not record.done_with("b")
+    record.path.write_text('{"done": true, "stage": "teacher"}')  # JSON without its fingerprint: a KeyError before
+    assert record.read() is None and not record.done_with("b")
 
 
 class FakeStage:

@@ -86,7 +86,8 @@ class StageRecord:
             record = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # none yet, or damaged: the stage is done again
-        return record if isinstance(record, dict) else None
+        # A record without its fingerprint (hand-edited, half copied) is damaged too: no inputs to match
+        return record if isinstance(record, dict) and isinstance(record.get("fingerprint"), str) else None
 
     def done_with(self, fingerprint: str) -> bool:
         return self.standing(fingerprint) == DONE
