@@ -1006,6 +1006,28 @@ def test_finished_stages_stay_finished_when_their_files_get_new_times_and_redo_w
     assert _actions(config, 1) == [("reverse", "redone")]
 
 
+def test_new_references_score_again_and_leave_the_models_alone(tmp_path):
+    """evaluate's fingerprint stamps the valid and test files (it hashed their paths alone: edited
+    references kept the old scores); the training stages' do not move."""
+    from xformer_cli.pipeline import stages
+
+    for split in ("v", "tt"):
+        write_lines(tmp_path / f"{split}.en", ["A cat sits."] * 2)
+        write_lines(tmp_path / f"{split}.de", ["Eine Katze sitzt."] * 2)
+    config = smoke(tmp_path, *_own_data(tmp_path), f"model_set.data.valid.prefix={tmp_path / 'v'}",
+                   f"model_set.data.test.prefix={tmp_path / 'tt'}")
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in STAGES:
+        stamp = stages.FINGERPRINTS[name](pipe)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp)
+    before = {name: stages.FINGERPRINTS[name](pipe) for name in STAGES}
+    write_lines(tmp_path / "tt.de", ["Eine Katze liegt."] * 2)
+    after = {name: stages.FINGERPRINTS[name](pipe) for name in STAGES}
+    assert [name for name in STAGES if before[name] != after[name]] == ["evaluate"]
+    assert _actions(config, len(STAGES))[-1] == ("evaluate", "redone")
+
+
 def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_or_begun(tmp_path, monkeypatch):
     """Stamped by size and time: with these files as they were, the finished stages stay finished
     (their records upgraded, without running; `--only` a later stage first included) and a begun

@@ -134,6 +134,23 @@ def _drop_later_corpus_options(tree: Any) -> None:
             _drop_later_corpus_options(value)
 
 
+def scored_files_stamp(config: Config, run_dir: Path) -> list[str]:
+    """The stamps of the valid and test files outside the run folder (every pair's own too):
+    what a stage that scores on them takes, so new references score again."""
+    from xformer_cli.data.sources import corpus_paths
+
+    d = config.data
+    sets = [(corpus, d.src_lang, d.tgt_lang) for corpus in (d.valid, d.test)]
+    for pair in d.pairs:  # a pair's own sets, or the shared ones read with its languages
+        sets += [(corpus, pair.src_lang, pair.tgt_lang) for corpus in (pair.valid or d.valid, pair.test or d.test)]
+    inside, stamps = run_dir.resolve(), []
+    for corpus, src, tgt in sets:
+        if corpus is not None and (corpus.prefix or corpus.src):  # a dataset: its name and split are in the config
+            stamps += [file_stamp(p) for p in corpus_paths(corpus, src, tgt)
+                       if p.exists() and inside not in p.resolve().parents and file_stamp(p) not in stamps]
+    return stamps
+
+
 def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path) -> list[str]:
     from xformer_cli.data.sources import corpus_paths
 

@@ -487,7 +487,8 @@ def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
 def fingerprint_evaluate(pipe: Pipeline) -> str:
     baseline = pipe.config.evaluate.baseline
     return pipe.stamp("evaluate", asdict(pipe.config.evaluate), file_stamp(baseline) if baseline else None,
-                      asdict(pipe.base.data), pipe.config.threads, pipe.upstream("evaluate"))
+                      asdict(pipe.base.data), models.scored_files_stamp(pipe.base, pipe.run_dir), pipe.config.threads,
+                      pipe.upstream("evaluate"))
 
 
 def run_evaluate(pipe: Pipeline) -> dict:
