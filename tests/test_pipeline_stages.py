@@ -485,6 +485,9 @@ def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tm
         assert not (tmp_path / "run").exists()  # nothing ran, nothing was written
     statuses = pipeline_status(smoke(tmp_path, f"mono.target={tmp_path / 'blank.de'}"))
     assert [s.action for s in statuses if s.stage == "backtranslate"] == ["fails"]
+    statuses = pipeline_status(smoke(tmp_path, f"mono.target={tmp_path / 'binary.de'}"))  # it stopped --status
+    failing = next(s for s in statuses if s.stage == "backtranslate")
+    assert failing.action == "fails" and failing.detail.startswith(f"{tmp_path / 'binary.de'}:2: invalid UTF-8")
     skipped = smoke(tmp_path, f"mono.target={tmp_path / 'binary.de'}", "mono.skip_invalid_utf8=true")
     assert [s.action for s in pipeline_status(skipped) if s.stage == "backtranslate"] != ["fails"]
 

@@ -41,7 +41,10 @@ def stage_statuses(pipe: Pipeline, upgradable: Callable[[str], bool] = lambda na
     statuses = []
     for name in STAGES:
         waits = [need for need in NEEDS[name] if need in running]
-        problem = stage_problem(pipe, name)
+        try:
+            problem = stage_problem(pipe, name)
+        except XformerError as exc:  # what the reading of its input says (a line that is not UTF-8, named)
+            problem = str(exc)
         if problem:  # the run stops before its first stage
             status = StageStatus(name, FAIL, problem)
         elif waits:
