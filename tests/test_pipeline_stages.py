@@ -90,6 +90,36 @@ def test_a_full_disk_mid_translation_is_one_line_and_keeps_the_whole_chunks(tmp_
         fake_translate(lines[3:6], 1) + fake_translate(lines[6:], 2)
 
 
+def test_a_write_the_full_disk_refuses_keeps_its_line(tmp_path, monkeypatch):
+    """The disk full at a write (not at the sync): a buffered file tried the bytes again on close,
+    and that second OSError replaced the line naming the file and the resume point."""
+    import io
+    import os
+    import pathlib
+
+    lines = [f"line {i}" for i in range(7)]
+    job = job_in(tmp_path, lines)
+    real_open = pathlib.Path.open
+
+    class FullAfterOneChunk(io.FileIO):
+        def write(self, data):
+            if self.tell() > 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
+    def opened(path, mode="r", buffering=-1, **kwargs):
+        if path != job.outputs_path:
+            return real_open(path, mode, buffering, **kwargs)
+        raw = FullAfterOneChunk(os.fspath(path), mode.replace("b", ""))
+        return raw if buffering == 0 else io.BufferedWriter(raw)
+
+    monkeypatch.setattr(pathlib.Path, "open", opened)
+    with pytest.raises(XformerError, match=r"out.txt.*no space left.*the lines before 4 \(a rerun resumes there\)"):
+        translate_corpus(job, fake_translate, lambda _: None, progress=False)
+    monkeypatch.setattr(pathlib.Path, "open", real_open)
+    assert translate_corpus(job_in(tmp_path, lines), fake_translate, lambda _: None, progress=False) == 7
+
+
 def test_translations_with_line_breaks_stay_one_line(tmp_path):
     job = job_in(tmp_path, ["a", "b"], chunk=2)
     translate_corpus(job, lambda chunk, i: ["x\ny", "z"], lambda _: None, progress=False)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.fileio import writing
@@ -134,7 +134,9 @@ def translate_corpus(job: CorpusJob, translate: Callable[[list[str], int], list[
             break
     bar = tqdm(total=job.total, initial=done, unit=" lines", disable=not progress, dynamic_ncols=True, smoothing=0.1)
     started, written = time.time(), done
-    with job.inputs_path.open("ab") as fi, job.outputs_path.open("ab") as fo:
+    # Unbuffered: a write the disk refuses fails inside ``writing`` (its line names the file and where a rerun
+    # resumes); a buffered file would try the same bytes again on close and replace that line with its own error.
+    with job.inputs_path.open("ab", buffering=0) as fi, job.outputs_path.open("ab", buffering=0) as fo:
         chunk_index = done // job.chunk_lines
         while chunk := _take(lines, job.chunk_lines):
             outputs = translate(chunk, chunk_index)
@@ -142,8 +144,7 @@ def translate_corpus(job: CorpusJob, translate: Callable[[list[str], int], list[
                 raise RuntimeError(f"the engine gave {len(outputs)} lines for {len(chunk)}")
             for handle, side, path in ((fi, chunk, job.inputs_path), (fo, outputs, job.outputs_path)):
                 with writing(path, intact=f"the lines before {written + 1} (a rerun resumes there)"):
-                    handle.write("".join(_one_line(text) + "\n" for text in side).encode("utf-8"))
-                    handle.flush()
+                    _write_all(handle, "".join(_one_line(text) + "\n" for text in side).encode("utf-8"))
                     os.fsync(handle.fileno())
             written += len(chunk)
             chunk_index += 1
@@ -152,6 +153,13 @@ def translate_corpus(job: CorpusJob, translate: Callable[[list[str], int], list[
     rate = (written - done) / max(time.time() - started, 1e-9)
     log(f"translated {written - done} lines into {job.outputs_path} ({rate:.1f} lines/s; {written} in all)")
     return written
+
+
+def _write_all(handle: Any, data: bytes) -> None:
+    """``data`` into an unbuffered file, which may take part of it per call."""
+    view = memoryview(data)
+    while view:
+        view = view[handle.write(view):]
 
 
 def numbers_kept(job: CorpusJob, src_lang: str, tgt_lang: str) -> "NumberAccuracy":
