@@ -329,6 +329,9 @@ def test_the_pipeline_config_names_a_bad_key():
         smoke(Path("/tmp"), "export.quantization=int4")  # found before the student trains, not after
     with pytest.raises(XformerError, match="config key 'threads': must be 0"):
         smoke(Path("/tmp"), "threads=-1")
+    for threads, said in (("-1", "must be 0"), ("100000", "it is 100000: at most")):  # found after the student before
+        with pytest.raises(XformerError, match=f"config key 'evaluate.threads': {said}"):
+            smoke(Path("/tmp"), f"evaluate.threads={threads}")
     with pytest.raises(XformerError, match="config key 'run_dir': .*pipeline-smoke.yaml is a file, not a folder"):
         smoke(Path("/tmp"), f"run_dir={ROOT / 'configs' / 'pipeline-smoke.yaml'}")
     with pytest.raises(XformerError, match="config key 'export.shortlist_per_source'"):
@@ -496,6 +499,28 @@ def test_each_training_stages_own_settings_are_checked_before_the_first_stage(tm
         *others, key = key.split(" --set ")
         with pytest.raises(XformerError, match=rf"^config key '{key}': {message}$"):
             smoke(tmp_path, *mono, *others, f"{key}={value}")
+
+
+def test_an_engine_a_translating_stage_cannot_have_is_found_before_the_first_stage(tmp_path):
+    """CTranslate2's precision for an ensemble of teachers, or sampling on CTranslate2: refused by the
+    engine factory once the teachers had trained, hours in."""
+    from xformer_cli.pipeline import pipeline_status, run_pipeline
+
+    for sets, stage, said in (
+            (("teacher.seeds=[1, 2]", "distill.precision=float16"), "distill",
+             r"the ctranslate2 engine takes one model, not an ensemble \(distill.engine auto, distill.precision "
+             r"float16; checked before the first stage runs\)"),
+            (("backtranslate.engine=ctranslate2", "backtranslate.beam_size=1", "backtranslate.sampling_topk=10"),
+             "backtranslate", "the ctranslate2 engine does not support --sampling-topk, --seed")):
+        config = smoke(tmp_path, *sets)
+        with pytest.raises(XformerError, match=said):
+            run_pipeline(config, log=lambda _: None, progress=False)
+        assert not (tmp_path / "run").exists()
+        assert [s.action for s in pipeline_status(config) if s.stage == stage] == ["fails"]
+    from xformer_cli.pipeline.stages import unusable_engine
+
+    ensemble_in_bf16 = Pipeline(smoke(tmp_path, "teacher.seeds=[1, 2]", "distill.precision=bf16"), log=lambda _: None)
+    assert unusable_engine(ensemble_in_bf16, "distill") is None  # the xformer engine runs ensembles
 
 
 def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):

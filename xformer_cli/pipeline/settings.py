@@ -186,8 +186,9 @@ def check(config: PipelineConfig) -> None:
     require(config.evaluate.timed_passes >= 1, "evaluate.timed_passes", "must be 1 or more")
     require(config.export.quantization in EXPORT_QUANTIZATIONS, "export.quantization",
             f"one of {', '.join(EXPORT_QUANTIZATIONS)}")
-    require(config.threads >= 0, "threads", "must be 0 (every core) or more")
-    threads_refused = too_many_threads(config.threads, "it")
-    require(not threads_refused, "threads", threads_refused)
+    for key, threads in (("threads", config.threads), ("evaluate.threads", config.evaluate.threads)):
+        require(threads >= 0, key, "must be 0 (every core) or more")
+        threads_refused = too_many_threads(threads, "it")
+        require(not threads_refused, key, threads_refused)
     require(config.export.shortlist_per_source >= 1, "export.shortlist_per_source", "must be 1 or more")
     require(config.export.shortlist_frequent >= 0, "export.shortlist_frequent", "must be 0 or more")

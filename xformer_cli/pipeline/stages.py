@@ -583,10 +583,31 @@ def unbuildable_config(pipe: Pipeline, stage: str) -> Optional[str]:
     return None
 
 
+def unusable_engine(pipe: Pipeline, stage: str) -> Optional[str]:
+    """The engine a translating stage asks for (its engine, precision and sampling, with as many
+    models as it will translate with) that the engine factory would refuse, or None: found before
+    the first stage, not after the models it needs have trained. Nothing is loaded."""
+    from xformer_cli.decode.factory import choose_engine
+
+    settings = {"backtranslate": pipe.config.backtranslate, "distill": pipe.config.distill}.get(stage)
+    if settings is None:
+        return None
+    models = 1 if stage == "backtranslate" else sum(len(pipe.config.teacher.seeds) if name == "teacher" else 1
+                                                    for name in pipe.config.distill.teachers)
+    placeholders = [Path(f"{stage}-model-{i}.pt") for i in range(max(models, 1))]  # only their number counts
+    try:
+        choose_engine(placeholders, settings.engine, settings.precision,
+                      needs=("sampling_topk", "seed") if settings.sampling_topk else ())
+    except XformerError as exc:
+        return (f"{exc} ({stage}.engine {settings.engine}, {stage}.precision {settings.precision}"
+                f"{', sampling' if settings.sampling_topk else ''}; checked before the first stage runs)")
+    return None
+
+
 def stage_problem(pipe: Pipeline, stage: str) -> Optional[str]:
     """Why ``stage`` cannot run, found before the first stage starts (a file it names, the
-    training config it builds), or None."""
-    return unusable_named_file(pipe, stage) or unbuildable_config(pipe, stage)
+    training config it builds, the engine it asks for), or None."""
+    return unusable_named_file(pipe, stage) or unbuildable_config(pipe, stage) or unusable_engine(pipe, stage)
 
 
 def _multi30k_mono(path: Path) -> bool:
