@@ -523,6 +523,25 @@ def test_an_engine_a_translating_stage_cannot_have_is_found_before_the_first_sta
     assert unusable_engine(ensemble_in_bf16, "distill") is None  # the xformer engine runs ensembles
 
 
+def test_a_teacher_or_baseline_of_the_other_direction_is_found_before_the_first_stage(tmp_path):
+    """Only the reverse model's direction was checked: a de->en teacher distilled nonsense, exit 0."""
+    import torch
+
+    from xformer_cli.pipeline.stages import stage_problem
+
+    backwards, forwards = tmp_path / "de-en.pt", tmp_path / "en-de.pt"
+    torch.save({"config": {"data": {"src_lang": "de", "tgt_lang": "en"}}}, backwards)
+    torch.save({"config": {"data": {"src_lang": "en", "tgt_lang": "de"}}}, forwards)
+    for key, stage in (("distill.teachers", "distill"), ("evaluate.baseline", "evaluate")):
+        value = f"[{backwards}]" if key == "distill.teachers" else str(backwards)
+        pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[1]", f"{key}={value}"), log=lambda _: None)
+        assert stage_problem(pipe, stage) == (f"config key '{key}': {backwards} translates de->en, not en->de "
+                                              "(checked before the first stage runs)")
+        value = f"[{forwards}]" if key == "distill.teachers" else str(forwards)
+        assert stage_problem(Pipeline(smoke(tmp_path, "teacher.seeds=[1]", f"{key}={value}"), log=lambda _: None),
+                             stage) is None
+
+
 def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):
     """A folder, a file of blank lines or bytes that are not UTF-8 as mono.target failed after the
     reverse model had trained (a folder: "file not found"; an empty file: 0 back-translations, exit 0)."""

@@ -566,6 +566,12 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
             problem = _unusable_text(TextLines(Path(given), c.mono.skip_invalid_utf8, c.mono.max_lines))
             if problem:
                 return f"config key '{key}': {problem} (checked before the first stage runs)"
+        if given and key in ("reverse.checkpoint", "distill.teachers", "evaluate.baseline"):
+            wanted = pipe.langs[::-1] if key == "reverse.checkpoint" else pipe.langs
+            try:  # a teacher of the other direction distilled garbage with exit 0
+                _check_direction(Path(given), (wanted[0], wanted[1]), key)
+            except XformerError as exc:
+                return f"{exc} (checked before the first stage runs)"
     return None
 
 
