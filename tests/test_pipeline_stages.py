@@ -207,6 +207,22 @@ def test_a_finished_stage_whose_output_is_gone_runs_again_and_the_status_says_so
     assert f"stage reverse: its record names {stage.folder / 'made'}, which is gone: the stage runs again" in said
 
 
+def test_an_export_whose_model_file_is_gone_is_gone(tmp_path):
+    """Its folder there but model.bin deleted: export stayed 'skipped' and evaluate failed on every run."""
+    from xformer_cli.pipeline.stages import gone_output
+
+    pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
+    record = pipe.record("export")
+    record.begin("a")
+    exported = record.directory / "student-int8"
+    exported.mkdir()
+    (exported / "xformer_export.json").write_text("{}")
+    record.finish("a", model=pipe.kept(exported))
+    assert gone_output(pipe, "export") == exported / "model.bin"
+    (exported / "model.bin").write_bytes(b"weights")
+    assert gone_output(pipe, "export") is None
+
+
 def test_a_redo_that_fails_keeps_the_output_of_the_old_inputs(tmp_path, monkeypatch):
     pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
     stage = FakeStage(monkeypatch, pipe)
@@ -1013,6 +1029,8 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
         pipe.record(name).finish(stamp, model=str(model))
         if name == "export":  # what the record names is there
             model.mkdir()
+            (model / "model.bin").write_bytes(b"weights")
+            (model / "xformer_export.json").write_text("{}")
         else:
             model.write_bytes(b"weights")
     for name in ("student", "export"):

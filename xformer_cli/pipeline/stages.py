@@ -517,6 +517,9 @@ def gone_output(pipe: Pipeline, stage: str) -> Optional[Path]:
     prefixes = [record.get("prefix"), (record.get("real_targets") or {}).get("prefix")]
     files += [Path(f"{pipe.path(prefix)}.{lang}") for prefix in prefixes if isinstance(prefix, str)
               for lang in pipe.langs]
+    from xformer_cli.export.format import EXPORT_INFO
+
+    files += [folder / name for folder in files if folder.is_dir() for name in ("model.bin", EXPORT_INFO)]  # an export
     return next((path for path in files if not path.exists()), None)
 
 
