@@ -207,6 +207,20 @@ def test_a_finished_stage_whose_output_is_gone_runs_again_and_the_status_says_so
     assert f"stage reverse: its record names {stage.folder / 'made'}, which is gone: the stage runs again" in said
 
 
+def test_a_reverse_model_given_as_an_export_folder_is_stamped_by_its_files(tmp_path):
+    """It was refused as "file not found" (a file's stamp of a folder); backtranslate runs exports."""
+    from xformer_cli.pipeline.stages import FINGERPRINTS
+
+    exported = tmp_path / "rev-ct2"
+    exported.mkdir()
+    (exported / "xformer_export.json").write_text("{}")
+    (exported / "model.bin").write_bytes(b"weights")
+    pipe = Pipeline(smoke(tmp_path, f"reverse.checkpoint={exported}"), log=lambda _: None)
+    before = FINGERPRINTS["reverse"](pipe)
+    (exported / "model.bin").write_bytes(b"other weights")
+    assert FINGERPRINTS["reverse"](pipe) != before
+
+
 def test_an_export_whose_model_file_is_gone_is_gone(tmp_path):
     """Its folder there but model.bin deleted: export stayed 'skipped' and evaluate failed on every run."""
     from xformer_cli.pipeline.stages import gone_output

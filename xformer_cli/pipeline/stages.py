@@ -124,7 +124,7 @@ def fingerprint_reverse(pipe: Pipeline) -> str:
     given = pipe.config.reverse.checkpoint
     if given:  # checked here, before the stage says it starts
         _check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
-        return pipe.stamp("reverse", file_stamp(given), pipe.langs)
+        return pipe.stamp("reverse", model_stamp(given), pipe.langs)
     return pipe.stamp("reverse", models.config_stamp(reverse_config(pipe), pipe.run_dir))
 
 
@@ -133,6 +133,13 @@ def run_reverse(pipe: Pipeline) -> dict:
     if given:
         return {"model": pipe.kept(given)}
     return _train(pipe, reverse_config(pipe))
+
+
+def model_stamp(path: "str | Path") -> "str | list[str]":
+    """A given model's stamp: a checkpoint file's, or every file's of an export directory."""
+    if Path(path).is_dir():
+        return [file_stamp(f) for f in sorted(Path(path).rglob("*")) if f.is_file()]
+    return file_stamp(path)
 
 
 def _check_direction(path: Path, wanted: tuple[str, str], key: str) -> None:
@@ -351,7 +358,7 @@ def _teachers(pipe: Pipeline) -> list[Path]:
 
 def fingerprint_distill(pipe: Pipeline) -> str:
     d = pipe.config.distill
-    given = [file_stamp(name) for name in d.teachers if name != "teacher"]
+    given = [model_stamp(name) for name in d.teachers if name != "teacher"]
     mono = [file_stamp(_mono(pipe, "source").path), pipe.config.mono.max_lines] if d.mono_source else []
     return pipe.stamp("distill", stage_settings(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
                       pipe.upstream("distill"))
@@ -486,7 +493,7 @@ def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
 
 def fingerprint_evaluate(pipe: Pipeline) -> str:
     baseline = pipe.config.evaluate.baseline
-    return pipe.stamp("evaluate", asdict(pipe.config.evaluate), file_stamp(baseline) if baseline else None,
+    return pipe.stamp("evaluate", asdict(pipe.config.evaluate), model_stamp(baseline) if baseline else None,
                       asdict(pipe.base.data), models.scored_files_stamp(pipe.base, pipe.run_dir), pipe.config.threads,
                       pipe.upstream("evaluate"))
 
