@@ -152,17 +152,18 @@ class BrokenLanguages(FakeEngine):
         return None
 
 
-def test_bytes_that_are_no_http_get_a_json_400_and_the_server_serves_on():
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_bytes_that_are_no_http_get_a_json_400_and_the_server_serves_on(http, monkeypatch):
     import socket
 
+    import uvicorn
     from serve_helpers import real_server
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from xformer_cli.serve.server import uvicorn_config
-
-    # h11 even where httptools is installed (the dev extra has it): httptools takes an endless header line
-    assert issubclass(uvicorn_config(create_app(FakeEngine())).http_protocol_class, H11Protocol)
-    endless_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000  # not ended: 400 past 16 KiB
+    # each parser uvicorn may pick (h11 comes with it; httptools with uvicorn[standard] and the dev extra)
+    real_config = uvicorn.Config
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **kwargs: real_config(app, http=http, **kwargs))
+    # a head never ended: httptools bounded none (one such client slowed everyone); 400 past 16 KiB with either
+    endless_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000
     with real_server(create_app(FakeEngine())) as url:
         host, port = url.removeprefix("http://").split(":")
         for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n", endless_header):
@@ -176,6 +177,10 @@ def test_bytes_that_are_no_http_get_a_json_400_and_the_server_serves_on():
             assert b"\r\ndate: " in head.lower()  # uvicorn's default headers, as on every other answer
             assert json.loads(body)["error"].startswith("malformed HTTP request: "), body
         assert get(url + "/health")[0] == 200  # everyone else is still served
+        # a long body and a 12 KiB head are no head past the bound: the app answers them
+        status, body, _ = request(url + "/translate", {"q": ["x"] * 30_000, "source": "en", "target": "de"},
+                                  headers={"X-Note": "n" * 12_000})
+        assert status == 400 and "malformed" not in body["error"], body
 
 
 def test_head_where_get_answers_and_a_bug_is_a_json_500_that_carries_cors():

@@ -51,11 +51,9 @@ def uvicorn_config(app: Any, *, access_log: bool = False, graceful_timeout: Opti
     a JSON 400 as the app answers every other bad request (uvicorn's own is text/plain)."""
     import uvicorn
 
-    # h11, not httptools where it is installed: h11 bounds a request's unfinished head (16 KiB), httptools
-    # neither bounds nor joins a never-ending header line in linear time (one client slowed everyone)
-    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on", http="h11",
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=graceful_timeout, server_header=False)
-    config.load()  # Server.run keeps a loaded config
+    config.load()  # picks the protocol (httptools or h11); Server.run keeps a loaded config
     config.http_protocol_class = json_bad_requests(config.http_protocol_class)
     return config
 
@@ -72,7 +70,44 @@ def json_bad_requests(protocol: type) -> type:
                                  b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             self.transport.close()
 
-    return JsonBadRequests
+    return _bounded_head(JsonBadRequests) if _parses_with_httptools(protocol) else JsonBadRequests
+
+
+HEAD_LIMIT = 16 << 10  # a request's line and headers at most: h11 bounds them so (its default); httptools not
+
+
+def _parses_with_httptools(protocol: type) -> bool:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is not installed: uvicorn takes h11
+        return False
+    return issubclass(protocol, HttpToolsProtocol)
+
+
+def _bounded_head(protocol: type) -> type:
+    """``protocol`` (uvicorn's httptools one) with a request head past HEAD_LIMIT answered 400 and
+    the connection closed: httptools joins a header's pieces without a bound, in quadratic time, so
+    one client streaming an endless header slowed every other request 20-50 times and grew memory."""
+
+    class BoundedHead(protocol):  # type: ignore[misc, valid-type]
+        in_head, head_bytes = True, 0
+
+        def on_message_begin(self) -> None:
+            self.in_head, self.head_bytes = True, 0
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self.in_head = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)  # at most one read (64 KiB) past the limit is parsed
+            if self.in_head and not self.transport.is_closing():
+                self.head_bytes += len(data)
+                if self.head_bytes > HEAD_LIMIT:
+                    self.send_400_response(f"the request line and headers are over {HEAD_LIMIT} bytes")
+
+    return BoundedHead
 
 
 def url_of(sock: socket.socket) -> str:
