@@ -120,6 +120,15 @@ def test_options_a_scoring_would_not_use_are_refused():
     _check_unused([], Path("o.de"), 4, 1.0, 32, 0)  # --checkpoint translates with them
 
 
+def test_one_system_given_twice_is_refused(tmp_path):
+    from xformer_cli.cli.scoring import _check_unused
+
+    hyp = write_lines(tmp_path / "h.de", ["Ein Hund."])
+    (tmp_path / "link.de").symlink_to(hyp)
+    with pytest.raises(XformerError, match="link.de is given twice: give each system once"):  # p=0.001 against itself
+        _check_unused([hyp, tmp_path / "link.de"], None, None, None, None, 0)
+
+
 def test_a_start_piece_outside_the_target_vocabulary_is_refused_naming_the_key():
     from types import SimpleNamespace
 

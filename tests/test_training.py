@@ -206,6 +206,10 @@ def test_kept_checkpoints_and_averaging(small_corpus, tmp_path):
     assert (tmp_path / "avg.pt").read_bytes() == written
     assert xformer("average", tmp_path / "run", "--last", "1", "-o", tmp_path / "avg.pt", "--force").returncode == 0
     torch.testing.assert_close(load_checkpoint(tmp_path / "avg.pt")["model"][key], original[key])
+    config = (tmp_path / "run" / "config.yaml").read_bytes()  # --force replaced any file, the run's config too
+    assert_one_line_error(xformer("average", tmp_path / "run", "--last", "1", "-o", tmp_path / "run" / "config.yaml",
+                                  "--force"), "config.yaml is not a checkpoint (.pt): --force replaces a checkpoint only")
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == config
 
 
 @pytest.mark.slow

@@ -100,7 +100,8 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 def _check_unused(hyps: List[Path], output: Optional[Path], beam_size: Optional[int],
                   length_penalty: Optional[float], batch_size: Optional[int], samples: int) -> None:
     """An option this scoring would not use is refused, not ignored: the translation's options
-    with --hyp (nothing is translated), --samples without several systems to compare."""
+    with --hyp (nothing is translated), --samples without several systems to compare; and one
+    system given twice."""
     if hyps:
         given = [name for name, value in (("--output", output), ("--beam-size", beam_size),
                                           ("--length-penalty", length_penalty), ("--batch-size", batch_size))
@@ -108,6 +109,11 @@ def _check_unused(hyps: List[Path], output: Optional[Path], beam_size: Optional[
         if given:
             raise XformerError(f"{', '.join(given)}: for --checkpoint, which translates; --hyp scores given "
                                "translations")
+    from xformer_cli.fileio import same_file
+
+    twice = next((b for i, a in enumerate(hyps) for b in hyps[i + 1:] if same_file(a, b)), None)
+    if twice is not None:  # sacreBLEU calls a system significantly different from itself (p=0.001)
+        raise XformerError(f"--hyp {twice} is given twice: give each system once")
     if samples and len(hyps) < 2:
         raise XformerError("--samples sets the paired test's resamples: give several --hyp to compare")
 

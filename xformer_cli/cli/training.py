@@ -107,6 +107,8 @@ def average(
     from xformer_cli.fileio import new_output_file
     from xformer_cli.train.average import average_checkpoints, last_checkpoints
 
+    if force and output.is_file() and output.suffix != ".pt":  # a run's config.yaml, an export's model.bin
+        raise XformerError(f"{output} is not a checkpoint (.pt): --force replaces a checkpoint only")
     new_output_file(output, force)
     paths = last_checkpoints(checkpoints[0], last) if len(checkpoints) == 1 and checkpoints[0].is_dir() else checkpoints
     average_checkpoints(paths, output)
