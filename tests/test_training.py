@@ -87,6 +87,19 @@ def test_a_signal_finishes_the_step_saves_and_resumes(small_corpus, tmp_path, mo
 
 
 @pytest.mark.slow
+def test_a_signal_off_the_log_steps_keeps_the_logged_loss_of_an_uninterrupted_run(small_corpus, tmp_path, monkeypatch):
+    """The open logging window's losses since the last read were dropped at a signal: the resumed
+    run's next train_loss averaged fewer steps than an uninterrupted run's."""
+    sets = {"train.max_steps": 6, "train.valid_every": 100, "train.save_every": 3, "train.log_every": 3}
+    train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=quiet, progress=False)
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "cut", **sets), log=quiet, progress=False)
+    signal_after_step(trainer, 4, monkeypatch)  # neither a log nor a save step
+    assert trainer.run().steps == 4
+    train(tiny_config(small_corpus, tmp_path / "cut", **sets), log=quiet, progress=False)
+    assert losses(tmp_path / "cut")[6] == pytest.approx(losses(tmp_path / "whole")[6], abs=1e-6)
+
+
+@pytest.mark.slow
 def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(small_corpus, tmp_path, monkeypatch):
     real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}

@@ -227,7 +227,7 @@ class Trainer:
                 self.state.writer.wait(raise_error=False)  # the files a failure's message names are whole
                 raise
             bar.close()
-            self.drain_stats()  # count any skipped updates since the last read into the checkpoint
+            self.read_stats()  # the open window's loss and any skipped updates since the last read, into the checkpoint
             if reason is StopReason.INTERRUPTED:
                 # last.pt alone: no validation (the user wants out now), and no kept step
                 # checkpoint off the save_every grid, which a resumed run would then average
