@@ -93,6 +93,31 @@ def test_an_ensemble_asked_for_its_attention_is_refused_before_anything_is_writt
     assert out.read_text() == "kept\n" and not (tmp_path / "a.png").exists()
 
 
+def test_sigterm_stops_translate_as_ctrl_c_does_leaving_no_temporary_file(trained_run, tmp_path):
+    """A scheduler's SIGTERM left `.out.de.XXXX.tmp` (the partial output) beside the old output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    out = write_lines(tmp_path / "out.de", ["old"])
+    proc = subprocess.Popen([sys.executable, "-m", "xformer_cli", "translate", "-m", str(trained_run / "best.pt"),
+                             "-o", str(out), "--chunk-lines", "1"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    proc.stdin.write(b"A dog runs.\n")
+    proc.stdin.flush()  # the input stays open: translate waits for more, its output half written
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".out.de.*")):
+        time.sleep(0.2)
+    assert list(tmp_path.glob(".out.de.*")), "the output was never begun"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.decode().strip().splitlines()[-1] == "error: interrupted", err.decode()
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.de"]
+
+
 def test_eval_bleu_equals_sacrebleu(trained_run, small_corpus, tmp_path):
     hyp = tmp_path / "hyp.de"
     ref = small_corpus / "test2016.de"

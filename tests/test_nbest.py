@@ -55,6 +55,27 @@ def test_a_blank_line_gives_k_empty_rows_scored_zero():
     assert math.isinf(float(nbest_rows(1, ["x"], [-0.5], 2)[1].split("\t")[2]))
 
 
+def test_html_lines_without_text_give_k_rows_of_their_markup_scored_zero():
+    """Ranks 2..K of a markup-only line came out empty and -inf (only rank 1 was rendered)."""
+    engine = FakeEngine()
+    search = engine.options(beam_size=3, nbest=3)
+    results = translate_text_stream(engine, ["<p>A <b>dog</b>.</p>", "", "<br>"],
+                                    TextOptions(alternatives=2, format="html"), search)
+    out = [row.split("\t") for row in result_lines(results, 3)]
+    assert out[3:] == [["2", str(k), "0.0000", ""] for k in (1, 2, 3)] + [["3", str(k), "0.0000", "<br>"] for k in (1, 2, 3)]
+    assert out[0][3] == "<p>A <b>DOG</b>.</p>"
+
+
+def test_rows_keep_four_columns_and_nbest_one_asked_for_is_a_row():
+    """A tab between two sentences of the source was copied into the translation (a fifth column);
+    `--nbest 1` given wrote plain lines, unscored."""
+    out = rows(FakeEngine(), ["A dog.\tTwo cats."], 2)
+    assert [len(r) for r in out] == [4, 4] and out[0][3] == "A DOG. TWO CATS."
+    engine = FakeEngine()
+    results = translate_text_stream(engine, ["A dog."], TextOptions(), engine.options(beam_size=1, nbest=1))
+    assert list(result_lines(results, 1, rows=True)) == ["1\t1\t0.0000\tA DOG."]
+
+
 def test_alternatives_stop_where_the_search_found_fewer():
     """The server's alternatives and the Python API's: what was found, no padding, no copies."""
     engine = FewEngine({"One": 2})

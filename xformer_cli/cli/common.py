@@ -121,6 +121,17 @@ def warn_cut_lines(translator: Engine, max_input_len: Optional[int] = None) -> N
                    f"to {limit} (--max-input-len / decode.max_input_len)", err=True)
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler, `timeout`) stops the command as Ctrl-C does: a KeyboardInterrupt, so
+    the output being written is removed, not left as a temporary file beside the old one."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attention: Optional[Path] = None) -> None:
     """Before any work: an output that is one of the command's inputs (a checkpoint, the source),
     lies inside an export directory given, or is a checkpoint file would destroy it; an attention

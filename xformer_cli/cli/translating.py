@@ -10,7 +10,8 @@ from typing import List, Optional
 import typer
 
 from xformer_cli.cli.common import (
-    app, before_torch, check_output, direction_for, load_engine_logged, user_errors, warn_cut_lines)
+    app, before_torch, check_output, direction_for, interrupt_on_sigterm, load_engine_logged, user_errors,
+    warn_cut_lines)
 from xformer_cli.cli.options import (
     BATCH_SIZE, BEAM_SIZE, COMPUTE_TYPE, DEVICE, ENGINE, LENGTH_PENALTY, MAX_LEN_A, MAX_LEN_B, MIN_LEN, PRECISION,
     SOURCE_LANG, TARGET_LANG, THREADS)
@@ -38,8 +39,9 @@ def translate(  # long: its signature is its options, one parameter each
                                                 help="Source pieces the engine takes at once; a longer "
                                                      "sentence is cut into parts (default: the checkpoint's "
                                                      "decode.max_input_len, else data.max_len)."),
-    nbest: int = typer.Option(1, "--nbest",
-                              help="Write the N best per input line: LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION."),
+    nbest: Optional[int] = typer.Option(None, "--nbest",
+                                        help="Write the N best per input line (1 too): "
+                                             "LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION."),
     sampling_topk: int = typer.Option(0, "--sampling-topk",
                                       help="Sample instead of search: from the K most "
                                            "likely tokens (-1: all). Needs --beam-size 1."),
@@ -85,6 +87,7 @@ def translate(  # long: its signature is its options, one parameter each
     docs/translation.md.
     """
     before_torch()
+    interrupt_on_sigterm()
     from xformer_cli.decode.factory import searches_beam
 
     inputs = [(input, "--input"), (glossary, "--glossary"), *((c, "--checkpoint") for c in checkpoints)]
@@ -103,6 +106,7 @@ def translate(  # long: its signature is its options, one parameter each
     if attention is not None and not hasattr(translator, "attention"):
         raise XformerError(f"--attention needs the xformer engine (fp32, bf16 or fp16), not {translator.name}")
     direction = direction_for(translator.languages, target_lang, source_lang, lines.text)  # the engine read them
+    rows, nbest = nbest is not None, 1 if nbest is None else nbest  # --nbest 1 given: its one row, scored
     text_options = _text_options(direction, split_sentences, format, terms, nbest, keep_numbers)
     options = translator.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, min_len=min_len, batch_size=batch_size, max_tokens=max_tokens,
@@ -110,7 +114,8 @@ def translate(  # long: its signature is its options, one parameter each
                                  temperature=temperature, seed=seed, use_cache=not no_cache,
                                  target_lang=direction.target)
     wanted = attention_sentences if attention is not None else 0
-    plotted = _translate_stream(translator, options, text_options, lines, input, output, progress, chunk_lines, wanted)
+    plotted = _translate_stream(translator, options, text_options, lines, input, output, progress, chunk_lines, wanted,
+                                rows)
     warn_cut_lines(translator, max_input_len)
     if attention is not None:
         _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
@@ -177,7 +182,7 @@ def _text_options(direction, split_sentences: bool, format: str, terms, nbest: i
 
 
 def _translate_stream(translator, options, text_options, lines, input: Optional[Path], output: Optional[Path],
-                      progress: Optional[bool], chunk_lines: int, keep: int) -> list[str]:
+                      progress: Optional[bool], chunk_lines: int, keep: int, rows: bool = False) -> list[str]:
     """Translate ``lines`` (read from ``input``: stdin when None or "-") to ``output`` (stdout
     when None), with a progress bar when asked or when a file is read on a terminal; returns
     the first ``keep`` non-empty input lines (for an attention plot), kept as they stream by."""
@@ -199,7 +204,7 @@ def _translate_stream(translator, options, text_options, lines, input: Optional[
 
     with open_output(output) as out, tqdm(total=total, unit="line", disable=not show, file=sys.stderr) as bar:
         results = translate_text_stream(translator, remember(lines), text_options, options, chunk_lines)
-        for text in result_lines(results, options.nbest):
+        for text in result_lines(results, options.nbest, rows):
             out.write(text + "\n")
             bar.update(1 if options.nbest == 1 else 1 / options.nbest)
     return kept

@@ -238,7 +238,9 @@ def _ranks_found(plan: list, found: list[list[Hypothesis]], ranks: int) -> int:
 def _document_ranks(document, outputs: list[list[Rendered]], wanted: int) -> tuple[list[str], list[float]]:
     """An HTML text's translations and their scores, best first: each rank some segment has (the
     others give their best there), ``wanted`` at most."""
-    depth = min(wanted, max((len(out) for out in outputs), default=1))
+    if not outputs:  # markup alone, nothing to translate: every rank is the page as it is, certain
+        return [document.render([])] * wanted, [0.0] * wanted
+    depth = min(wanted, max(len(out) for out in outputs))
     picks = [[out[rank] if rank < len(out) else out[0] for out in outputs] for rank in range(depth)]
     return [document.render(pick) for pick in picks], [sum(r.score for r in pick) for pick in picks]
 
@@ -291,10 +293,11 @@ def translate_text_stream(engine: Engine, lines: Iterable[str], opts: TextOption
             yield TextResult(one_line(result.text), [one_line(text) for text in result.alternatives], result.scores)
 
 
-def result_lines(results: Iterable[TextResult], nbest: int = 1) -> Iterator[str]:
-    """``xformer translate``'s output: one line per text, or ``nbest_rows`` per text."""
+def result_lines(results: Iterable[TextResult], nbest: int = 1, rows: Optional[bool] = None) -> Iterator[str]:
+    """``xformer translate``'s output: one line per text, or ``nbest_rows`` per text (``rows``:
+    asked for with --nbest, 1 included; by default when ``nbest`` is over 1)."""
     for line_no, result in enumerate(results, start=1):
-        if nbest <= 1:
+        if not (nbest > 1 if rows is None else rows):
             yield result.text
         else:
             yield from nbest_rows(line_no, [result.text, *result.alternatives], result.scores, nbest)
@@ -311,5 +314,6 @@ def nbest_rows(line_no: int, texts: Sequence[str], scores: Sequence[float], k: i
     for rank in range(1, k + 1):
         found = rank <= min(len(texts), len(scores))
         text, score = (texts[rank - 1], scores[rank - 1]) if found else ("", float("-inf"))
-        rows.append(f"{line_no}\t{rank}\t{score:.4f}\t{text}")
+        # a tab the source had between sentences would be a fifth column: a space in a row
+        rows.append(f"{line_no}\t{rank}\t{score:.4f}\t{text.replace(chr(9), ' ')}")
     return rows
