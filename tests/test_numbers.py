@@ -142,6 +142,22 @@ def test_without_a_known_target_language_no_word_is_a_number():
         del MODEL[source]
 
 
+def test_digits_inside_a_name_are_no_number_to_keep():
+    """X2, MP3 and 4x4 put bare digits into the translation ("auf einer 2 Bank") and rewrote the
+    model's own numbers; a number with a unit or an ending after it is still one."""
+    from xformer_cli.text.keep_numbers import NUMBER
+
+    found = [m.group() for m in NUMBER.finditer("X2 and MP3 near a 4x4, the 21st bus, 5km, 1,102.5 and 10:30")]
+    assert found == ["21", "5", "1,102.5", "10:30"]
+    source = "X1 and X2 sit on a bench."
+    MODEL[source] = "X1 und X2 sitzen auf einer Bank."
+    try:
+        (result,) = translate_texts(spelling_engine(), [source], TextOptions(keep_numbers=True, target_lang="de"))
+        assert result.text == MODEL[source]
+    finally:
+        del MODEL[source]
+
+
 def test_every_source_number_is_kept_once():
     lines = list(MODEL)[3:]
     out = [r.text for r in translate_texts(spelling_engine(), lines, TextOptions(keep_numbers=True, target_lang="de"))]

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from xformer_cli.languages import Languages
     from xformer_cli.text.masked import Masked
 
-NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*")  # a number term: what the glossary masks as one
+# A number term: what the glossary masks as one. Not digits inside a name (X2, MP3, 4x4: a letter
+# before them, or letters and a digit after); a unit or an ending after them is no name (5km, 21st).
+NUMBER = re.compile(r"(?<![^\W_])\d+(?:[.,:/]\d+)*(?![\d.,:/]*\d)(?![^\W\d_]+\d)")
 
 
 @dataclass
