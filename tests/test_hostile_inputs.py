@@ -422,3 +422,21 @@ def test_an_empty_side_names_both_files_and_a_folder_is_not_called_missing(tmp_p
     (tmp_path / "t.de").mkdir()
     with pytest.raises(XformerError, match=f"{tmp_path / 't.de'} is a directory, not a text file"):
         prepare_data(load_config(None, sets), lambda _: None)
+
+
+def test_a_command_that_sigterm_interrupts_puts_the_handler_back():
+    """translate run in-process (a test, a notebook) left its SIGTERM handler behind for the rest."""
+    import signal
+
+    from xformer_cli.cli.common import interrupts_on_sigterm
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    @interrupts_on_sigterm
+    def command() -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(KeyboardInterrupt):  # stopped as Ctrl-C stops it
+        command()
+    assert seen[0] != before and signal.getsignal(signal.SIGTERM) == before

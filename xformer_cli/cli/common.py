@@ -121,15 +121,29 @@ def warn_cut_lines(translator: Engine, max_input_len: Optional[int] = None) -> N
                    f"to {limit} (--max-input-len / decode.max_input_len)", err=True)
 
 
-def interrupt_on_sigterm() -> None:
-    """SIGTERM (a scheduler, `timeout`) stops the command as Ctrl-C does: a KeyboardInterrupt, so
-    the output being written is removed, not left as a temporary file beside the old one."""
-    import signal
+def interrupts_on_sigterm(command: Command) -> Command:
+    """A command that SIGTERM (a scheduler, `timeout`) stops as Ctrl-C does, with a
+    KeyboardInterrupt: the output being written is removed, not left as a temporary file beside
+    the old one. The handler before it is back when the command returns (it may run in-process)."""
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import signal
+        import threading
 
-    signal.signal(signal.SIGTERM, interrupt)
+        if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+            return command(*args, **kwargs)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def check_output(output: Optional[Path], inputs: list[tuple[Path, str]], attention: Optional[Path] = None) -> None:

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from xformer_cli.cli.common import (
-    app, before_torch, check_output, direction_for, interrupt_on_sigterm, load_engine_logged, user_errors,
+    app, before_torch, check_output, direction_for, interrupts_on_sigterm, load_engine_logged, user_errors,
     warn_cut_lines)
 from xformer_cli.cli.options import (
     BATCH_SIZE, BEAM_SIZE, COMPUTE_TYPE, DEVICE, ENGINE, LENGTH_PENALTY, MAX_LEN_A, MAX_LEN_B, MIN_LEN, PRECISION,
@@ -20,6 +20,7 @@ from xformer_cli.errors import XformerError
 
 @app.command()
 @user_errors
+@interrupts_on_sigterm
 def translate(  # long: its signature is its options, one parameter each
     checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-m",
                                            help="A checkpoint written by xformer train (repeat for an "
@@ -87,7 +88,6 @@ def translate(  # long: its signature is its options, one parameter each
     docs/translation.md.
     """
     before_torch()
-    interrupt_on_sigterm()
     from xformer_cli.decode.factory import searches_beam
 
     inputs = [(input, "--input"), (glossary, "--glossary"), *((c, "--checkpoint") for c in checkpoints)]
