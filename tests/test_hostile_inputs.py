@@ -108,25 +108,25 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
 
 
 def test_options_a_scoring_would_not_use_are_refused():
-    from xformer_cli.cli.scoring import _check_unused
+    from xformer_cli.cli.scoring import _check_scoring_options
 
     hyps = [Path("a.de")]
-    _check_unused(hyps, None, None, None, None, 0)
+    _check_scoring_options(hyps, None, None, None, None, 0)
     with pytest.raises(XformerError, match="--output, --beam-size: for --checkpoint, which translates"):
-        _check_unused(hyps, Path("o.de"), 4, None, None, 0)
+        _check_scoring_options(hyps, Path("o.de"), 4, None, None, 0)
     with pytest.raises(XformerError, match="--samples sets the paired test's resamples: give several --hyp"):
-        _check_unused(hyps, None, None, None, None, 100)
-    _check_unused(hyps * 2, None, None, None, None, 100)
-    _check_unused([], Path("o.de"), 4, 1.0, 32, 0)  # --checkpoint translates with them
+        _check_scoring_options(hyps, None, None, None, None, 100)
+    _check_scoring_options(hyps * 2, None, None, None, None, 100)
+    _check_scoring_options([], Path("o.de"), 4, 1.0, 32, 0)  # --checkpoint translates with them
 
 
 def test_one_system_given_twice_is_refused(tmp_path):
-    from xformer_cli.cli.scoring import _check_unused
+    from xformer_cli.cli.scoring import _check_scoring_options
 
     hyp = write_lines(tmp_path / "h.de", ["Ein Hund."])
     (tmp_path / "link.de").symlink_to(hyp)
     with pytest.raises(XformerError, match="link.de is given twice: give each system once"):  # p=0.001 against itself
-        _check_unused([hyp, tmp_path / "link.de"], None, None, None, None, 0)
+        _check_scoring_options([hyp, tmp_path / "link.de"], None, None, None, None, 0)
 
 
 def test_a_start_piece_outside_the_target_vocabulary_is_refused_naming_the_key():

@@ -67,7 +67,7 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
-    _check_unused(hyps, output, beam_size, length_penalty, batch_size, samples)
+    _check_scoring_options(hyps, output, beam_size, length_penalty, batch_size, samples)
     if confidence < 0 or confidence == 1:
         raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
                            f"not {confidence}")
@@ -97,7 +97,7 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
 
 
-def _check_unused(hyps: List[Path], output: Optional[Path], beam_size: Optional[int],
+def _check_scoring_options(hyps: List[Path], output: Optional[Path], beam_size: Optional[int],
                   length_penalty: Optional[float], batch_size: Optional[int], samples: int) -> None:
     """An option this scoring would not use is refused, not ignored: the translation's options
     with --hyp (nothing is translated), --samples without several systems to compare; and one

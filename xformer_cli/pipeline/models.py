@@ -137,26 +137,24 @@ def _drop_later_corpus_options(tree: Any) -> None:
 def scored_files_stamp(config: Config, run_dir: Path) -> list[str]:
     """The stamps of the valid and test files outside the run folder (every pair's own too):
     what a stage that scores on them takes, so new references score again."""
-    from xformer_cli.data.sources import corpus_paths
-
     d = config.data
-    sets = [(corpus, d.src_lang, d.tgt_lang) for corpus in (d.valid, d.test)]
+    sets = [(corpus, (d.src_lang, d.tgt_lang)) for corpus in (d.valid, d.test)]
     for pair in d.pairs:  # a pair's own sets, or the shared ones read with its languages
-        sets += [(corpus, pair.src_lang, pair.tgt_lang) for corpus in (pair.valid or d.valid, pair.test or d.test)]
-    inside, stamps = run_dir.resolve(), []
-    for corpus, src, tgt in sets:
-        if corpus is not None and (corpus.prefix or corpus.src):  # a dataset: its name and split are in the config
-            stamps += [file_stamp(p) for p in corpus_paths(corpus, src, tgt)
-                       if p.exists() and inside not in p.resolve().parents and file_stamp(p) not in stamps]
-    return stamps
+        sets += [(corpus, (pair.src_lang, pair.tgt_lang)) for corpus in (pair.valid or d.valid, pair.test or d.test)]
+    stamps = [stamp for corpus, langs in sets if corpus is not None
+              for stamp in _corpus_files(corpus, config, run_dir, langs)]
+    return list(dict.fromkeys(stamps))  # a set two pairs share, once
 
 
-def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path) -> list[str]:
+def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path,
+                  langs: Optional[tuple[str, str]] = None) -> list[str]:
+    """The stamps of ``corpus``'s files outside ``run_dir``, read with ``langs`` (the data's own
+    by default)."""
     from xformer_cli.data.sources import corpus_paths
 
     if not (corpus.prefix or corpus.src):
         return []  # a dataset: its name and split are in the config
-    paths = corpus_paths(corpus, config.data.src_lang, config.data.tgt_lang)
+    paths = corpus_paths(corpus, *(langs or (config.data.src_lang, config.data.tgt_lang)))
     inside = run_dir.resolve()
     return [file_stamp(p) for p in paths if p.exists() and inside not in p.resolve().parents]
 

@@ -232,6 +232,11 @@ def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: 
     return _translator(pipe, checkpoints, s)(job)
 
 
+def _engine_needs(s: TranslateStage) -> tuple[str, ...]:
+    """What a translating stage asks of its engine (the engine factory's ``needs``)."""
+    return ("sampling_topk", "seed") if s.sampling_topk else ()
+
+
 def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> Callable[[CorpusJob], int]:
     """The stage's engine, loaded once, as a function that translates a job (resuming it) and
     returns its line count: a stage with two jobs (backtranslate.real_targets) loads one engine."""
@@ -239,7 +244,7 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
 
     sampling = bool(s.sampling_topk)
     engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
-                         needs=("sampling_topk", "seed") if sampling else (), log=pipe.log)
+                         needs=_engine_needs(s), log=pipe.log)
     opts = dict(beam_size=s.beam_size, sampling_topk=s.sampling_topk or None,
                 temperature=s.temperature if sampling else None, batch_size=s.batch_size or None,
                 max_tokens=s.max_tokens or None)
@@ -613,7 +618,7 @@ def unusable_engine(pipe: Pipeline, stage: str) -> Optional[str]:
     placeholders = [Path(f"{stage}-model-{i}.pt") for i in range(max(models, 1))]  # only their number counts
     try:
         choose_engine(placeholders, settings.engine, settings.precision,
-                      needs=("sampling_topk", "seed") if settings.sampling_topk else ())
+                      needs=_engine_needs(settings))
     except XformerError as exc:
         return (f"{exc} ({stage}.engine {settings.engine}, {stage}.precision {settings.precision}"
                 f"{', sampling' if settings.sampling_topk else ''}; checked before the first stage runs)")

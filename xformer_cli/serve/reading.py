@@ -9,9 +9,9 @@ parameters with an empty body. So do we: body fields win over query fields of th
 from __future__ import annotations
 
 import hmac
-from urllib.parse import unquote_to_bytes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from urllib.parse import unquote_to_bytes
 
 from xformer_cli.serve.protocol import ApiError, parse_body
 
