@@ -542,14 +542,15 @@ def test_an_engine_a_translating_stage_cannot_have_is_found_before_the_first_sta
              r"float16; checked before the first stage runs\)"),
             (("backtranslate.engine=ctranslate2", "backtranslate.beam_size=1", "backtranslate.sampling_topk=10"),
              "backtranslate", "the ctranslate2 engine does not support --sampling-topk, --seed")):
-        config = smoke(tmp_path, *sets)
+        config = smoke(tmp_path, *_own_data(tmp_path), *sets)
         with pytest.raises(XformerError, match=said):
             run_pipeline(config, log=lambda _: None, progress=False)
         assert not (tmp_path / "run").exists()
         assert [s.action for s in pipeline_status(config) if s.stage == stage] == ["fails"]
     from xformer_cli.pipeline.stages import unusable_engine
 
-    ensemble_in_bf16 = Pipeline(smoke(tmp_path, "teacher.seeds=[1, 2]", "distill.precision=bf16"), log=lambda _: None)
+    ensemble_in_bf16 = Pipeline(smoke(tmp_path, *_own_data(tmp_path), "teacher.seeds=[1, 2]", "distill.precision=bf16"),
+                                log=lambda _: None)
     assert unusable_engine(ensemble_in_bf16, "distill") is None  # the xformer engine runs ensembles
 
 
@@ -564,12 +565,13 @@ def test_a_teacher_or_baseline_of_the_other_direction_is_found_before_the_first_
     torch.save({"config": {"data": {"src_lang": "en", "tgt_lang": "de"}}}, forwards)
     for key, stage in (("distill.teachers", "distill"), ("evaluate.baseline", "evaluate")):
         value = f"[{backwards}]" if key == "distill.teachers" else str(backwards)
-        pipe = Pipeline(smoke(tmp_path, "teacher.seeds=[1]", f"{key}={value}"), log=lambda _: None)
+        pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path), "teacher.seeds=[1]", f"{key}={value}"),
+                        log=lambda _: None)
         assert stage_problem(pipe, stage) == (f"config key '{key}': {backwards} translates de->en, not en->de "
                                               "(checked before the first stage runs)")
         value = f"[{forwards}]" if key == "distill.teachers" else str(forwards)
-        assert stage_problem(Pipeline(smoke(tmp_path, "teacher.seeds=[1]", f"{key}={value}"), log=lambda _: None),
-                             stage) is None
+        assert stage_problem(Pipeline(smoke(tmp_path, *_own_data(tmp_path), "teacher.seeds=[1]", f"{key}={value}"),
+                                      log=lambda _: None), stage) is None
 
 
 def test_a_monolingual_file_that_cannot_serve_is_found_before_the_first_stage(tmp_path):
