@@ -209,6 +209,41 @@ def test_a_stall_costs_its_own_steps_only_and_a_faster_cool_down_spends_its_minu
     assert _keep(capped, 500, range(0, 101, 10), lambda step: 1.0)[0] == 1000  # 0.1 s a step: up to max_steps
 
 
+def _keep_like_the_trainer(keeper: BudgetKeeper, planned: int, step_s: float, valid_s: float) -> tuple[int, float]:
+    """The trainer's loop on a clock: a look every 10 steps, validations where the keeper's list
+    has them (moved with the plan as the trainer moves them). Returns (the last step, the clock)."""
+    clock, step = 0.0, 0
+    while step < planned and clock < keeper.deadline:
+        step += 1
+        clock += step_s
+        if step % 10 == 0 or step >= planned:
+            proposal = keeper.proposal(step, planned, clock)
+            if proposal != planned:
+                keeper.validations = time_budget.revised_validation_steps(keeper.validations, step, proposal)
+                planned = proposal
+        if step in keeper.validations:
+            clock += valid_s
+            keeper.validated(valid_s)
+    return step, clock
+
+
+def test_a_plan_measured_on_a_busy_machine_grows_to_its_minutes_once_the_run_sees_its_pace():
+    """The README's main job started beside a test run on 2 cores: the probe measured 6.96 s a
+    step and ~209 s a validation, and planned 59 steps in 25 minutes. The keeper read no pace
+    before 50 steps, so the run ended after 7.5 of its minutes (BLEU 0.12). It now reads the
+    pace over a quarter of so short a plan: whether the machine frees up (0.45 s a step) or
+    stays busy (7 s), the run spends most of its minutes, and ends inside them."""
+    validations = time_budget.validation_steps(TrainConfig(validations=5), 59)
+    for step_s, valid_s in ((0.45, 20.0), (7.0, 60.0)):
+        keeper = BudgetKeeper(deadline=25 * 60, valid_s=209.0, validations=validations, max_steps=100_000)
+        step, clock = _keep_like_the_trainer(keeper, 59, step_s, valid_s)
+        assert 0.9 * 25 * 60 < clock <= 25 * 60, (step_s, step, clock)
+        assert step > (2500 if step_s < 1 else 150)
+    # A long plan still waits for PACE_STEPS steps: one slow look early on is no trend
+    keeper = BudgetKeeper(deadline=25 * 60, valid_s=7.0, validations=[])
+    assert [keeper.proposal(step, 2200, step * 0.65 + (30.0 if step >= 20 else 0.0)) for step in (10, 20, 30)] == [2200] * 3
+
+
 def test_the_validations_to_come_are_the_grid_before_the_end_and_the_end():
     """One count for the plan (fit_steps) and the keeper: with valid_every, its multiples from
     the step the keeper looks at (that step's runs after the look) to before the end, and the
@@ -596,6 +631,23 @@ def test_a_valid_every_run_reserves_its_validations_and_ends_inside_its_minutes_
     schedule = trainer.state.schedule
     assert schedule.factor(result.steps) == pytest.approx(1 / (schedule.cooldown_steps + 1))  # the floor
     assert validated == [*range(40, result.steps, 40), result.steps]
+
+
+@pytest.mark.slow
+def test_a_run_planned_on_a_busy_machine_spends_its_minutes(small_corpus, tmp_path, monkeypatch):
+    """The probe says 1 s a step and 5 s a validation (another job had the cores): 48 steps fit
+    in a minute. The steps then take 0.25 s: the run learns its pace inside that short plan,
+    says so, and trains for its minute instead of stopping after a fifth of it."""
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (1.0, 5.0))
+    lines: list[str] = []
+    sets = {"train.max_minutes": 1.0, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
+            "train.save_every": 0}
+    trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets), monkeypatch,
+                                                      lambda step: 0.25, 1.0, lines.append)
+    assert trainer.config.train.planned_steps == 48
+    assert [line for line in lines if "leave time for more" in line], lines
+    assert result.stopped_because == "planned steps" and 0.8 < result.minutes <= 1.0
+    assert result.steps > 180 and len(validated) == 2 and validated[-1] == result.steps
 
 
 @pytest.mark.slow

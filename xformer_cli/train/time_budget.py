@@ -213,6 +213,9 @@ def _sync(device: torch.device) -> None:
 
 
 PACE_STEPS = 50  # the pace is measured over at least this many steps (one slow step is no trend)
+# ... or over this share of the plan when that is fewer: a plan measured on a busy machine (tens
+# of steps in 25 minutes) ended before 50 steps were seen and left most of its minutes unused
+PACE_PLAN_SHARE = 0.25
 PACE_LOOKS = 9  # ... as the median of the paces between the last looks: a stall is one outlier
 # ... each look at least this long after the one before: a GPU's step (tens of ms, its length
 # varying with the batch's shape) gives ten-step paces too noisy to plan by, and the plan churned
@@ -241,14 +244,15 @@ class BudgetKeeper:
         self.valid_s = seconds
         self.exclude(seconds)
 
-    def step_seconds(self, step: int, now: float) -> Optional[float]:
+    def step_seconds(self, step: int, now: float, planned: int) -> Optional[float]:
         """Seconds a step: the median of the paces between the last PACE_LOOKS + 1 looks (None
-        until they span PACE_STEPS steps). A stall (a minute of another job, a swap storm) slows
-        one or two of them and moves no median; a machine that stays slower moves them all."""
+        until they span PACE_STEPS steps, or a PACE_PLAN_SHARE of a shorter plan). A stall (a
+        minute of another job, a swap storm) slows one or two of them and moves no median; a
+        machine that stays slower moves them all."""
         if self.marks and (step <= self.marks[-1][0] or now - self.excluded - self.marks[-1][1] < PACE_LOOK_SECONDS):
             return None
         self.marks = (self.marks + [(step, now - self.excluded)])[-(PACE_LOOKS + 1):]
-        if self.marks[-1][0] - self.marks[0][0] < PACE_STEPS:
+        if self.marks[-1][0] - self.marks[0][0] < max(1, min(PACE_STEPS, round(planned * PACE_PLAN_SHARE))):
             return None
         paces = sorted(max(b[1] - a[1], 1e-9) / (b[0] - a[0]) for a, b in zip(self.marks, self.marks[1:]))
         return paces[len(paces) // 2]
@@ -257,7 +261,7 @@ class BudgetKeeper:
         """The planned steps to keep: what fits at the recent pace with the validations still
         to come, at least ``step`` + 1, at most train.max_steps (unchanged for a change under 1%
         of the plan)."""
-        step_s = self.step_seconds(step, now)
+        step_s = self.step_seconds(step, now, planned)
         if step_s is None or step >= planned:
             return planned
         limit = None if self.max_steps is None else max(1, self.max_steps - step)
