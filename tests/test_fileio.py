@@ -203,6 +203,19 @@ def test_a_pipe_or_device_output_is_written_into_and_stays_what_it_was(tmp_path)
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]
 
 
+def test_dev_stdout_on_a_pipe_is_written_into():
+    """``-o /dev/stdout | next-command``: /dev/stdout links to /proc/self/fd/1, whose target on a
+    pipe reads 'pipe:[N]', no path at all; resolving it first refused the run ('cannot write
+    /proc/.../pipe:[N]'). A pipe's descriptor link here stands for it."""
+    read_end, write_end = os.pipe()
+    try:
+        write_lines(["Ein Hund."], Path(f"/proc/self/fd/{write_end}"))
+        assert os.read(read_end, 100) == "Ein Hund.\n".encode()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def _read_only(monkeypatch, folder: Path) -> None:
     """``folder`` as on a read-only mount (tests may run as root, whom permissions do not stop)."""
     real_access, real_mkstemp, real_mkdtemp = os.access, fileio.tempfile.mkstemp, fileio.tempfile.mkdtemp

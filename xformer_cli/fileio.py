@@ -125,14 +125,14 @@ def atomic_file(path: "str | Path", mode: str = "wb", *, encoding: Optional[str]
     ``path`` is as it was. A device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is
     written into as it is: renaming a file over it would replace the node itself."""
     path = Path(path)
-    if path.is_symlink():  # the link stays, pointing at the new file
-        path = path.resolve()
     if path.is_dir():
         raise XformerError(f"{path} is a directory: give a file name to write")
-    if path.exists() and not path.is_file():
+    if path.exists() and not path.is_file():  # asked before resolving: /dev/stdout on a pipe resolves to no path
         with open(path, mode, encoding=encoding, newline=newline) as handle:
             yield handle
         return
+    if path.is_symlink():  # the link stays, pointing at the new file
+        path = path.resolve()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
