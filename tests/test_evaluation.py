@@ -74,6 +74,17 @@ def test_bootstrap_confidence_interval_and_paired_significance():
             compare_systems([("good", HYPS), ("bad", worse)], [REF1], ("bleu",), test=test, samples=samples)
 
 
+def test_a_system_equal_to_the_baseline_is_no_different_from_it():
+    """Two files of the same lines: sacreBLEU's paired tests said p=0.001 (bs) and 0.0001 (ar),
+    'significant'; there is no difference to find."""
+    worse = ["Ein Hund.", "Schnee.", "Ein Buch."]
+    for test in ("bs", "ar"):
+        rows, _ = compare_systems([("base", HYPS), ("copy", list(HYPS)), ("bad", worse)], [REF1], ("bleu", "chrf"),
+                                  test=test, samples=100)
+        assert [score.p_value for score in rows[1]] == [1.0, 1.0]
+        assert rows[2][0].p_value < 1.0  # another system is still tested
+
+
 def test_warnings_for_tokenized_or_unk_hypotheses():
     assert hypothesis_warnings(HYPS, "h") == []
     assert any("sentencepiece" in w for w in hypothesis_warnings(["\u2581Ein \u2581Mann"] * 3, "h"))

@@ -107,17 +107,26 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
     check_output(None, inputs, attention=plot)  # to stdout: nothing to collide with
 
 
+def _translating(**given) -> dict:
+    """eval-bleu's translation options as its command hands them over: none given."""
+    options = {"--output": None, "--beam-size": None, "--length-penalty": None, "--batch-size": None,
+               "--engine": False, "--device": False, "--precision": False, "--threads": False}
+    return {**options, **given}
+
+
 def test_options_a_scoring_would_not_use_are_refused():
     from xformer_cli.cli.scoring import _check_scoring_options
 
     hyps = [Path("a.de")]
-    _check_scoring_options(hyps, None, None, None, None, 0)
+    _check_scoring_options(hyps, 0, _translating())
     with pytest.raises(XformerError, match="--output, --beam-size: for --checkpoint, which translates"):
-        _check_scoring_options(hyps, Path("o.de"), 4, None, None, 0)
+        _check_scoring_options(hyps, 0, _translating(**{"--output": Path("o.de"), "--beam-size": 4}))
+    with pytest.raises(XformerError, match="^--precision, --threads: for --checkpoint, which translates"):
+        _check_scoring_options(hyps, 0, _translating(**{"--precision": True, "--threads": True}))
     with pytest.raises(XformerError, match="--samples sets the paired test's resamples: give several --hyp"):
-        _check_scoring_options(hyps, None, None, None, None, 100)
-    _check_scoring_options(hyps * 2, None, None, None, None, 100)
-    _check_scoring_options([], Path("o.de"), 4, 1.0, 32, 0)  # --checkpoint translates with them
+        _check_scoring_options(hyps, 100, _translating())
+    _check_scoring_options(hyps * 2, 100, _translating())
+    _check_scoring_options([], 0, _translating(**{"--output": Path("o.de"), "--beam-size": 4, "--engine": True}))
 
 
 def test_one_system_given_twice_is_refused(tmp_path):
@@ -125,8 +134,8 @@ def test_one_system_given_twice_is_refused(tmp_path):
 
     hyp = write_lines(tmp_path / "h.de", ["Ein Hund."])
     (tmp_path / "link.de").symlink_to(hyp)
-    with pytest.raises(XformerError, match="link.de is given twice: give each system once"):  # p=0.001 against itself
-        _check_scoring_options([hyp, tmp_path / "link.de"], None, None, None, None, 0)
+    with pytest.raises(XformerError, match="link.de is given twice: give each system once"):
+        _check_scoring_options([hyp, tmp_path / "link.de"], 0, _translating())
 
 
 def test_a_start_piece_outside_the_target_vocabulary_is_refused_naming_the_key():

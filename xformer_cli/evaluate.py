@@ -142,12 +142,16 @@ def compare_systems(
                         n_samples=samples)
     signatures, table = paired()
     rows: list[list[Score]] = []
-    for i, _ in enumerate(systems):
+    baseline = list(systems[0][1])
+    for i, (_, hyps) in enumerate(systems):
+        # Output equal to the baseline's line for line differs in nothing: p = 1. sacreBLEU counts
+        # only resamples that beat the observed difference, none when it is 0, and says p = 0.001.
+        same = i > 0 and list(hyps) == baseline
         row = []
         for metric_name in chosen:
             result = table[metric_name][i]
             row.append(Score(metric_name, float(result.score), str(signatures[metric_name]), "",
-                             result.mean, result.ci, result.p_value))
+                             result.mean, result.ci, 1.0 if same else result.p_value))
         rows.append(row)
     return rows, {k: str(v) for k, v in signatures.items()}
 

@@ -67,7 +67,10 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
-    _check_scoring_options(hyps, output, beam_size, length_penalty, batch_size, samples)
+    _check_scoring_options(hyps, samples, {"--output": output, "--beam-size": beam_size,
+                                           "--length-penalty": length_penalty, "--batch-size": batch_size,
+                                           "--engine": engine != "auto", "--device": device != "auto",
+                                           "--precision": precision != "auto", "--threads": threads != 0})
     if confidence < 0 or confidence == 1:
         raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
                            f"not {confidence}")
@@ -97,22 +100,19 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
 
 
-def _check_scoring_options(hyps: List[Path], output: Optional[Path], beam_size: Optional[int],
-                  length_penalty: Optional[float], batch_size: Optional[int], samples: int) -> None:
+def _check_scoring_options(hyps: List[Path], samples: int, translating: dict[str, object]) -> None:
     """An option this scoring would not use is refused, not ignored: the translation's options
-    with --hyp (nothing is translated), --samples without several systems to compare; and one
-    system given twice."""
+    (``translating``: each given or not at its default) with --hyp, as nothing is translated;
+    --samples without several systems to compare; and one system given twice."""
     if hyps:
-        given = [name for name, value in (("--output", output), ("--beam-size", beam_size),
-                                          ("--length-penalty", length_penalty), ("--batch-size", batch_size))
-                 if value is not None]
+        given = [name for name, value in translating.items() if value is not None and value is not False]
         if given:
             raise XformerError(f"{', '.join(given)}: for --checkpoint, which translates; --hyp scores given "
                                "translations")
     from xformer_cli.fileio import same_file
 
     twice = next((b for i, a in enumerate(hyps) for b in hyps[i + 1:] if same_file(a, b)), None)
-    if twice is not None:  # sacreBLEU calls a system significantly different from itself (p=0.001)
+    if twice is not None:  # a slip: one system compared with itself
         raise XformerError(f"--hyp {twice} is given twice: give each system once")
     if samples and len(hyps) < 2:
         raise XformerError("--samples sets the paired test's resamples: give several --hyp to compare")

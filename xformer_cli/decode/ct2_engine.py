@@ -19,7 +19,7 @@ from xformer_cli.config import DecodeConfig
 from xformer_cli.cpu_cores import available_cores
 from xformer_cli.data.batching import encode_source_batch
 from xformer_cli.decode.engine import Engine
-from xformer_cli.decode.inputs import source_batches, still_wanted
+from xformer_cli.decode.inputs import checked_lines, source_batches, still_wanted
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, length_penalty, max_lengths
 from xformer_cli.errors import XformerError
@@ -198,6 +198,7 @@ class CTranslate2Translator(Engine):
         hypothesis cut at the length limit keeps the log-probability of the uncut one.
         """
         beam, alpha, a, b = opts.beam_size, opts.length_penalty, opts.max_len_a, opts.max_len_b
+        lines = checked_lines(lines)
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]

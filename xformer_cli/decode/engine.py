@@ -13,10 +13,11 @@ evaluation and serving never ask which one they hold. ``decode/factory.py`` buil
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence
 
 from xformer_cli.config import Config, DecodeConfig
-from xformer_cli.decode.inputs import SourceTag
+from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, SourceTag
 from xformer_cli.decode.options import SearchOptions, resolve_options
 from xformer_cli.decode.search import Hypothesis, Wanted
 from xformer_cli.errors import XformerError
@@ -100,8 +101,19 @@ class Engine:
         **more: Any,
     ) -> list[str]:
         """One output line per input line, in input order; blank input gives blank output.
-        ``target_lang``: a multilingual model's target language (fr; needed when it has
-        several). ``more``: any other ``SearchOptions`` field (sampling_topk, temperature, ...)."""
+        Each line is one input to the model as it is: no sentence splitting, and a line past
+        ``decode.max_input_len`` pieces is cut (a warning says so). What ``xformer translate``
+        writes (sentences, long lines in pieces, glossary, numbers) is
+        ``xformer_cli.text.translate_texts``. ``target_lang``: a multilingual model's target
+        language (fr; needed when it has several). ``more``: any other ``SearchOptions`` field
+        (sampling_topk, temperature, ...)."""
         opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                             max_len_b=max_len_b, batch_size=batch_size, target_lang=target_lang, **more)
-        return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]
+        cut_before = self.truncated_lines
+        found = self.search(lines, opts)
+        if self.truncated_lines > cut_before:
+            limit = opts.max_input_len or DEFAULT_MAX_INPUT_LEN
+            warnings.warn(f"{self.truncated_lines - cut_before} line(s) longer than {limit} pieces were cut to it; "
+                          "xformer_cli.text.translate_texts translates them whole, by sentences, as xformer translate "
+                          "does", stacklevel=2)
+        return [self.detokenize(hyps[0]) if hyps else "" for hyps in found]

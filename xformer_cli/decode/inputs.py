@@ -29,6 +29,22 @@ class SourceTag:
     missing: str = ""  # the error for an untagged line ("" : the model needs no tag)
 
 
+def checked_lines(lines: Iterable[str], what: str = "lines") -> list[str]:
+    """``lines`` as a list of strings, or one line naming what a Python caller gave instead: a
+    single string was translated a character a line, and a generator was read up before the
+    results were laid out for it."""
+    if isinstance(lines, (str, bytes)):
+        raise XformerError(f"{what}: give a list of strings, not one {type(lines).__name__}")
+    try:
+        lines = list(lines)
+    except TypeError:
+        raise XformerError(f"{what}: give a list of strings, not {type(lines).__name__}") from None
+    for index, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise XformerError(f"{what}[{index}] is {type(line).__name__}, not a string")
+    return lines
+
+
 def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_input_len: int,
                  lead: SourceTag = SourceTag()) -> tuple[list[list[int]], int]:
     """Source piece ids per line (led by ``lead.tag``'s id), cut to ``max_input_len`` (0: the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -57,4 +58,25 @@ def resolve_options(decode: DecodeConfig, **given: Any) -> SearchOptions:
     unknown = sorted(set(given) - set(SearchOptions.__dataclass_fields__))
     if unknown:
         raise XformerError(f"unknown decoding option(s): {', '.join(unknown)}")
-    return SearchOptions(**{**asdict(decode), **{k: v for k, v in given.items() if v is not None}}).check()
+    given = {k: v for k, v in given.items() if v is not None}
+    for name, value in given.items():
+        _check_type(name, value)
+    return SearchOptions(**{**asdict(decode), **given}).check()
+
+
+def _check_type(name: str, value: Any) -> None:
+    """A Python caller's option of the wrong type (beam_size="4", 2.5) is refused by name here,
+    not met deep in the search as a comparison or a tensor size that fails."""
+    wanted = typing.get_type_hints(SearchOptions)[name]
+    if typing.get_origin(wanted) is typing.Union:  # Optional[X]: X
+        wanted = next(t for t in typing.get_args(wanted) if t is not type(None))
+    base = typing.get_origin(wanted) or wanted
+    if base is float:
+        fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base is int:
+        fits = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        fits = isinstance(value, base)
+    if not fits:
+        raise XformerError(f"decoding option {name} must be {getattr(wanted, '__name__', str(wanted))}, "
+                           f"got {value!r}")

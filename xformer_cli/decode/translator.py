@@ -21,7 +21,8 @@ from xformer_cli.config import DecodeConfig
 from xformer_cli.data.batching import encode_source_batch, pad
 from xformer_cli.decode.engine import Engine
 from xformer_cli.decode.ensemble import Ensemble
-from xformer_cli.decode.inputs import SourceTag, encode_lines, normalize_line, source_batches, still_wanted
+from xformer_cli.decode.inputs import (SourceTag, checked_lines, encode_lines, normalize_line, source_batches,
+                                      still_wanted)
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
@@ -107,6 +108,7 @@ class Translator(Engine):
                wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
         """The ``opts.nbest`` best hypotheses per line, best first; [] for a blank line and
         for a line that stops being ``wanted`` (asked before each batch and at every step)."""
+        lines = checked_lines(lines)
         encoded, batches, cut = source_batches(self.tokenizer, lines, opts, self.source_tag(opts))
         self.truncated_lines += cut
         results: list[list[Hypothesis]] = [[] for _ in lines]

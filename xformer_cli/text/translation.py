@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
 
 from xformer_cli.decode.engine import Engine
-from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, chunked
+from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN, checked_lines, chunked
 from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted
+from xformer_cli.errors import XformerError
 from xformer_cli.text.align import Aligner, AttentionAligner, relative_aligner
 from xformer_cli.text.glossary import Glossary, Masked, mask_terms, missing_placeholders, restore_terms
 from xformer_cli.text.long import cut_sentence
@@ -20,6 +21,7 @@ from xformer_cli.text.segments import Rendered, Segment
 from xformer_cli.text.sentences import Span, split_spans
 
 TEXT_FORMATS = ("text", "html")  # what translate --format reads
+ALIGNERS = ("auto", "attention", "relative")
 MAX_UNITS_PER_TEXT = 256  # past it the rest of a text is one unit, cut by the engine with its warning
 
 
@@ -39,6 +41,14 @@ class TextOptions:
     placeholders: bool = False  # glossary terms: masked (True) or left in and their aligned words replaced
     target_lang: Optional[str] = None  # a multilingual model's target language (else the search options'); also
     # which number words count for keep_numbers (None = the model's only target, else digits only)
+
+    def __post_init__(self) -> None:
+        if self.format not in TEXT_FORMATS:
+            raise XformerError(f"format must be one of {', '.join(TEXT_FORMATS)}, not {self.format!r}")
+        if self.aligner not in ALIGNERS:
+            raise XformerError(f"aligner must be one of {', '.join(ALIGNERS)}, not {self.aligner!r}")
+        if not isinstance(self.alternatives, int) or self.alternatives < 0:
+            raise XformerError(f"alternatives must be a whole number 0 or more, not {self.alternatives!r}")
 
 
 @dataclass
@@ -253,6 +263,7 @@ def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOpt
     engine has begun, and its result is partial."""
     from xformer_cli.text.html import parse_html
 
+    texts = checked_lines(texts, "texts")
     opts = opts or TextOptions()
     search = search or engine.options()
     if opts.format == "html":
