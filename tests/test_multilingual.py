@@ -51,6 +51,12 @@ def test_pairs_read_their_corpora_with_their_languages_and_a_bilingual_config_is
     ({"pairs": ["en-de", "en-fr"], "sampling_temperature": 0}, "config key 'data.sampling_temperature': must be positive"),
     ({"pairs": ["en-de", "en-gsw"], "lang_tags": {"gsw": "gsw"}}, "config key 'data.lang_tags.gsw'"),
     ({"pairs": ["en-de", "en-fr"], "target_tag": "bos"}, "config key 'data.target_tag'"),
+    # fixed files or columns shared by several pairs: every pair got the same two sides
+    ({"pairs": ["en-de", "de-en"], "train": {"src": "t.en", "tgt": "t.de"}},
+     "config key 'data.train.src': is read the same for every pair that shares it (en-de, de-en)"),
+    ({"pairs": ["en-de", "en-fr"], "train": {"data_files": "t.jsonl", "src_column": "en", "tgt_column": "de"}},
+     "config key 'data.train.src_column': is read the same"),
+    ({"pairs": ["en-de", "en-fr"], "valid": {"src": "v.en", "tgt": "v.de"}}, "config key 'data.valid.src'"),
 ])
 def test_bad_pairs_are_refused_naming_the_key(data, fragment):
     with pytest.raises(XformerError) as caught:

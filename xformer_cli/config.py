@@ -591,7 +591,26 @@ def _check_data(d: DataConfig) -> None:
                 f"must be above 0 and at most {MAX_WEIGHT} (1 = all of the pair once an epoch)")
         require(pair.weight == 1 or d.sampling_temperature == 1, f"{key}.weight",
                 "give pair weights or data.sampling_temperature, not both")
+    _check_shared_corpora(d)
     _check_tags(d)
+
+
+def _check_shared_corpora(d: DataConfig) -> None:
+    """A shared corpus (data.train, valid, test) that several pairs read must follow each pair's
+    languages (prefix.<lang>, a translation column, columns named by language): fixed src/tgt
+    files or columns gave every pair the same two sides, an en-fr pair German targets."""
+    for part in ("train", "valid", "test"):
+        readers = [p.name for p in d.pairs if getattr(p, part) is None]
+        shared = getattr(d, part)
+        corpora = shared if isinstance(shared, list) else [shared] if shared is not None else []
+        if len(readers) < 2:
+            continue
+        for i, corpus in enumerate(corpora):
+            fixed = next((k for k in ("src", "tgt", "src_column", "tgt_column") if getattr(corpus, k)), None)
+            where = f"data.{part}[{i}]" if len(corpora) > 1 else f"data.{part}"
+            require(fixed is None, f"{where}.{fixed}",
+                    f"is read the same for every pair that shares it ({', '.join(readers)}): give a prefix "
+                    f"(prefix.<lang>) or language-named columns, or each pair its own data.pairs[i].{part}")
 
 
 def _check_corpora(train: list[CorpusConfig], key: str, valid: Optional[CorpusConfig], test: Optional[CorpusConfig],
