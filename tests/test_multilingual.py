@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import quiet
+from helpers import quiet, write_lines
 from multilingual_fixture import corpus, checkpoint  # noqa: F401 (module fixtures)
 from multilingual_fixture import multilingual_checkpoint, multilingual_config, parallel_lines, write_corpus
 from xformer_cli.config import config_from_dict
@@ -546,9 +546,45 @@ def test_pairs_read_a_dataset_and_tsv_files_with_their_languages(tmp_path):
     sources = train_sources(data, quiet)
     assert [list(source)[0] for source in sources] == [(lines["en"][0], lines[t][0]) for t in ("de", "fr", "cs")]
     assert [source.tag for source in sources] == [">>deu<<", ">>fra<<", ">>ces<<"]
+    # the English of the one dataset read by two pairs is one text: the tokenizer's sample counted it twice
+    assert sources[0].side_key(0) == sources[1].side_key(0) and sources[0].side_key(1) != sources[1].side_key(1)
     valid = eval_sets(data, "valid")
     assert {d: (len(c), c.tgt[0]) for d, c in valid.items()} == {
         ("en", "de"): (5, lines["de"][0]), ("en", "fr"): (5, lines["fr"][0]), ("en", "cs"): (40, lines["cs"][0])}
+
+
+def test_a_direction_without_a_valid_set_is_said_not_to_be_validated(tmp_path):
+    """docs/multilingual.md: every direction is validated on its own set; a pair left without
+    one was silently never validated, and best.pt picked on the others."""
+    from xformer_cli.data.directions import eval_sets
+
+    lines = parallel_lines(10, 2)
+    for lang in ("en", "de"):
+        write_lines(tmp_path / f"v.{lang}", lines[lang])
+    data = config_from_dict({"data": {"train": {"prefix": "m/train"}, "valid": None,
+                                      "pairs": [{"src_lang": "en", "tgt_lang": "de", "valid": {"prefix": str(tmp_path / "v")}},
+                                                "en-fr"]}}).data
+    said: list[str] = []
+    assert list(eval_sets(data, "valid", said.append)) == [("en", "de")]
+    assert said == ["warning: no valid set for en-fr (data.pairs[1].valid): not validated, and best.pt is picked "
+                    "on the others' scores"]
+    said.clear()
+    eval_sets(data, "test", said.append)  # no test sets at all: nothing to say
+    assert said == []
+
+
+def test_a_tokenizer_sampled_at_another_temperature_is_not_reused():
+    """The temperature balances the tokenizer's sample per language; a run at another one reused
+    the folder's tokenizer as if it were its own."""
+    from xformer_cli.config import Config
+    from xformer_cli.data.tokenizer_plan import _tokenizer_settings
+
+    def settings(**data) -> str:
+        return _tokenizer_settings(Config(data=config_from_dict({"data": {"train": {"prefix": "m/train"},
+                                                                          **data}}).data), [])
+
+    assert settings(pairs=["en-de", "en-fr"]) != settings(pairs=["en-de", "en-fr"], sampling_temperature=5)
+    assert "sampling_temperature" not in settings(pairs=["en-de", "en-fr"])  # runs made before keep theirs
 
 
 def test_without_py3langid_a_source_that_needs_detecting_is_asked_for_in_one_line(monkeypatch):

@@ -323,6 +323,11 @@ def test_distillation_counts_its_sources_without_reading_them(tmp_path):
     source = PairSource(CorpusConfig(prefix=str(tmp_path / "c")), "en", "de")
     assert source.line_estimate() == 4 and len(list(source)) == 3  # an estimate: dropped lines count
     assert PairSource(CorpusConfig(prefix=str(tmp_path / "c"), max_pairs=2), "en", "de").line_estimate() == 2
+    import gzip
+
+    for lang, text in (("en", "one\ntwo\nthree\n" * 100), ("de", "eins\nzwei\ndrei\n" * 100)):
+        (tmp_path / f"z.{lang}.gz").write_bytes(gzip.compress(text.encode()))
+    assert PairSource(CorpusConfig(prefix=str(tmp_path / "z")), "en", "de").line_estimate() == 300  # not its bytes' newlines
 
 
 def test_from_and_only_choose_the_stages(tmp_path):

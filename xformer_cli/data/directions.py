@@ -66,6 +66,11 @@ def eval_sets(d: DataConfig, role: str, log: Optional[Callable[[str], None]] = N
         if role == "valid" and d.valid_max_sentences:
             corpus.src, corpus.tgt = corpus.src[: d.valid_max_sentences], corpus.tgt[: d.valid_max_sentences]
         sets[(pair.src_lang, pair.tgt_lang)] = corpus
+    unvalidated = [f"{pair.name} (data.pairs[{i}].valid)" for i, pair in enumerate(d.directions())
+                   if (pair.src_lang, pair.tgt_lang) not in sets]
+    if role == "valid" and sets and unvalidated and log is not None:
+        log(f"warning: no valid set for {', '.join(unvalidated)}: not validated, and best.pt is picked on the "
+            "others' scores")
     return sets
 
 

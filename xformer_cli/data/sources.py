@@ -16,15 +16,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from xformer_cli.config import CorpusConfig
+from xformer_cli.data.data_files import DataFiles, text_value
 from xformer_cli.errors import XformerError
 from xformer_cli.file_stamps import file_stamp
 from xformer_cli.textio import count_lines, decode_line, without_bom
 
 DEFAULT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
-_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".tsv": "csv", ".csv": "csv"}
 
 
 @dataclass
@@ -131,39 +131,40 @@ def _text_pairs(src_path: Path, tgt_path: Path, skip_invalid: bool, dropped: Cou
 
 # -- datasets and data files ---------------------------------------------------------------
 
-def open_dataset(corpus: CorpusConfig, split: str):
-    """A ``datasets.Dataset`` (memory-mapped Arrow) for a hub name, a saved directory or data files."""
+def open_dataset(corpus: CorpusConfig, split: str) -> "DataFiles | Any":
+    """Local data files (data/data_files.py), or a ``datasets.Dataset`` (memory-mapped Arrow)
+    for a hub name or a saved directory."""
+    if corpus.data_files:
+        pattern = any(ch in corpus.data_files for ch in "*?[")
+        # glob.glob, not Path().glob: an absolute pattern ("/data/wmt/*.parquet") is the usual one
+        files = sorted(map(Path, glob.glob(corpus.data_files))) if pattern else [Path(corpus.data_files)]
+        if not files or not all(f.is_file() for f in files):
+            raise XformerError(f"data files not found: {corpus.data_files}")
+        return DataFiles(files)
     import datasets
 
     datasets.disable_progress_bars()
-    what = corpus.dataset or corpus.data_files
+    path = Path(corpus.dataset)  # type: ignore[arg-type]
+    if path.is_file():
+        raise XformerError(f"dataset {path} is a file: data_files reads data files (dataset takes a Hub name or a "
+                           "save_to_disk folder)")
     try:
-        if corpus.data_files:
-            pattern = any(ch in corpus.data_files for ch in "*?[")
-            # glob.glob, not Path().glob: an absolute pattern ("/data/wmt/*.parquet") is the usual one
-            files = sorted(map(Path, glob.glob(corpus.data_files))) if pattern else [Path(corpus.data_files)]
-            if not files or not all(f.is_file() for f in files):
-                raise XformerError(f"data files not found: {corpus.data_files}")
-            suffix = files[0].suffix.lower()
-            if suffix not in _FILE_BUILDERS:
-                raise XformerError(f"{files[0]}: unsupported data file type (use parquet, jsonl, json, tsv or csv)")
-            extra = {"delimiter": "\t", "quoting": 3} if suffix == ".tsv" else {}
-            return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=[str(f) for f in files], split="train",
-                                         **extra)
-        path = Path(corpus.dataset)  # type: ignore[arg-type]
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
                     raise XformerError(f"dataset {path} has no split '{split}' (splits: {', '.join(loaded)})")
                 return loaded[split]
+            if corpus.split:  # a split asked for by name in a dataset saved without splits: all of it was read
+                raise XformerError(f"dataset {path} was saved without splits: split '{corpus.split}' is not in it "
+                                   "(leave split out to read all of it)")
             return loaded
         return datasets.load_dataset(corpus.dataset, corpus.dataset_config, split=split)
     except XformerError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs its first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise XformerError(f"dataset {what} (split '{split}'): {first[:300]}") from None
+        raise XformerError(f"dataset {corpus.dataset} (split '{split}'): {first[:300]}") from None
 
 
 def _columns(ds, corpus: CorpusConfig, src_lang: str, tgt_lang: str, what: str) -> tuple[str, Optional[str]]:
@@ -175,8 +176,11 @@ def _columns(ds, corpus: CorpusConfig, src_lang: str, tgt_lang: str, what: str) 
             raise XformerError(f"{what} has no column '{missing[0]}' (columns: {', '.join(names)})")
         return corpus.src_column, corpus.tgt_column
     if "translation" in names:
-        feature = ds.features["translation"]
-        langs = list(getattr(feature, "languages", None) or feature.keys())
+        if isinstance(ds, DataFiles):
+            langs = ds.languages("translation")
+        else:
+            feature = ds.features["translation"]
+            langs = list(getattr(feature, "languages", None) or feature.keys())
         missing = [lang for lang in (src_lang, tgt_lang) if lang not in langs]
         if missing:
             raise XformerError(f"{what} has no '{missing[0]}' in its translation column "
@@ -188,15 +192,36 @@ def _columns(ds, corpus: CorpusConfig, src_lang: str, tgt_lang: str, what: str) 
                        f"(columns: {', '.join(names)}); set src_column and tgt_column")
 
 
-def _dataset_pairs(ds, columns: tuple[str, Optional[str]], src_lang: str, tgt_lang: str) -> Iterator[tuple[str, str]]:
-    first, second = columns
+def _dataset_pairs(ds, columns: tuple[str, Optional[str]], src_lang: str, tgt_lang: str,
+                   name: str) -> Iterator[tuple[str, str]]:
+    wanted = [column for column in columns if column is not None]
+    number = 0
     for batch in ds.iter(batch_size=2000):
-        if second is None:
-            for row in batch[first]:
-                yield row.get(src_lang) or "", row.get(tgt_lang) or ""
-        else:
-            for s, t in zip(batch[first], batch[second]):
-                yield s or "", t or ""
+        for values in zip(*(batch[column] for column in wanted)):
+            number += 1
+            yield _pair(dict(zip(wanted, values)), columns, src_lang, tgt_lang, f"{name} row {number}")
+
+
+def _file_pairs(files: DataFiles, columns: tuple[str, Optional[str]], src_lang: str, tgt_lang: str,
+                skip_invalid: bool, dropped: Counter) -> Iterator[tuple[str, str]]:
+    for row, where in files.rows(skip_invalid, dropped):
+        yield _pair(row, columns, src_lang, tgt_lang, where)
+
+
+def _pair(row: dict, columns: tuple[str, Optional[str]], src_lang: str, tgt_lang: str, where: str) -> tuple[str, str]:
+    """(source, target) of one row: two columns, or WMT's translation column of {lang: text}."""
+    first, second = columns
+    missing = next((c for c in (first, second) if c is not None and c not in row), None)
+    if missing is not None:
+        raise XformerError(f"{where}: no column '{missing}'")
+    if second is not None:
+        return text_value(row[first], first, where), text_value(row[second], second, where)
+    cell = row[first]
+    if cell is not None and not isinstance(cell, dict):
+        raise XformerError(f"{where}: column '{first}' holds {type(cell).__name__}, not {{language: text}}")
+    cell = cell or {}
+    return (text_value(cell.get(src_lang), f"{first}.{src_lang}", where),
+            text_value(cell.get(tgt_lang), f"{first}.{tgt_lang}", where))
 
 
 # -- one interface over all of them ---------------------------------------------------------
@@ -214,7 +239,7 @@ class PairSource:
         self.tag: Optional[str] = None  # a multilingual model's target-language tag, the first source piece
         self.pair = 0  # its direction's index in data.directions()
         if corpus.dataset or corpus.data_files:
-            self.name = f"{corpus.dataset or corpus.data_files}[{self.split}]"
+            self.name = self.origin = f"{corpus.dataset or corpus.data_files}[{self.split}]"
             self._dataset = open_dataset(corpus, self.split)
             self._columns = _columns(self._dataset, corpus, src_lang, tgt_lang, self.name)
         else:
@@ -234,7 +259,7 @@ class PairSource:
         """The local files are not there: read the configured dataset (the Hub, cached by
         ``datasets``) instead, and say so; when that fails too, say how to point at the files."""
         fallback = CorpusConfig(dataset=self.corpus.fallback_dataset, split=self.corpus.split)
-        self.name = f"{fallback.dataset}[{self.split}]"
+        self.name = self.origin = f"{fallback.dataset}[{self.split}]"
         try:
             self._dataset = open_dataset(fallback, self.split)
         except XformerError as exc:
@@ -245,8 +270,11 @@ class PairSource:
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         self.dropped = Counter()
-        if self._dataset is not None:
-            raw = _dataset_pairs(self._dataset, self._columns, self.src_lang, self.tgt_lang)
+        if isinstance(self._dataset, DataFiles):
+            raw = _file_pairs(self._dataset, self._columns, self.src_lang, self.tgt_lang, self.skip_invalid,
+                              self.dropped)
+        elif self._dataset is not None:
+            raw = _dataset_pairs(self._dataset, self._columns, self.src_lang, self.tgt_lang, self.name)
         else:
             raw = _text_pairs(self.paths[0], self.paths[1], self.skip_invalid, self.dropped)
         kept = 0
@@ -270,7 +298,7 @@ class PairSource:
             except TypeError:
                 return None
         else:
-            found = count_lines(self.paths[0])
+            found = count_lines(self.paths[0]) if self.paths[0].suffix != ".gz" else _gzip_lines(self.paths[0])
         return min(found, self.corpus.max_pairs) if self.corpus.max_pairs else found
 
     def lead_tags(self) -> list[str]:
@@ -282,7 +310,8 @@ class PairSource:
         """Names the text of one side (0 source, 1 target) wherever it is read: the same file,
         or the same dataset column, read for two pairs gives the same key."""
         if self._dataset is not None:
-            return f"{self.name}|{self._columns}|{(self.src_lang, self.tgt_lang)[side]}"
+            # where it is read from, not self.name: a multilingual run puts the pair's name before that
+            return f"{self.origin}|{self._columns}|{(self.src_lang, self.tgt_lang)[side]}"
         return str(self.paths[side].resolve())
 
     @property
@@ -297,7 +326,9 @@ class PairSource:
     def fingerprint(self) -> str:
         """Changes when the data changes: each file's content (``file_stamp``), or the dataset's own fingerprint."""
         h = hashlib.sha256()
-        if self._dataset is not None:
+        if isinstance(self._dataset, DataFiles):  # the files' bytes, not their times (datasets' own key)
+            h.update(f"{self.name}|{self._columns}|{self._dataset.stamps()}".encode())
+        elif self._dataset is not None:
             h.update(f"{self.name}|{self._columns}|{self._dataset._fingerprint}".encode())
         else:
             for path in self.paths:
@@ -306,6 +337,12 @@ class PairSource:
         if self.corpus.max_pairs:
             h.update(f"|first {self.corpus.max_pairs}".encode())
         return h.hexdigest()
+
+
+def _gzip_lines(path: Path) -> int:
+    """A .gz file's lines as reading gives them (its compressed bytes' newlines are noise)."""
+    with _Gzipped(path) as handle:
+        return sum(1 for _ in handle)
 
 
 def open_sources(corpora: Sequence[CorpusConfig], src_lang: str, tgt_lang: str, role: str,

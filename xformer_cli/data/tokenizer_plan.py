@@ -34,6 +34,8 @@ def _tokenizer_settings(config: Config, sources: Sequence[PairSource]) -> str:
         settings["corpus_tags"] = corpus_tags(config.data)
     if len(config.data.directions()) > 1 or config.data.reads_tags():  # bilingual runs keep their settings.json
         settings["languages"] = config.data.languages().to_dict()
+    if config.data.sampling_temperature != 1:  # it balances the sample per language (directions.balance)
+        settings["sampling_temperature"] = config.data.sampling_temperature
     return json.dumps(settings, sort_keys=True)
 
 
