@@ -1,5 +1,6 @@
 """CTranslate2 export: the exported model decodes like the checkpoint it came from."""
 
+import json
 import sys
 
 import pytest
@@ -179,10 +180,32 @@ def test_existing_directory_is_refused_and_left_untouched(exported, tmp_path):
 
     (target / "keep.txt").unlink()
     export_ctranslate2(checkpoint, target)
-    (target / "stale.txt").write_text("from an earlier export")
+    (target / "notes.txt").write_text("mine")  # beside an export: --force deleted them with it
+    (target / "results").mkdir()
+    with pytest.raises(XformerError, match=r"holds notes.txt, results/ beside an earlier export: --force replaces "
+                                           "the export only"):
+        export_ctranslate2(checkpoint, target, force=True)
+    assert (target / "notes.txt").read_text() == "mine" and (target / "results").is_dir()
+    (target / "notes.txt").unlink()
+    (target / "results").rmdir()
+    info = json.loads((target / "xformer_export.json").read_text())
+    del info["files"]  # an export from before the list: the names either format writes are its own
+    (target / "xformer_export.json").write_text(json.dumps(info))
+    (target / "vmap.txt").write_text("its shortlist")
     export_ctranslate2(checkpoint, target, force=True)  # an earlier export: replaced
-    assert not (target / "stale.txt").exists() and (target / "model.bin").is_file()
+    assert not (target / "vmap.txt").exists() and (target / "model.bin").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_an_output_that_links_to_a_folder_is_written_at_its_target(exported, tmp_path):
+    """The link was replaced by a folder of its own, the target left empty (or stale)."""
+    checkpoint, _, _ = exported
+    (tmp_path / "store" / "v1").mkdir(parents=True)
+    (tmp_path / "current").symlink_to(tmp_path / "store" / "v1")
+    export_ctranslate2(checkpoint, tmp_path / "current")
+    assert (tmp_path / "current").is_symlink() and (tmp_path / "store" / "v1" / "model.bin").is_file()
+    export_ctranslate2(checkpoint, tmp_path / "current", force=True)
+    assert (tmp_path / "current").is_symlink() and (tmp_path / "store" / "v1" / "model.bin").is_file()
 
 
 def test_force_never_replaces_the_folder_that_holds_the_checkpoint(exported, tmp_path):

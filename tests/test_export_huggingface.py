@@ -217,9 +217,13 @@ def test_non_empty_output_needs_force(trained, tmp_path):
 
     (target / "keep.txt").unlink()
     export_huggingface(checkpoint, target)
-    (target / "stale.txt").write_text("from an earlier export")
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(XformerError, match="holds notes.txt beside an earlier export: --force replaces the export only"):
+        export_huggingface(checkpoint, target, force=True)
+    (target / "notes.txt").unlink()
+    (target / "model.safetensors").write_bytes(b"an earlier export's")
     export_huggingface(checkpoint, target, force=True)
-    assert not (target / "stale.txt").exists() and (target / "model.safetensors").is_file()
+    assert (target / "model.safetensors").read_bytes() != b"an earlier export's"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     help_text = " ".join(xformer("export", "--help").stdout.decode().split())
     assert "pip install 'xformer[hf]'" in help_text and "pip install 'xformer[ctranslate2]'" in help_text

@@ -307,7 +307,11 @@ def test_unmappable_input_is_refused_in_one_line(marian_dir, tmp_path, change, f
     (lambda d: (d / "config.json").write_text("[]"), "config.json: must hold a JSON object"),  # an AttributeError
     (lambda d: (d / "generation_config.json").write_text('{"num_beams": "four"}'),
      "generation_config.json: a generation setting (num_beams, max_length, length_penalty, ...) is not a number"),
-], ids=["d_model", "no_layers", "dropout", "list", "num_beams"])
+    # settings that read well but make no valid model: the folder named, not a bare config key
+    (lambda d: (d / "generation_config.json").write_text('{"min_new_tokens": -1}'),
+     "broken: its config.json, tokenizer_config.json and generation_config.json make no valid model: config key "
+     "'decode.min_len'"),
+], ids=["d_model", "no_layers", "dropout", "list", "num_beams", "min_new_tokens"])
 def test_a_config_of_the_wrong_shape_is_one_line(marian_dir, tmp_path, change, said):
     from xformer_cli.importers.marian import import_marian
 

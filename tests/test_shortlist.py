@@ -122,7 +122,8 @@ def test_xformer_export_shortlist_counts_the_checkpoints_training_data(multi30k,
     assert info["shortlist"]["per_source"] == 5 and info["shortlist"]["pairs"] == min(pairs, 1_000_000)
     assert (tmp_path / "ct2" / VMAP_FILE).is_file() and "shortlist:" in proc.stderr.decode()
     for args, said in ((["--format", "huggingface", "--shortlist"], "--shortlist is for --format ctranslate2"),
-                       (["--shortlist", "--shortlist-per-source", "0"], "per_source >= 1")):
+                       (["--shortlist", "--shortlist-per-source", "0"], "per_source >= 1"),
+                       (["--shortlist-per-source", "-5"], "size the shortlist: give --shortlist too")):
         proc = xformer("export", "-m", checkpoint, "-o", tmp_path / "refused", *args)
         assert proc.returncode != 0 and said in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
         assert not (tmp_path / "refused").exists()

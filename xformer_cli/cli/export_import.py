@@ -10,6 +10,8 @@ import typer
 from xformer_cli.cli.common import app, log, user_errors
 from xformer_cli.errors import XformerError
 
+SHORTLIST_PER_SOURCE, SHORTLIST_FREQUENT = 20, 100  # export/shortlist.ShortlistSettings' defaults
+
 
 @app.command()
 @user_errors
@@ -27,14 +29,17 @@ def export(
                                    help="CTranslate2: add a lexical shortlist counted on the checkpoint's training "
                                         "data (its config's data.train): each step then scores only the batch's "
                                         "candidate pieces, faster, with output that can differ."),
-    shortlist_per_source: int = typer.Option(20, "--shortlist-per-source", help="Candidates per source piece."),
-    shortlist_frequent: int = typer.Option(100, "--shortlist-frequent",
+    shortlist_per_source: int = typer.Option(SHORTLIST_PER_SOURCE, "--shortlist-per-source",
+                                             help="Candidates per source piece."),
+    shortlist_frequent: int = typer.Option(SHORTLIST_FREQUENT, "--shortlist-frequent",
                                            help="The most frequent target pieces, candidates in every batch."),
 ) -> None:
     """Export a checkpoint for CTranslate2 (pip install 'xformer[ctranslate2]'): xformer translate
     --engine ctranslate2 uses it; or, with --format huggingface, for Hugging Face transformers
     (pip install 'xformer[hf]'): MarianMTModel (Pegasus for a pre-norm model: AutoModelForSeq2SeqLM)
     and MarianTokenizer load it."""
+    if not shortlist and (shortlist_per_source, shortlist_frequent) != (SHORTLIST_PER_SOURCE, SHORTLIST_FREQUENT):
+        raise XformerError("--shortlist-per-source and --shortlist-frequent size the shortlist: give --shortlist too")
     if format == "ctranslate2":
         from xformer_cli.export.common import load_for_export, output_directory
         from xformer_cli.export.ctranslate2 import export_ctranslate2

@@ -156,6 +156,9 @@ class CTranslate2Translator(Engine):
         info_path = path / EXPORT_INFO
         if not path.is_dir():
             raise XformerError(f"CTranslate2 model directory not found: {path}")
+        if info_path.is_file() and (path / "model.safetensors").is_file() and not (path / "model.bin").is_file():
+            raise XformerError(f"{path} is a Hugging Face export: `xformer import {path} -o model.pt` reads it back "
+                               "into a checkpoint (translate reads checkpoints and CTranslate2 exports)")
         if not info_path.is_file() or not (path / "model.bin").is_file():
             raise XformerError(f"{path} is not an xformer CTranslate2 export (no {EXPORT_INFO} or model.bin)")
         try:

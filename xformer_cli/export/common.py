@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Callable
 from xformer_cli.checkpoint_file import load_checkpoint, load_model
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
-from xformer_cli.export.format import is_export_directory
+from xformer_cli.export.format import EXPORT_FILES, EXPORT_INFO, is_export_directory, read_export_info
 from xformer_cli.fileio import atomic_directory, is_inside, unchanged_or, writing
 from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -50,7 +51,9 @@ def output_directory(output_dir: str | Path, force: bool, checkpoint: str | Path
     it is a file, or a non-empty directory without ``force``. ``force`` replaces an earlier
     export only: a folder that holds ``checkpoint`` (its run, a parent of it) or anything else
     is refused, for the export would delete it."""
-    output = Path(os.path.abspath(output_dir))
+    # realpath: "." and "a/.." have a name to rename, and a link to a folder (current -> v1) is
+    # written at its target, as a checkpoint path that is a link is, not replaced by a folder
+    output = Path(os.path.realpath(output_dir))
     if output.exists() and not output.is_dir():
         raise XformerError(f"{output} exists and is not a directory")
     if not output.is_dir() or not any(output.iterdir()):
@@ -63,7 +66,26 @@ def output_directory(output_dir: str | Path, force: bool, checkpoint: str | Path
     if not is_export_directory(output):
         raise XformerError(f"{output} holds files that are not an xformer export: --force replaces an earlier export "
                            "only (move them, or write the export elsewhere)")
+    others = foreign_files(output)
+    if others:
+        raise XformerError(f"{output} holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} beside an "
+                           "earlier export: --force replaces the export only (move them, or write the export elsewhere)")
     return output
+
+
+def foreign_files(output: Path) -> list[str]:
+    """What an earlier export folder holds besides the export's own files: those its
+    EXPORT_INFO lists, or (an export written before it listed them) the names either format writes."""
+    listed = read_export_info(output).get("files")
+    ours = set(listed) if isinstance(listed, list) else EXPORT_FILES
+    return sorted(p.name + "/" if p.is_dir() else p.name for p in output.iterdir() if p.is_dir() or p.name not in ours)
+
+
+def _list_files(staging: Path) -> None:
+    """EXPORT_INFO names every file of the export (foreign_files reads it on a later --force)."""
+    info = read_export_info(staging)
+    info["files"] = sorted(p.name for p in staging.iterdir())
+    (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
 def write_directory(output: Path, write: Callable[[Path], None]) -> Path:
@@ -73,4 +95,5 @@ def write_directory(output: Path, write: Callable[[Path], None]) -> Path:
     intact = unchanged_or(output, "no partial export was left")
     with writing(output, intact=intact), atomic_directory(output) as staging:
         write(staging)
+        _list_files(staging)
     return output

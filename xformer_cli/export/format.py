@@ -25,6 +25,12 @@ EXPORT_INFO = "xformer_export.json"
 MIN_POSITIONS = 1024
 # The sentencepiece model(s) of a CTranslate2 export: one when the vocabulary is joint.
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "spm.model", "source.spm.model", "target.spm.model"
+# Every file name either format writes: what an export written before EXPORT_INFO listed its
+# files may hold (export/common.foreign_files); anything else there is the user's.
+EXPORT_FILES = {EXPORT_INFO, "config.json", "model.bin", "shared_vocabulary.json", "source_vocabulary.json",
+                "target_vocabulary.json", JOINT_SPM, SOURCE_SPM, TARGET_SPM, "vmap.txt", "generation_config.json",
+                "model.safetensors", "source.spm", "target.spm", "tokenizer_config.json", "vocab.json",
+                "target_vocab.json", "special_tokens_map.json"}
 
 
 def piece_list(sp: SentencePieceProcessor | VocabPieces) -> list[str]:

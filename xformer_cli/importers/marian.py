@@ -81,7 +81,11 @@ def load_marian(source: str) -> dict[str, Any]:
         model=_model_config(hf, vocab.bos_id, bool(marian.final_logits_bias().any()), marian.one_embedding(vocab)),
         decode=_decode_config(directory, hf),
     )
-    validate(cfg)
+    try:
+        validate(cfg)
+    except XformerError as exc:  # the settings were read from the model's files: name them
+        raise XformerError(f"{directory}: its config.json, tokenizer_config.json and generation_config.json make "
+                           f"no valid model: {exc}") from None
     tokenizer = Tokenizer(read_bytes(directory / "source.spm"), read_bytes(directory / "target.spm"),
                           vocab.src, None if vocab.shared else vocab.tgt,
                           names=(str(directory / "source.spm"), str(directory / "target.spm")))
