@@ -459,6 +459,12 @@ def test_a_bad_dropout_rule_is_one_line_naming_its_key():
         load_config("configs/multi30k.yaml", ["train.label_smoothing_by_planned_steps={0: 0.2}"])
 
 
+def _keeper_out(monkeypatch) -> None:
+    """The plan as measured (faked) stays: these steps on the real clock take far less than the
+    faked measure says, which the budget keeper would rightly act on (the busy-machine tests)."""
+    monkeypatch.setattr(time_budget.BudgetKeeper, "proposal", lambda self, step, planned, now: planned)
+
+
 @pytest.mark.slow
 def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_zero(small_corpus, tmp_path, monkeypatch):
     """The plan is measured once (faked: 24 steps fit), written to config.yaml, taken from the
@@ -475,6 +481,7 @@ def test_a_minutes_bound_run_plans_once_resumes_bit_identically_and_ends_near_ze
         return step_s, 1.0
 
     monkeypatch.setattr(time_budget, "measure_seconds", fake_measure)
+    _keeper_out(monkeypatch)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.warmup_fraction": 0.1,
             "train.validations": 3, "train.save_every": 0, "train.dropout_by_planned_steps": "{20: 0.25, 30: 0.4}",
             "train.label_smoothing_by_planned_steps": "{24: 0.2}"}
@@ -515,6 +522,7 @@ def test_a_batch_chosen_by_the_planned_epochs_is_planned_again_recorded_and_resu
         return (600 * time_budget.MARGIN - 2 * 1.0) / fits[config.train.max_tokens], 1.0
 
     monkeypatch.setattr(time_budget, "measure_seconds", fake_measure)
+    _keeper_out(monkeypatch)
     sets = {"train.max_minutes": 10, "train.max_steps": 1000, "train.cooldown": 0.3, "train.validations": 2,
             "train.save_every": 0, "train.max_tokens_by_planned_epochs": "{0.05: 300}",
             "train.dropout_by_planned_epochs": "{0.1: 0.3}"}
@@ -648,6 +656,25 @@ def test_a_run_planned_on_a_busy_machine_spends_its_minutes(small_corpus, tmp_pa
     assert [line for line in lines if "leave time for more" in line], lines
     assert result.stopped_because == "planned steps" and 0.8 < result.minutes <= 1.0
     assert result.steps > 180 and len(validated) == 2 and validated[-1] == result.steps
+
+
+@pytest.mark.slow
+def test_a_plan_of_a_few_steps_measured_on_a_busy_machine_still_spends_its_minutes(small_corpus, tmp_path,
+                                                                                   monkeypatch):
+    """Three busy loops beside the probe on 2 cores: 4.0 s a step and 83 s a validation, 2 steps
+    planned in 4 minutes; the run ended after them (the keeper had looked at no pace). Here the
+    probe's 5 s and 20 s leave 3 steps in a minute; the steps then take 0.25 s. The keeper reads
+    the pace from the loop's start and looks at every step of so short a plan: the run trains
+    its minute."""
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (5.0, 20.0))
+    lines: list[str] = []
+    sets = {"train.max_minutes": 1.0, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
+            "train.save_every": 0}
+    trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets), monkeypatch,
+                                                      lambda step: 0.25, 1.0, lines.append)
+    assert trainer.config.train.planned_steps == 3
+    assert [line for line in lines if "step 1: at this pace 3 steps leave time for more" in line], lines
+    assert result.stopped_because == "planned steps" and 0.8 < result.minutes <= 1.0 and result.steps > 180
 
 
 @pytest.mark.slow

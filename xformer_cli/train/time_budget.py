@@ -220,6 +220,7 @@ PACE_LOOKS = 9  # ... as the median of the paces between the last looks: a stall
 # ... each look at least this long after the one before: a GPU's step (tens of ms, its length
 # varying with the batch's shape) gives ten-step paces too noisy to plan by, and the plan churned
 PACE_LOOK_SECONDS = 2.0
+PACE_SPACED_PLAN = 200  # ... in a plan of this many steps or more: a shorter one (a busy start's) takes every look
 REVISE_SHARE = 0.01  # the plan moves only for a change of at least 1% of it (no churn)
 
 
@@ -236,6 +237,11 @@ class BudgetKeeper:
         self.marks: list[tuple[int, float]] = []  # (step, time less validations and saves) of the last looks
         self.excluded = 0.0  # seconds spent validating and saving, all told
 
+    def start(self, step: int, now: float) -> None:
+        """The loop begins at ``step``: the first pace is read from here, so that a plan of a
+        few steps (measured on a busy machine) has one before it ends."""
+        self.marks = [(step, now - self.excluded)]
+
     def exclude(self, seconds: float) -> None:
         self.excluded += seconds
 
@@ -249,7 +255,8 @@ class BudgetKeeper:
         until they span PACE_STEPS steps, or a PACE_PLAN_SHARE of a shorter plan). A stall (a
         minute of another job, a swap storm) slows one or two of them and moves no median; a
         machine that stays slower moves them all."""
-        if self.marks and (step <= self.marks[-1][0] or now - self.excluded - self.marks[-1][1] < PACE_LOOK_SECONDS):
+        spacing = PACE_LOOK_SECONDS if planned >= PACE_SPACED_PLAN else 0.0
+        if self.marks and (step <= self.marks[-1][0] or now - self.excluded - self.marks[-1][1] < spacing):
             return None
         self.marks = (self.marks + [(step, now - self.excluded)])[-(PACE_LOOKS + 1):]
         if self.marks[-1][0] - self.marks[0][0] < max(1, min(PACE_STEPS, round(planned * PACE_PLAN_SHARE))):

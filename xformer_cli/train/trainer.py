@@ -214,6 +214,7 @@ class Trainer:
         if tc.max_minutes and self.state.schedule.planned_steps:
             self.keeper = BudgetKeeper(self.deadline, self.valid_seconds, self.validation_steps(), tc.max_steps,
                                        valid_every=0 if tc.validations else tc.valid_every)
+            self.keeper.start(c.step, time.time())
         self.state.model.train()
         self._lr = self.state.schedule.lr(max(c.step, 1))
         self.window_tokens = 0.0  # tokens/s is measured from this process's start (or the last log line)
@@ -369,7 +370,8 @@ class Trainer:
         tc, step = self.config.train, self.counters.step
         now, planned = time.time(), self.last_step()
         interrupted, out_of_time = signals.received is not None, now >= self.deadline
-        agree = not step % _AGREE_EVERY or due_to_save or step >= planned
+        # a plan of a few dozen steps looks more often: ten looks at least before it ends
+        agree = not step % max(1, min(_AGREE_EVERY, planned // 10)) or due_to_save or step >= planned
         proposal = self.keeper.proposal(step, planned, now) if agree and self.keeper is not None else planned
         # Ranks must agree (a signal or the clock may reach them a step apart, their paces
         # differ a little): one collective every few steps, not a host sync on every step.
