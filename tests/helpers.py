@@ -141,6 +141,24 @@ def tiny_checkpoint(multi30k: Path, path: Path, pairs: int = 30, steps: int = 10
     return path
 
 
+def untrained_translator(decode=None):
+    """A Translator over a 1+1-layer untrained model and a 40-piece tokenizer of one shuffled
+    sentence: for what a search or the API does with lines, not for what it writes."""
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.decode.translator import Translator
+    from xformer_cli.model.transformer import ModelConfig, Transformer
+    from xformer_cli.tokenizer import Tokenizer
+
+    words = "a dog runs in the park while two men sit on a bench near the water".split()
+    lines = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1, dropout=0.0)
+    model = Transformer(cfg, src_vocab=tokenizer.src_vocab_size)
+    decode = decode or DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, batch_size=2)
+    return Translator(model, tokenizer, decode, torch.device("cpu")), lines
+
+
 def _memorise(model: torch.nn.Module, tokenizer, src: list[str], tgt: list[str], steps: int) -> None:
     """Full-batch Adam on the pairs, no label smoothing: the model learns them by heart."""
     import torch.nn.functional as F

@@ -3,26 +3,18 @@
 import warnings
 
 import pytest
-import torch
 
 from xformer_cli.config import DecodeConfig
 from xformer_cli.decode.translator import Translator
 from xformer_cli.errors import XformerError
-from xformer_cli.model.transformer import ModelConfig, Transformer
 from xformer_cli.text import TextOptions, translate_texts
-from xformer_cli.tokenizer import Tokenizer
+
+from helpers import untrained_translator
 
 
 @pytest.fixture(scope="module")
 def translator() -> Translator:
-    words = "a dog runs in the park while two men sit on a bench near the water".split()
-    lines = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
-    tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1, dropout=0.0)
-    model = Transformer(cfg, src_vocab=tokenizer.src_vocab_size)
-    return Translator(model, tokenizer, DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, max_input_len=8),
-                      torch.device("cpu"))
+    return untrained_translator(DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, max_input_len=8))[0]
 
 
 def test_lines_of_the_wrong_kind_are_refused_by_name(translator):

@@ -227,18 +227,9 @@ def test_a_sentence_no_longer_wanted_leaves_the_search_and_the_others_are_unchan
 
 
 def test_translator_leaves_out_lines_no_longer_wanted():
-    from xformer_cli.config import DecodeConfig
-    from xformer_cli.decode.translator import Translator
-    from xformer_cli.tokenizer import Tokenizer
+    from helpers import untrained_translator
 
-    words = "a dog runs in the park while two men sit on a bench near the water".split()
-    lines = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
-    tokenizer = Tokenizer.train(lines, lines, joint=True, vocab_size=40)
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1, dropout=0.0)
-    model = Transformer(cfg, src_vocab=tokenizer.src_vocab_size)
-    translator = Translator(model, tokenizer, DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, batch_size=2),
-                            torch.device("cpu"))
+    translator, lines = untrained_translator()
     opts = translator.options()
     full = translator.search(lines[:5], opts)
     asked: list[int] = []

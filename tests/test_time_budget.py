@@ -642,39 +642,28 @@ def test_a_valid_every_run_reserves_its_validations_and_ends_inside_its_minutes_
 
 
 @pytest.mark.slow
-def test_a_run_planned_on_a_busy_machine_spends_its_minutes(small_corpus, tmp_path, monkeypatch):
-    """The probe says 1 s a step and 5 s a validation (another job had the cores): 48 steps fit
-    in a minute. The steps then take 0.25 s: the run learns its pace inside that short plan,
-    says so, and trains for its minute instead of stopping after a fifth of it."""
-    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (1.0, 5.0))
+@pytest.mark.parametrize("measured, planned, first_revision", [
+    ((1.0, 5.0), 48, "at this pace 48 steps leave time for more"),
+    ((5.0, 20.0), 3, "step 1: at this pace 3 steps leave time for more"),
+], ids=["48-step plan", "3-step plan"])
+def test_a_run_planned_on_a_busy_machine_spends_its_minutes(small_corpus, tmp_path, monkeypatch, measured, planned,
+                                                            first_revision):
+    """The probe ran beside another job: the main job beside a test run planned 59 steps in 25
+    minutes and ended after 7.5 of them; beside three busy loops, 2 steps in 4 minutes (4.0 s a
+    step, 83 s a validation), and ended after them: the keeper had read no pace (50 steps, looks
+    2 s apart). Here the probe leaves 48 or 3 steps in a minute and the steps then take 0.25 s:
+    the keeper reads the pace from the loop's start and looks often enough in so short a plan,
+    says so, and the run trains its minute."""
+    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: measured)
     lines: list[str] = []
     sets = {"train.max_minutes": 1.0, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
             "train.save_every": 0}
     trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets), monkeypatch,
                                                       lambda step: 0.25, 1.0, lines.append)
-    assert trainer.config.train.planned_steps == 48
-    assert [line for line in lines if "leave time for more" in line], lines
+    assert trainer.config.train.planned_steps == planned
+    assert [line for line in lines if first_revision in line], lines
     assert result.stopped_because == "planned steps" and 0.8 < result.minutes <= 1.0
     assert result.steps > 180 and len(validated) == 2 and validated[-1] == result.steps
-
-
-@pytest.mark.slow
-def test_a_plan_of_a_few_steps_measured_on_a_busy_machine_still_spends_its_minutes(small_corpus, tmp_path,
-                                                                                   monkeypatch):
-    """Three busy loops beside the probe on 2 cores: 4.0 s a step and 83 s a validation, 2 steps
-    planned in 4 minutes; the run ended after them (the keeper had looked at no pace). Here the
-    probe's 5 s and 20 s leave 3 steps in a minute; the steps then take 0.25 s. The keeper reads
-    the pace from the loop's start and looks at every step of so short a plan: the run trains
-    its minute."""
-    monkeypatch.setattr(time_budget, "measure_seconds", lambda *a: (5.0, 20.0))
-    lines: list[str] = []
-    sets = {"train.max_minutes": 1.0, "train.max_steps": 100_000, "train.cooldown": 0.3, "train.validations": 2,
-            "train.save_every": 0}
-    trainer, result, validated = _run_on_a_fake_clock(tiny_config(small_corpus, tmp_path / "run", **sets), monkeypatch,
-                                                      lambda step: 0.25, 1.0, lines.append)
-    assert trainer.config.train.planned_steps == 3
-    assert [line for line in lines if "step 1: at this pace 3 steps leave time for more" in line], lines
-    assert result.stopped_because == "planned steps" and 0.8 < result.minutes <= 1.0 and result.steps > 180
 
 
 @pytest.mark.slow
