@@ -74,6 +74,13 @@ def test_language_codes_and_their_tags():
     langs = Languages.of([("en", "de"), ("en", "fr"), ("de", "en")], tagged=True)
     assert (langs.target("fra"), langs.target(">>deu<<"), langs.source("eng")) == ("fr", "de", "en")
     assert langs.sources_into("en") == ["de"] and not langs.trained("de", "fr")
+    # any case, and a region's variant (serve's target fr-FR), name the language; a script does not
+    assert (langs.target("FRA"), langs.target(">>FRA<<"), langs.target("fr-FR"), langs.target("fr_CA")) == ("fr",) * 4
+    with pytest.raises(XformerError, match="zh-Hant: this model translates into de, fr, en only"):
+        langs.target("zh-Hant")
+    from xformer_cli.languages import plain_code
+
+    assert [plain_code(c) for c in ("fr", "fra", "FRA", ">>fra<<", "cmn_Hans")] == ["fr", "fr", "fr", "fr", "cmn_Hans"]
     with pytest.raises(XformerError, match="translates into de, fr, en: say which with --target-lang"):
         langs.target(None)
     with pytest.raises(XformerError, match="--target-lang es: this model translates into de, fr, en only"):
@@ -585,6 +592,37 @@ def test_a_tokenizer_sampled_at_another_temperature_is_not_reused():
 
     assert settings(pairs=["en-de", "en-fr"]) != settings(pairs=["en-de", "en-fr"], sampling_temperature=5)
     assert "sampling_temperature" not in settings(pairs=["en-de", "en-fr"])  # runs made before keep theirs
+
+
+def test_the_python_text_path_and_the_server_take_the_targets_own_length_penalty(monkeypatch):
+    """translate_texts (what serve calls) made the options again for TextOptions' target and
+    kept the alpha already filled in: de's 1.4 became the shared 0.6 (12 of 40 lines differed
+    from `xformer translate -t de`). An alpha asked for stays."""
+    from helpers import untrained_translator
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.languages import Languages
+    from xformer_cli.text import TextOptions, translate_texts
+    from xformer_cli.text.translation import Planner
+
+    translator, _ = untrained_translator(DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=5, length_penalty=0.6,
+                                                      length_penalty_by_target={"de": 1.4, "fr": 0.6}))
+    translator.languages = Languages.of([("en", "de"), ("en", "fr")], tagged=True)
+    searched = []
+    monkeypatch.setattr(translator, "search", lambda lines, opts, wanted=None: searched.append(opts) or [[]] * len(lines))
+    translate_texts(translator, ["a dog runs"], TextOptions(target_lang="deu"))
+    translate_texts(translator, ["a dog runs"], TextOptions(target_lang="de"), translator.options(length_penalty=2.0))
+    assert [(o.target_lang, o.length_penalty) for o in searched] == [("de", 1.4), ("de", 2.0)]
+    # and the number words are read in the model's code for the target, whatever its spelling
+    assert Planner(translator, TextOptions(target_lang=">>fra<<", keep_numbers=True), 100).numbers_lang == "fr"
+
+
+def test_eval_bleus_number_accuracy_reads_any_spelling_of_the_languages():
+    """-t fra or >>fra<< read French number words as 'fra' words: none found (0% against 100%
+    for -t fr); --source-lang was not read at all."""
+    from xformer_cli.cli.scoring import _number_languages
+
+    assert _number_languages(None, Path("num.txt"), [Path("ref.txt")], ">>fra<<", "DEU") == ("de", "fr")
+    assert _number_languages(None, Path("num.en"), [Path("ref.fr")], None) == ("en", "fr")
 
 
 def test_without_py3langid_a_source_that_needs_detecting_is_asked_for_in_one_line(monkeypatch):

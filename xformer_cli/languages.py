@@ -70,6 +70,13 @@ def code_of_tag(tag: str) -> str:
     return _ISO_639_1.get(inner, inner)
 
 
+def plain_code(code: str) -> str:
+    """One spelling of a language: its ISO 639-1 code where xformer knows one (fr for fr, fra,
+    FRA, >>fra<<), else the code as given."""
+    three = _three(code)
+    return _ISO_639_1.get(three, code) if three is not None else code
+
+
 def same_language(a: str, b: str) -> bool:
     """Two codes of one language: equal, or the same ISO 639-3 code (fr and fra)."""
     if a.lower() == b.lower():
@@ -79,7 +86,17 @@ def same_language(a: str, b: str) -> bool:
 
 def _three(code: str) -> Optional[str]:
     code = code[2:-2] if is_tag(code) else code
-    return ISO_639_3.get(code.lower(), code.lower() if _THREE_LETTERS.fullmatch(code) else None)
+    three = code.lower() if "_" not in code else code  # FRA is fra; cmn_Hans keeps its script's case
+    return ISO_639_3.get(code.lower(), three if _THREE_LETTERS.fullmatch(three) else None)
+
+
+_REGION = re.compile(r"([A-Za-z]{2,3})[-_]([A-Za-z]{2}|[0-9]{3})")  # fr-FR, pt_BR, es-419: a region, not a script
+
+
+def without_region(code: str) -> str:
+    """``code`` less a region subtag (fr-FR -> fr); a script (zh-Hant, cmn_Hans) stays."""
+    found = _REGION.fullmatch(code)
+    return found.group(1) if found else code
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -126,8 +143,13 @@ class Languages:
         return ", ".join(f"{s}->{t}" for s, t in self.pairs)
 
     def find(self, code: str, among: Sequence[str]) -> Optional[str]:
-        """The code of ``among`` that names the language ``code`` names (fr, fra or >>fra<<)."""
-        return next((known for known in among if same_language(code, known)), None)
+        """The code of ``among`` that names the language ``code`` names (fr, fra, FRA or >>fra<<; or
+        fr-FR, a regional variant, where no code of among names the region itself)."""
+        for asked in dict.fromkeys((code, without_region(code))):
+            found = next((known for known in among if same_language(asked, known)), None)
+            if found is not None:
+                return found
+        return None
 
     def target(self, requested: Optional[str], flag: str = "--target-lang") -> Optional[str]:
         """The model's code for the requested target language; None when none was asked for

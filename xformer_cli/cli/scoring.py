@@ -93,7 +93,7 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         for warning in hypothesis_warnings(lines, name):
             typer.echo(f"warning: {warning}", err=True)
     scoring = dict(metrics=chosen, lowercase=lowercase, tokenize=tokenize, ref_names=ref_names,
-                   numbers=_number_accuracy(systems, source_lines, src, translator, refs, target_lang))
+                   numbers=_number_accuracy(systems, source_lines, src, translator, refs, target_lang, source_lang))
     if len(systems) == 1:
         _print_scores(systems[0], ref_lines, confidence=confidence, as_json=as_json, **scoring)
     else:
@@ -221,7 +221,7 @@ def _say_off_target(translator, translated: list[str], direction) -> None:
 
 
 def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[Path], translator,
-                     refs: List[Path], target_lang: Optional[str] = None):
+                     refs: List[Path], target_lang: Optional[str] = None, source_lang: Optional[str] = None):
     """Each system's number accuracy (docs/evaluation.md#number-accuracy), where the source is
     known (--checkpoint, or --src with --hyp); None otherwise. The languages: the engine's
     (``translator``'s; None with --hyp), else the suffixes of --src and --ref (test.en, test.de)."""
@@ -231,23 +231,25 @@ def _number_accuracy(systems, source_lines: Optional[list[str]], src: Optional[P
         return None
     sources = source_lines if source_lines is not None else _read_source(src)
     recorded = translator.languages if translator is not None else None
-    languages = _number_languages(recorded, src, refs, target_lang)
+    languages = _number_languages(recorded, src, refs, target_lang, source_lang)
     for name, lines in systems:
         if len(lines) != len(sources):
             raise XformerError(f"{src} has {len(sources)} lines but {name} has {len(lines)}: no number accuracy")
     return [number_accuracy(sources, lines, *languages) for _, lines in systems]
 
 
-def _number_languages(languages, src: Optional[Path], refs: List[Path], target_lang: Optional[str]) -> tuple[str, str]:
+def _number_languages(languages, src: Optional[Path], refs: List[Path], target_lang: Optional[str],
+                      source_lang: Optional[str] = None) -> tuple[str, str]:
     """(source, target) language of the number words: a one-direction model's pair (``languages``:
-    the engine's), else --target-lang and the suffixes of --src and --ref (test.en, test.de); "" =
-    digits only."""
+    the engine's), else --source-lang / --target-lang (any spelling: fra, >>fra<< are fr) and the
+    suffixes of --src and --ref (test.en, test.de); "" = digits only."""
+    from xformer_cli.languages import plain_code
     from xformer_cli.number_matching import language_of
 
     if languages is not None and len(languages.pairs) == 1:
         return languages.pairs[0]
-    source = (language_of(src) if src is not None else "") or "en"
-    return source, target_lang or (language_of(refs[0]) if refs else "")
+    source = plain_code(source_lang) if source_lang else (language_of(src) if src is not None else "") or "en"
+    return source, plain_code(target_lang) if target_lang else (language_of(refs[0]) if refs else "")
 
 
 def _read_source(src: Path) -> list[str]:

@@ -61,7 +61,8 @@ class Engine:
                 raise XformerError(f"the {self.name} engine does not support {option_name(name)}")
         if opts.target_lang is not None and self.languages is not None:
             opts.target_lang = self.languages.target(opts.target_lang, "target_lang")
-        if given.get("length_penalty") is None and opts.target_lang in opts.length_penalty_by_target:
+        opts.length_penalty_given = given.get("length_penalty") is not None
+        if not opts.length_penalty_given and opts.target_lang in opts.length_penalty_by_target:
             opts.length_penalty = opts.length_penalty_by_target[opts.target_lang]  # the target's own alpha
         return opts
 

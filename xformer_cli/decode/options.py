@@ -24,6 +24,9 @@ class SearchOptions(DecodeConfig):
     # A multilingual model's target language (its tag leads every source line); None: the
     # model's one target, or the tag each line starts with (">>fra<< A man ...").
     target_lang: Optional[str] = None
+    # Whether length_penalty was asked for, or is the model's default for the target: options made
+    # again for another target (text/translation.py) then take that target's own alpha.
+    length_penalty_given: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         found = super().problems()

@@ -90,7 +90,10 @@ class Planner:
         self.opts = opts
         self.limit = max_input_len or DEFAULT_MAX_INPUT_LEN
         self.units: list[Masked] = []
-        self.numbers_lang = numbers_language(opts.target_lang, getattr(engine, "languages", None))
+        languages = getattr(engine, "languages", None)
+        # the model's code for the target (fra, >>fra<< -> fr): the number words are looked up by it
+        asked = languages.target(opts.target_lang) if languages is not None and opts.target_lang else opts.target_lang
+        self.numbers_lang = numbers_language(asked, languages)
 
     def count(self, text: str) -> int:
         return len(self.engine.tokenizer.encode_src([text])[0])
@@ -222,7 +225,9 @@ def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOp
     ranks = max(search.nbest, opts.alternatives + 1)
     if ranks > search.nbest or (opts.target_lang and opts.target_lang != search.target_lang):
         search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks),
-                                   "target_lang": opts.target_lang or search.target_lang})
+                                   "target_lang": opts.target_lang or search.target_lang,
+                                   # an alpha not asked for is the old target's: the new one's own applies
+                                   "length_penalty": search.length_penalty if search.length_penalty_given else None})
     lead = getattr(engine, "source_tag", None)  # a multilingual model's tag takes one source position
     tagged = lead is not None and lead(search).tag is not None
     planner = Planner(engine, opts, (search.max_input_len or DEFAULT_MAX_INPUT_LEN) - tagged)
