@@ -214,6 +214,63 @@ def test_the_report_keeps_the_averaged_checkpoint_apart_from_the_runs_validation
         assert image.size == (int(REPORT_SIZE[0] * REPORT_DPI), int(REPORT_SIZE[1] * REPORT_DPI))
 
 
+def _rows_before_validation() -> list[dict]:
+    return [{"step": s, "epoch": 1, "train_loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 100.0, "minutes": s / 100}
+            for s in range(25, 101, 25)]
+
+
+def test_a_run_before_its_first_validation_says_so_in_the_bleu_panels(tmp_path, monkeypatch):
+    """Its BLEU panels were empty axes of -0.04 to 0.04, and the loss legend listed a valid
+    curve with no point."""
+    import matplotlib.axes
+
+    from xformer_cli.plots import plot_report
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows_before_validation()))
+    texts, labels = [], []
+    real_text, real_legend = matplotlib.axes.Axes.text, matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, *a, **k: texts.append(a[2]) or real_text(ax, *a, **k))
+
+    def legend(ax, *a, **k):
+        labels.extend(ax.get_legend_handles_labels()[1])
+        return real_legend(ax, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    plot_report(tmp_path, tmp_path / "report.png")
+    assert texts == ["no validation yet"] * 2 and labels == ["train (label-smoothed)"] * 2
+
+
+def test_a_report_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """savefig wrote over report.png in place: Ctrl-C left 124 bytes no viewer opens, a file
+    size limit a traceback and a cut file."""
+    import errno
+
+    import matplotlib.figure
+
+    from xformer_cli.plots import plot_report
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows_before_validation()))
+    plot_report(tmp_path, tmp_path / "report.png")
+    earlier = (tmp_path / "report.png").read_bytes()
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def cut_short(fig, handle, **kw):
+        handle.write(b"\x89PNG half")
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", cut_short)
+    with pytest.raises(XformerError, match=r"cannot write .*report.png: File too large; the previous report.png is "
+                                           "unchanged$"):
+        plot_report(tmp_path, tmp_path / "report.png")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, handle, **kw: handle.write(b"\x89PNG half") and (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        plot_report(tmp_path, tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes() == earlier and sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl", "report.png"]
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", real_savefig)
+
+
 def test_the_report_reads_a_killed_runs_metrics_and_names_a_damaged_line(tmp_path):
     """A kill -9 while the run logged leaves its last line cut, without its newline: the report
     reads the lines before it; a damaged line anywhere else is named."""
@@ -252,6 +309,9 @@ def test_the_report_names_a_row_without_a_figure_it_draws(tmp_path):
         read_metrics(tmp_path)
     write({**valid, "directions": {"en-de": {"valid_loss": 3.0}}})
     with pytest.raises(XformerError, match=r"metrics.jsonl:1: 'directions' is not each direction's figures"):
+        read_metrics(tmp_path)
+    write(train, {**passes, "minutes": None})  # the summary's last row: a traceback at its format
+    with pytest.raises(XformerError, match=r"metrics.jsonl:2: 'minutes' is not a number$"):
         read_metrics(tmp_path)
     for row in ({}, {"step": None, "valid_bleu": [1]}):  # a report of "steps: None" before
         write(train, row)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from xformer_cli.errors import XformerError
-from xformer_cli.fileio import unwritable_folder
+from xformer_cli.fileio import atomic_file, unchanged_or, unwritable_folder, writing
 
 REPORT_SIZE = (15.0, 8.0)  # inches at REPORT_DPI: a 1500 x 800 PNG
 REPORT_DPI = 100
@@ -63,6 +63,8 @@ def _check_row(row: dict, where: str) -> None:
     """One line naming the line and the key, instead of a KeyError or a plot of strings."""
     if not _is_number(row.get("step")):  # every row train writes says where the run was
         raise XformerError(f"{where}: a row without a number for 'step'")
+    if "minutes" in row and not _is_number(row["minutes"]):  # the summary prints the last row's
+        raise XformerError(f"{where}: 'minutes' is not a number")
     for marker, (kind, keys) in _ROW_KEYS.items():
         if marker not in row:
             continue
@@ -120,9 +122,15 @@ def plot_report(run_dir: str | Path, output: str | Path) -> str:
     for row, x_key, x_label in ((0, "step", "step"), (1, "minutes", "wall time (minutes)")):
         loss_ax, bleu_ax, lr_ax = axes[row]
         loss_ax.plot([r[x_key] for r in train], [r["train_loss"] for r in train], label="train (label-smoothed)")
-        loss_ax.plot([r[x_key] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid (label-smoothed)")
+        if valid:  # no empty curve in the legend of a run that has not validated yet
+            loss_ax.plot([r[x_key] for r in valid], [r["valid_loss"] for r in valid], "o-",
+                         label="valid (label-smoothed)")
+            _plot_bleu(bleu_ax, valid, x_key)
+        else:
+            bleu_ax.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=bleu_ax.transAxes)
+            bleu_ax.set_xticks([])
+            bleu_ax.set_yticks([])
         loss_ax.set_ylabel("loss per target token")
-        _plot_bleu(bleu_ax, valid, x_key)
         for r in averaged:
             label = f"average of {len(r['averaged_steps'])} checkpoints"
             loss_ax.plot([r[x_key]], [r["valid_loss"]], "*", color="tab:purple", markersize=14, label=label)
@@ -209,4 +217,12 @@ def check_png_path(output: str | Path) -> Path:
 
 
 def _save(fig, output: str | Path) -> None:
-    fig.savefig(check_png_path(output), format="png")
+    """Written beside ``output`` and renamed into place: a failed or interrupted write (a full
+    disk, Ctrl-C) leaves the earlier plot whole, and says so in one line."""
+    path = check_png_path(output)
+    intact = unchanged_or(path, "no partial file was left")
+    try:
+        with writing(path, intact=intact), atomic_file(path, "wb") as handle:
+            fig.savefig(handle, format="png")
+    except OSError as exc:  # a file size limit, an I/O error (a full disk is writing's line)
+        raise XformerError(f"cannot write {path}: {exc.strerror or exc}; {intact}") from None
