@@ -107,5 +107,7 @@ def _as_child(state: dict, child: Config) -> dict:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The run's whole rows (a line a kill cut off left out)."""
+    from xformer_cli.textio import complete_rows
+
+    return [row for _, row in complete_rows(run_dir / "metrics.jsonl")]

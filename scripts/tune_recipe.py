@@ -187,9 +187,10 @@ def finished(name: str) -> bool:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """A run's whole rows: a line a kill cut off is left out (the run resumes), as xformer report does."""
+    from xformer_cli.textio import complete_rows
+
+    return [row for _, row in complete_rows(path)] if path.exists() else []
 
 
 def sets_for(name: str) -> dict:
@@ -386,19 +387,30 @@ def table(names: list[str], markdown: bool) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
 
 
+def _at_least(low: int):
+    """An argparse type: a whole number of at least ``low`` (--jobs 0 waited forever; --keep -1
+    pruned the newest checkpoints)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("list")
     run = sub.add_parser("run")
     run.add_argument("names", nargs="*", help="default: all, in the list's order")
-    run.add_argument("--jobs", type=int, default=2)
+    run.add_argument("--jobs", type=_at_least(1), default=2)
     show = sub.add_parser("table")
     show.add_argument("names", nargs="*")
     show.add_argument("--markdown", action="store_true")
     trim = sub.add_parser("prune")
     trim.add_argument("names", nargs="*", help="default: every run here")
-    trim.add_argument("--keep", type=int, default=3, help="step checkpoints kept per finished run")
+    trim.add_argument("--keep", type=_at_least(0), default=3, help="step checkpoints kept per finished run")
     args = parser.parse_args()
     unknown = [n for n in getattr(args, "names", []) if n not in CONFIGS]
     if unknown:  # a typo must not drop a row from the table (or a run from the queue) unsaid

@@ -16,7 +16,7 @@ from xformer_cli.data.sources import PairSource
 from xformer_cli.errors import XformerError
 from xformer_cli.tokenizer import Tokenizer
 
-from helpers import FsyncSpy, assert_one_line_error, head, write_lines, xformer
+from helpers import FsyncSpy, assert_one_line_error, head, quiet, write_lines, xformer
 
 N = 400
 
@@ -187,6 +187,26 @@ def test_batches_are_bounded_complete_seeded_and_shardable():
     flat = [np.concatenate(s) for s in shards]
     assert sum(len(f) for f in flat) == 20000
     assert len(set(np.concatenate(flat).tolist())) == 20000  # disjoint and complete
+
+
+@pytest.mark.slow
+def test_prepare_never_writes_another_tokenizer_over_a_trained_runs(trained_run, small_corpus, tmp_path):
+    """prepare with other tokenizer settings in a run folder that has trained replaced its
+    tokenizer (600 pieces under a 1000-piece model); train refuses those settings there."""
+    import shutil
+
+    from helpers import tiny_config
+    from xformer_cli.train.run_checkpoints import trained_tokenizer_check
+
+    run = shutil.copytree(trained_run, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in (run / "tokenizer").iterdir()}
+    changed = tiny_config(small_corpus, run, **{"tokenizer.vocab_size": 600})
+    with pytest.raises(XformerError, match="last.pt was trained with another tokenizer than these settings give, "
+                                           "which prepare would write over the run's; use another run_dir"):
+        prepare_data(changed, quiet, keep=trained_tokenizer_check(changed))
+    assert {p.name: p.read_bytes() for p in (run / "tokenizer").iterdir()} == before
+    same = tiny_config(small_corpus, run)
+    assert prepare_data(same, quiet, keep=trained_tokenizer_check(same)).cache_reused  # its own settings: as before
 
 
 @pytest.mark.slow

@@ -38,3 +38,20 @@ def test_prune_keeps_the_last_checkpoints_of_finished_runs_only(tmp_path, monkey
     (tmp_path / "child").mkdir()
     (tmp_path / "child" / "last.pt").write_bytes(b"x")
     assert tune_recipe.prune(["parent"], keep=0) == 40 and not list(parent.glob("checkpoint_*.pt"))
+
+
+def test_a_run_a_kill_cut_off_is_read_without_its_last_line_and_counts_are_checked(tmp_path):
+    """A metrics.jsonl cut by a kill -9 stopped the whole search with a JSONDecodeError; --jobs 0
+    waited forever, and --keep -1 pruned the newest checkpoints."""
+    import argparse
+
+    import pytest
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 20, "train_loss": 5.0}\n{"step": 40, "train_lo')
+    assert tune_recipe.read_metrics(metrics) == [{"step": 20, "train_loss": 5.0}]
+    assert tune_recipe.read_metrics(tmp_path / "none.jsonl") == []
+    assert tune_recipe._at_least(1)("2") == 2
+    for low, text in ((1, "0"), (0, "-1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"must be at least {low}, not {text}"):
+            tune_recipe._at_least(low)(text)

@@ -47,9 +47,10 @@ def prepare(
     from xformer_cli.config import load_config
     from xformer_cli.data.prepare import prepare_data
     from xformer_cli.train.init_from import for_prepare
+    from xformer_cli.train.run_checkpoints import trained_tokenizer_check
 
     cfg, tokenizer = for_prepare(load_config(config, overrides), log)
-    prepared = prepare_data(cfg, log, tokenizer=tokenizer)
+    prepared = prepare_data(cfg, log, tokenizer=tokenizer, keep=trained_tokenizer_check(cfg))
     meta = prepared.train.meta
     typer.echo(f"cache: {prepared.train.directory} ({meta['pairs']} pairs, {meta['src_tokens']} source and "
                f"{meta['tgt_tokens']} target tokens, {'reused' if prepared.cache_reused else 'built'})")

@@ -122,9 +122,14 @@ def tagged(corpus: ParallelCorpus, tag: Optional[str]) -> ParallelCorpus:
 
 
 def prepare_data(config: Config, log: Callable[[str], None] = print, write: bool = True,
-                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
+                 tokenizer: Optional[Tokenizer] = None,
+                 keep: Optional[Callable[[Tokenizer], None]] = None) -> PreparedData:
     """``check_inputs`` then ``build_data``: what ``xformer prepare`` runs; ``tokenizer``: a
-    given one (a pretrained model's, train.init_from) instead of one trained or loaded."""
+    given one (a pretrained model's, train.init_from) instead of one trained or loaded;
+    ``keep``: a check of the tokenizer before anything is written (a trained run's own)."""
     held = run_lock.holding(config.run_dir, "xformer prepare") if write else contextlib.nullcontext()
     with held:
-        return build_data(check_inputs(config, log, tokenizer), log, write)
+        inputs = check_inputs(config, log, tokenizer)
+        if keep is not None:
+            keep(inputs.tokenizer)
+        return build_data(inputs, log, write)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import yaml
@@ -186,6 +186,24 @@ def check_same_tokenizer(config: Config, last: Optional[dict], tokenizer: Tokeni
         raise XformerError(f"{Path(config.run_dir) / 'last.pt'} was trained with another tokenizer than the "
                            "training data gives now (changed since?); use another run_dir, or --overwrite to "
                            "start afresh")
+
+
+def trained_tokenizer_check(config: Config) -> Optional[Callable[[Tokenizer], None]]:
+    """For ``xformer prepare`` in a run folder that has trained (its last.pt): a tokenizer other
+    than the one last.pt was trained with is refused, not written over the run's (train refuses
+    the same settings); None for a folder without a run."""
+    path = Path(config.run_dir) / "last.pt"
+    if not path.is_file():
+        return None
+    last = load_checkpoint(path)
+
+    def keep(tokenizer: Tokenizer) -> None:
+        try:
+            check_same_tokenizer(config, last, tokenizer)
+        except XformerError:
+            raise XformerError(f"{path} was trained with another tokenizer than these settings give, which "
+                               "prepare would write over the run's; use another run_dir") from None
+    return keep
 
 
 def check_ids_fit(config: Config, tokenizer: Tokenizer) -> None:
