@@ -68,8 +68,9 @@ def output_directory(output_dir: str | Path, force: bool, checkpoint: str | Path
                            "only (move them, or write the export elsewhere)")
     others = foreign_files(output)
     if others:
-        raise XformerError(f"{output} holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} beside an "
-                           "earlier export: --force replaces the export only (move them, or write the export elsewhere)")
+        named = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+        raise XformerError(f"{output} holds {named} beside an earlier export: --force replaces the export only "
+                           "(move them, or write the export elsewhere)")
     return output
 
 

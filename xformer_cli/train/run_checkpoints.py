@@ -188,18 +188,17 @@ def check_same_tokenizer(config: Config, last: Optional[dict], tokenizer: Tokeni
                            "start afresh")
 
 
-def trained_tokenizer_check(config: Config) -> Optional[Callable[[Tokenizer], None]]:
+def trained_tokenizer_check(config: Config) -> Callable[[Tokenizer], None]:
     """For ``xformer prepare`` in a run folder that has trained (its last.pt): a tokenizer other
     than the one last.pt was trained with is refused, not written over the run's (train refuses
-    the same settings); None for a folder without a run."""
+    the same settings). last.pt is read when the check runs: inside the run folder's lock."""
     path = Path(config.run_dir) / "last.pt"
-    if not path.is_file():
-        return None
-    last = load_checkpoint(path)
 
     def keep(tokenizer: Tokenizer) -> None:
+        if not path.is_file():
+            return
         try:
-            check_same_tokenizer(config, last, tokenizer)
+            check_same_tokenizer(config, load_checkpoint(path), tokenizer)
         except XformerError:
             raise XformerError(f"{path} was trained with another tokenizer than these settings give, which "
                                "prepare would write over the run's; use another run_dir") from None
