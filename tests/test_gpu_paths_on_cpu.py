@@ -69,7 +69,7 @@ def test_compiled_bucketed_epoch_compiles_at_most_once_per_batch_shape(small_cor
     trainer = Trainer(tiny_config(small_corpus, tmp_path / "run", **sets), log=quiet, progress=False)
     result = trainer.run()
     assert result.stopped_because == "epochs" and result.steps > 20
-    declared = {(rows, width, width) for rows, width in trainer.plan.declared(trainer.config.data.max_len)}
+    declared = {(rows, width, width) for rows, width in trainer.batch_plan.declared(trainer.config.data.max_len)}
     assert trainer.step_fn.shapes_seen <= declared and len(trainer.step_fn.shapes_seen) >= 2
     assert 1 <= trainer.compilations() <= len(trainer.step_fn.shapes_seen)
 

@@ -161,7 +161,7 @@ def test_a_stage_record_skips_resumes_or_starts_over(tmp_path):
     record.finish("b")
     record.drop_replaced()
     assert not record.replaced.exists()
-    assert record.begin("b", fresh=True) is False and not record.done_with("b")
+    assert record.begin("b") is False and not record.done_with("b")  # a redo of the finished one: set aside
     record.path.write_text("{ cut")  # a damaged record is a stage to do again
     assert record.read() is None and not record.done_with("b")
     record.path.write_text('{"done": true, "stage": "teacher"}')  # JSON without its fingerprint: a KeyError before

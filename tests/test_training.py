@@ -441,7 +441,7 @@ def test_bucketed_training_resumes_bit_identically(small_corpus, tmp_path, preci
     sets = {"train.length_bucket": 8, "train.precision": precision}
     whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
     assert whole.run().steps == 12
-    declared = {(rows, width, width) for rows, width in whole.plan.declared(whole.config.data.max_len)}
+    declared = {(rows, width, width) for rows, width in whole.batch_plan.declared(whole.config.data.max_len)}
     assert whole.step_fn.shapes_seen and whole.step_fn.shapes_seen <= declared
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
     assert load_checkpoint(tmp_path / "b" / "last.pt")["config"]["train"]["length_bucket"] == 8
@@ -457,7 +457,7 @@ def test_packed_training_has_one_shape_learns_and_resumes_bit_identically(small_
     sets = {"train.batching": "packed", "train.precision": precision, "train.log_every": 1}
     whole = Trainer(tiny_config(small_corpus, tmp_path / "a", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
     assert whole.run().steps == 12
-    assert whole.step_fn.shapes_seen == set(whole.plan.declared(whole.config.data.max_len))
+    assert whole.step_fn.shapes_seen == set(whole.batch_plan.declared(whole.config.data.max_len))
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 6}), log=quiet, progress=False)
     train(tiny_config(small_corpus, tmp_path / "b", **sets, **{"train.max_steps": 12}), log=quiet, progress=False)
     assert_resumed_bit_identically(tmp_path / "a", tmp_path / "b", stopped_at=6, steps=12)

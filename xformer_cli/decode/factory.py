@@ -365,7 +365,8 @@ def engine_for_model(model: Transformer, tokenizer: Tokenizer, decode: DecodeCon
     """The xformer engine on an in-memory model (the trainer's validation), in the precision
     ``load_engine`` would give it on ``device``: ``auto`` follows the same PyTorch rule
     (``device.resolve_decode_precision``: on CUDA by compute capability, on a CPU bf16 where it
-    computes bf16 natively). The model's own weights stay as they are. ``languages``
+    computes bf16 natively). The model's own weights stay as they are, but it is put in eval
+    mode (``Translator``): a caller that trains on calls ``model.train()`` after. ``languages``
     (``config.data.languages()``): a multilingual model's directions, so that
     ``translate(lines, target_lang=...)`` leads the lines with the target's tag."""
     from xformer_cli.decode.translator import Translator

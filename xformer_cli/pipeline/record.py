@@ -97,12 +97,12 @@ class StageRecord:
         """Where a finished output waits while its stage is redone with other inputs."""
         return self.directory.with_name(self.directory.name + ".replaced")
 
-    def begin(self, fingerprint: str, fresh: bool = False) -> bool:
+    def begin(self, fingerprint: str) -> bool:
         """Make ready to run with ``fingerprint``; True when an unfinished run of the same
-        inputs is there to resume (also when ``fresh``: a redo killed part-way goes on where it
-        stopped, not from the start). A finished output of other inputs (or of these, when
-        ``fresh``) is set aside, to come back if the new run fails (``restore``) and go when it
-        finishes (``drop_replaced``); an unfinished one of other inputs is removed."""
+        inputs is there to resume (a redo killed part-way too: it goes on where it stopped, not
+        from the start). A finished output (of other inputs, or of these on a redo) is set
+        aside, to come back if the new run fails (``restore``) and go when it finishes
+        (``drop_replaced``); an unfinished one of other inputs is removed."""
         record = self.read()
         if record is not None and record.get("fingerprint") == fingerprint and not record.get("done"):
             return True

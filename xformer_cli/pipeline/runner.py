@@ -50,7 +50,7 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
         if busy is not None:
             raise XformerError(f"stage {name}: {busy[0]} is in use by {busy[1].describe()}: wait for it to end, "
                                "or stop it, before the stage runs there")
-    resuming = record.begin(stamp, fresh=redo)
+    resuming = record.begin(stamp)
     before = record.minutes_so_far() if resuming else 0.0
     pipe.log(f"stage {name}: {'resuming' if resuming else 'starting'} in {record.directory}")
     try:

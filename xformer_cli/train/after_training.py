@@ -86,7 +86,8 @@ def average_last(run: RunState) -> None:
 
 def tune_length_penalty(run: RunState) -> None:
     """train.tune_length_penalty: decode every direction's valid set with best.pt's weights at
-    each alpha (beam decode.beam_size, the precision validation uses; each rank its share)
+    each alpha (beam decode.beam_size, the precision validation uses; on rank 0 alone, as every
+    pass after the loop)
     and write the alpha with the best mean BLEU into best.pt's decode.length_penalty, and with
     train.length_penalty_by_target each target's own into decode.length_penalty_by_target;
     the run's config.yaml and last.pt stay as they were."""

@@ -1,4 +1,4 @@
-"""``train.init_from``: start a run from a pretrained model's weights.
+"""Every run's start (``resolve``): resume from last.pt, fine-tune (``train.init_from``), or afresh.
 
 The source is an xformer checkpoint, a MarianMT / OPUS-MT directory or a Hub id (the last
 two through ``xformer_cli.importers.marian``). Only the weights are taken: the optimizer,

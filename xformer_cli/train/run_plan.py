@@ -5,8 +5,8 @@ In this order: the device, its precision and the process group; resume or a fres
 checked before the run directory is touched, then the tokenizer and the cache); the batch
 size (train.max_tokens: auto probes GPU memory, tokens_per_update splits the update); the
 planned steps (train/time_budget.py: a max_minutes run times a few steps once). The config as
-resolved is written to config.yaml once, and a resumed run takes what its checkpoint
-recorded (it never probes or measures again), so the values are worked out in one place and
+resolved is written to config.yaml once by the trainer (``Trainer.run``), and a resumed run
+takes what its checkpoint recorded (it never probes or measures again), so the values are worked out in one place and
 the loop only reads them.
 """
 
@@ -48,7 +48,9 @@ def _silent(_: str) -> None:
 
 def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None] = print) -> RunPlan:
     """Work out the run ``config`` describes (see the module's docstring); writes the run
-    directory's tokenizer and cache, nothing else (config.yaml: the trainer, once it trains)."""
+    directory's tokenizer and cache (and with ``overwrite`` clears the old run's checkpoints
+    and metrics first: run_checkpoints.prepare_run_dir), nothing else (config.yaml: the
+    trainer, once it trains)."""
     dist = Distributed.from_environment()
     if not dist.is_main:  # one voice: rank 0 logs, validates and writes checkpoints
         log = _silent

@@ -84,7 +84,7 @@ class Trainer:
         self.progress = progress and plan.dist.is_main
         self.train_data = plan.data.train
         tc = self.config.train
-        self.plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
+        self.batch_plan: BatchPlan = plan_for(self.train_data, tc.max_tokens, tc.length_bucket, tc.seed, tc.batching)
         model = self._build_model(plan)
         self.step_fn = self._build_step(plan, model)
         valid = [ValidSet(direction, corpus, plan.data.valid_encoded_sets[direction])
@@ -115,8 +115,8 @@ class Trainer:
 
     def _build_step(self, plan: RunPlan, model: torch.nn.Module) -> TrainStep:
         tc = self.config.train
-        shapes = len(self.plan.declared(self.config.data.max_len)) if tc.compile else 0
-        step = TrainStep(model, tc, self.device, plan.precision, self.dist, self.plan.static_shapes, shapes)
+        shapes = len(self.batch_plan.declared(self.config.data.max_len)) if tc.compile else 0
+        step = TrainStep(model, tc, self.device, plan.precision, self.dist, self.batch_plan.static_shapes, shapes)
         if self.dist.enabled:
             torch.manual_seed(tc.seed + self.dist.rank)  # same initial weights, different dropout per rank
         plan.log(f"model: {model.count_parameters():,} parameters on {self.device}"
@@ -183,7 +183,7 @@ class Trainer:
     def _load_group(self, batches: list, start: int) -> list[Batch]:
         bos = self.config.model.bos_id
         indices = batches[start : start + self.config.train.update_freq]
-        group = [self.plan.load(idx).with_start_token(bos) for idx in indices]
+        group = [self.batch_plan.load(idx).with_start_token(bos) for idx in indices]
         if self.device.type == "cuda":
             group = [b.pin() for b in group]
         return [b.to(self.device) for b in group]
@@ -266,6 +266,8 @@ class Trainer:
                 started = time.time()
                 if reason is None and due_to_validate:
                     last_validated = c.step
+                    # validate() saves last.pt (and best.pt when better) itself; it decodes through
+                    # RunState.valid_engine -> decode.factory.engine_for_model
                     if validation.validate(self.state):
                         reason = StopReason.PATIENCE
                     if self.keeper is not None:
@@ -316,8 +318,9 @@ class Trainer:
     def _batches_of(self, epoch: int) -> list:
         if self._cached_epoch != epoch:
             left_out = {i for i, first in self.counters.corpora_ended.items() if epoch >= first}
-            self._cached_batches = epoch_share(self.plan, self.train_data, self.config.data, self.config.train.seed,
-                                               epoch, self.dist.rank, self.dist.world_size, left_out)
+            self._cached_batches = epoch_share(self.batch_plan, self.train_data, self.config.data,
+                                               self.config.train.seed, epoch, self.dist.rank, self.dist.world_size,
+                                               left_out)
             self._cached_epoch = epoch
         return self._cached_batches
 
@@ -405,7 +408,8 @@ class Trainer:
             self.bar.retarget(self.last_step())
 
     def finish(self, reason: StopReason) -> TrainResult:
-        """After the loop: release the process group, average checkpoints, say how it ended."""
+        """After the loop: release the process group, average checkpoints and tune the length
+        penalty (rank 0 alone), say how it ended."""
         tc, c, run = self.config.train, self.counters, self.state
         main = self.dist.is_main
         run.writer.wait()  # every checkpoint on disk before anything reads them back
@@ -419,7 +423,7 @@ class Trainer:
             run.metrics.record(run.event(**{after_training.DONE: True}))
         run.metrics.close()
         if tc.compile:
-            shapes = "static" if self.plan.static_shapes else "dynamic"
+            shapes = "static" if self.batch_plan.static_shapes else "dynamic"
             run.log(f"torch.compile: {self.compilations()} compilations for {len(self.step_fn.shapes_seen)} "
                     f"batch shapes ({shapes} shapes)")
         if reason is StopReason.PATIENCE:
