@@ -109,7 +109,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
 
 def _translating(**given) -> dict:
     """eval-bleu's translation options as its command hands them over: none given."""
-    options = {"--output": None, "--beam-size": None, "--length-penalty": None, "--batch-size": None,
+    options = {"--output": False, "--beam-size": False, "--length-penalty": False, "--batch-size": False,
                "--engine": False, "--device": False, "--precision": False, "--threads": False}
     return {**options, **given}
 
@@ -120,13 +120,13 @@ def test_options_a_scoring_would_not_use_are_refused():
     hyps = [Path("a.de")]
     _check_scoring_options(hyps, 0, _translating())
     with pytest.raises(XformerError, match="--output, --beam-size: for --checkpoint, which translates"):
-        _check_scoring_options(hyps, 0, _translating(**{"--output": Path("o.de"), "--beam-size": 4}))
+        _check_scoring_options(hyps, 0, _translating(**{"--output": True, "--beam-size": True}))
     with pytest.raises(XformerError, match="^--precision, --threads: for --checkpoint, which translates"):
         _check_scoring_options(hyps, 0, _translating(**{"--precision": True, "--threads": True}))
     with pytest.raises(XformerError, match="--samples sets the paired test's resamples: give several --hyp"):
         _check_scoring_options(hyps, 100, _translating())
     _check_scoring_options(hyps * 2, 100, _translating())
-    _check_scoring_options([], 0, _translating(**{"--output": Path("o.de"), "--beam-size": 4, "--engine": True}))
+    _check_scoring_options([], 0, _translating(**{"--output": True, "--beam-size": True, "--engine": True}))
 
 
 def test_one_system_given_twice_is_refused(tmp_path):

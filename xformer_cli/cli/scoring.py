@@ -67,8 +67,9 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
-    _check_scoring_options(hyps, samples, {"--output": output, "--beam-size": beam_size,
-                                           "--length-penalty": length_penalty, "--batch-size": batch_size,
+    _check_scoring_options(hyps, samples, {"--output": output is not None, "--beam-size": beam_size is not None,
+                                           "--length-penalty": length_penalty is not None,
+                                           "--batch-size": batch_size is not None,
                                            "--engine": engine != "auto", "--device": device != "auto",
                                            "--precision": precision != "auto", "--threads": threads != 0})
     if confidence < 0 or confidence == 1:
@@ -100,12 +101,12 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
 
 
-def _check_scoring_options(hyps: List[Path], samples: int, translating: dict[str, object]) -> None:
+def _check_scoring_options(hyps: List[Path], samples: int, translating: dict[str, bool]) -> None:
     """An option this scoring would not use is refused, not ignored: the translation's options
-    (``translating``: each given or not at its default) with --hyp, as nothing is translated;
+    (``translating``: option -> whether given, away from its default) with --hyp, as nothing is translated;
     --samples without several systems to compare; and one system given twice."""
     if hyps:
-        given = [name for name, value in translating.items() if value is not None and value is not False]
+        given = [name for name, on in translating.items() if on]
         if given:
             raise XformerError(f"{', '.join(given)}: for --checkpoint, which translates; --hyp scores given "
                                "translations")

@@ -151,7 +151,7 @@ def _table_rows(path: Path, lines: Iterator[tuple[int, str]], form: str) -> Iter
             here[0] = number
             yield text
 
-    reader = (line.rstrip("\n").split("\t") for line in texts()) if form == "tsv" else csv.reader(texts())
+    reader = (_split_table_line(line, form) for line in texts()) if form == "tsv" else csv.reader(texts())
     header: Optional[list[str]] = None
     for fields in reader:
         if header is None:

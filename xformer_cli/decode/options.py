@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from dataclasses import asdict, dataclass
@@ -67,10 +68,16 @@ def resolve_options(decode: DecodeConfig, **given: Any) -> SearchOptions:
     return SearchOptions(**{**asdict(decode), **given}).check()
 
 
+@functools.cache
+def _option_types() -> dict[str, Any]:
+    """SearchOptions' field types, evaluated once (options are made for every served request)."""
+    return typing.get_type_hints(SearchOptions)
+
+
 def _check_type(name: str, value: Any) -> None:
     """A Python caller's option of the wrong type (beam_size="4", 2.5) is refused by name here,
     not met deep in the search as a comparison or a tensor size that fails."""
-    wanted = typing.get_type_hints(SearchOptions)[name]
+    wanted = _option_types()[name]
     if typing.get_origin(wanted) is typing.Union:  # Optional[X]: X
         wanted = next(t for t in typing.get_args(wanted) if t is not type(None))
     base = typing.get_origin(wanted) or wanted
