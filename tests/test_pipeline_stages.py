@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -1122,9 +1123,10 @@ def test_finished_stages_stay_finished_when_their_files_get_new_times_and_redo_w
     assert _actions(config, 1) == [("reverse", "redone")]
 
 
-def test_new_references_score_again_and_leave_the_models_alone(tmp_path):
+def test_new_test_references_score_again_and_a_new_valid_set_trains_again(tmp_path):
     """evaluate's fingerprint stamps the valid and test files (it hashed their paths alone: edited
-    references kept the old scores); the training stages' do not move."""
+    references kept the old scores); the training stages' do not move for the test set, and do for
+    the valid set, which picks each model's best.pt and length penalty (they hashed its path alone)."""
     from xformer_cli.pipeline import stages
 
     for split in ("v", "tt"):
@@ -1142,6 +1144,56 @@ def test_new_references_score_again_and_leave_the_models_alone(tmp_path):
     after = {name: stages.FINGERPRINTS[name](pipe) for name in STAGES}
     assert [name for name in STAGES if before[name] != after[name]] == ["evaluate"]
     assert _actions(config, len(STAGES))[-1] == ("evaluate", "redone")
+    write_lines(tmp_path / "v.de", ["Eine Katze liegt."] * 2)
+    assert all(stages.FINGERPRINTS[name](pipe) != after[name] for name in ("reverse", "teacher", "student"))
+    assert _actions(config, 1) == [("reverse", "redone")]
+
+
+def test_data_files_and_saved_datasets_a_stage_reads_are_in_its_fingerprint(tmp_path):
+    """A training corpus given as data files or as a dataset saved to disk: an edit of its bytes
+    redoes the stages that read it (their fingerprints held its name and split alone)."""
+    import datasets
+
+    from xformer_cli.pipeline import stages
+
+    rows = [{"translation": {"en": "A dog runs.", "de": "Ein Hund läuft."}}] * 5
+    write_lines(tmp_path / "t.jsonl", [json.dumps(row) for row in rows])
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    for corpus in (f"data_files={tmp_path / 't.jsonl'}", f"dataset={tmp_path / 'saved'}"):
+        config = smoke(tmp_path, *_own_data(tmp_path)[1:], "model_set.data.train.prefix=null",
+                       f"model_set.data.train.{corpus}")
+        pipe = Pipeline(config, log=lambda _: None)
+        before = stages.FINGERPRINTS["reverse"](pipe)
+        assert stages.FINGERPRINTS["reverse"](pipe) == before
+        if "jsonl" in corpus:
+            write_lines(tmp_path / "t.jsonl", [json.dumps(row) for row in rows[:4]])
+        else:
+            datasets.Dataset.from_list(rows[:4]).save_to_disk(str(tmp_path / "saved2"))
+            shutil.rmtree(tmp_path / "saved")
+            (tmp_path / "saved2").rename(tmp_path / "saved")
+        assert stages.FINGERPRINTS["reverse"](pipe) != before, corpus
+
+
+def test_records_of_a_version_that_stamped_the_training_text_alone_stay_finished(tmp_path, monkeypatch):
+    """Records made before the valid set was stamped: with the same inputs, every stage is up to
+    date (upgraded, not run again); a valid set edited since redoes the first training stage."""
+    from xformer_cli.pipeline import stages
+
+    write_lines(tmp_path / "v.en", ["A cat sits."] * 2)
+    write_lines(tmp_path / "v.de", ["Eine Katze sitzt."] * 2)
+    config = smoke(tmp_path, *_own_data(tmp_path), f"model_set.data.valid.prefix={tmp_path / 'v'}")
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in STAGES:
+        stamp = stages.old_fingerprint(pipe, name, "text_files")
+        assert (stamp != stages.FINGERPRINTS[name](pipe)) == (name in ("reverse", "teacher", "distill", "student"))
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp)
+    assert {action for _, action in _actions(config, len(STAGES))} == {"skipped"}
+    _never_run(monkeypatch, *STAGES)
+    for name in STAGES:
+        assert run_stage(pipe, name)["fingerprint"] == stages.FINGERPRINTS[name](pipe)
+    write_lines(tmp_path / "v.de", ["Eine Katze liegt."] * 2)
+    assert _actions(config, 1) == [("reverse", "redone")]
 
 
 def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_or_begun(tmp_path, monkeypatch):

@@ -131,13 +131,18 @@ def _text_pairs(src_path: Path, tgt_path: Path, skip_invalid: bool, dropped: Cou
 
 # -- datasets and data files ---------------------------------------------------------------
 
+def data_file_paths(data_files: str) -> list[Path]:
+    """The files ``data_files`` names: one path, or a glob pattern's matches in order."""
+    pattern = any(ch in data_files for ch in "*?[")
+    # glob.glob, not Path().glob: an absolute pattern ("/data/wmt/*.parquet") is the usual one
+    return sorted(map(Path, glob.glob(data_files))) if pattern else [Path(data_files)]
+
+
 def open_dataset(corpus: CorpusConfig, split: str) -> "DataFiles | Any":
     """Local data files (data/data_files.py), or a ``datasets.Dataset`` (memory-mapped Arrow)
     for a hub name or a saved directory."""
     if corpus.data_files:
-        pattern = any(ch in corpus.data_files for ch in "*?[")
-        # glob.glob, not Path().glob: an absolute pattern ("/data/wmt/*.parquet") is the usual one
-        files = sorted(map(Path, glob.glob(corpus.data_files))) if pattern else [Path(corpus.data_files)]
+        files = data_file_paths(corpus.data_files)
         if not files or not all(f.is_file() for f in files):
             raise XformerError(f"data files not found: {corpus.data_files}")
         return DataFiles(files)

@@ -97,13 +97,17 @@ LATER_DATA_OPTIONS = ("quote_augmentation",)
 LATER_CORPUS_OPTIONS = {"until": 1.0}  # data.train[i].until
 
 
-def config_stamp(config: Config, run_dir: Path) -> dict:
+def config_stamp(config: Config, run_dir: Path, every_file: bool = True) -> dict:
     """What a training stage's fingerprint takes of its config: every key (less the later
-    options while off), and the stamp (path, size, bytes) of each training file outside the
-    pipeline's run_dir (those inside come from upstream stages, whose fingerprints stand for them)."""
-    stamps = []
-    for corpus in config.data.train:
-        stamps.extend(_corpus_files(corpus, config, run_dir))
+    options while off), and the stamp (path, size, bytes) of each file it reads outside the
+    pipeline's run_dir (those inside come from upstream stages, whose fingerprints stand for them):
+    the training corpora's and the valid set's, which picks best.pt and its length penalty.
+    ``every_file`` False: as earlier versions stamped them (the training corpora's text files
+    alone: no data files, saved datasets or valid set), to recognise their records."""
+    d = config.data
+    stamps = [stamp for corpus in d.train for stamp in _corpus_files(corpus, config, run_dir, every_file=every_file)]
+    if every_file and d.valid is not None:
+        stamps += _corpus_files(d.valid, config, run_dir)
     keys = asdict(config)
     for name in LATER_DATA_OPTIONS:
         if not keys["data"][name]:
@@ -112,11 +116,12 @@ def config_stamp(config: Config, run_dir: Path) -> dict:
     return {"config": keys, "files": stamps}
 
 
-def corpora_stamp(config: Config, run_dir: Path) -> dict:
+def corpora_stamp(config: Config, run_dir: Path, every_file: bool = True) -> dict:
     """What a stage that reads the training corpora (not the model) takes of the config: each
     corpus's keys and the files outside the run folder, as config_stamp hashes them."""
-    stamp = config_stamp(config, run_dir)
-    return {"train": stamp["config"]["data"]["train"], "files": stamp["files"]}
+    files = [stamp for corpus in config.data.train
+             for stamp in _corpus_files(corpus, config, run_dir, every_file=every_file)]
+    return {"train": config_stamp(config, run_dir, every_file=False)["config"]["data"]["train"], "files": files}
 
 
 def _drop_later_corpus_options(tree: Any) -> None:
@@ -134,7 +139,7 @@ def _drop_later_corpus_options(tree: Any) -> None:
             _drop_later_corpus_options(value)
 
 
-def scored_files_stamp(config: Config, run_dir: Path) -> list[str]:
+def scored_files_stamp(config: Config, run_dir: Path, every_file: bool = True) -> list[str]:
     """The stamps of the valid and test files outside the run folder (every pair's own too):
     what a stage that scores on them takes, so new references score again."""
     d = config.data
@@ -142,19 +147,25 @@ def scored_files_stamp(config: Config, run_dir: Path) -> list[str]:
     for pair in d.pairs:  # a pair's own sets, or the shared ones read with its languages
         sets += [(corpus, (pair.src_lang, pair.tgt_lang)) for corpus in (pair.valid or d.valid, pair.test or d.test)]
     stamps = [stamp for corpus, langs in sets if corpus is not None
-              for stamp in _corpus_files(corpus, config, run_dir, langs)]
+              for stamp in _corpus_files(corpus, config, run_dir, langs, every_file)]
     return list(dict.fromkeys(stamps))  # a set two pairs share, once
 
 
 def _corpus_files(corpus: CorpusConfig, config: Config, run_dir: Path,
-                  langs: Optional[tuple[str, str]] = None) -> list[str]:
-    """The stamps of ``corpus``'s files outside ``run_dir``, read with ``langs`` (the data's own
-    by default)."""
-    from xformer_cli.data.sources import corpus_paths
+                  langs: Optional[tuple[str, str]] = None, every_file: bool = True) -> list[str]:
+    """The stamps of the files ``corpus`` reads outside ``run_dir``: its two text files (read with
+    ``langs``, the data's own by default), its data files, or every file of a dataset saved to
+    disk (a Hub name and split are in the config). ``every_file`` False: the text files alone."""
+    from xformer_cli.data.sources import corpus_paths, data_file_paths
 
-    if not (corpus.prefix or corpus.src):
-        return []  # a dataset: its name and split are in the config
-    paths = corpus_paths(corpus, *(langs or (config.data.src_lang, config.data.tgt_lang)))
+    if corpus.prefix or corpus.src:
+        paths = list(corpus_paths(corpus, *(langs or (config.data.src_lang, config.data.tgt_lang))))
+    elif every_file and corpus.data_files:
+        paths = data_file_paths(corpus.data_files)
+    elif every_file and corpus.dataset and Path(corpus.dataset).is_dir():
+        paths = sorted(f for f in Path(corpus.dataset).rglob("*") if f.is_file())
+    else:
+        return []
     inside = run_dir.resolve()
     return [file_stamp(p) for p in paths if p.exists() and inside not in p.resolve().parents]
 

@@ -11,8 +11,8 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, STOPPED, rebased
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, OLD_STAMPS, RUNS, STAGES, Pipeline, gone_output,
-                                         current_stamp, old_fingerprint, old_fingerprints, stage_problem)
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, OLD_STAMPS, RUNS, STAGES, Pipeline, checked_fingerprint,
+                                         current_stamp, gone_output, old_fingerprint, old_fingerprints, stage_problem)
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -85,19 +85,26 @@ def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
     if isinstance(old.get("mono_read"), str):
         upgraded["mono_read"] = current_stamp(old["mono_read"])
     kept = {**old_fingerprints(old), **matched}
-    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprints": kept})
+    checked = {**old.get("checked", {}), **{form: checked_fingerprint(pipe, name, form) for form in matched}}
+    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprints": kept, "checked": checked})
     return True
 
 
 def _upgradable(pipe: Pipeline, name: str) -> Optional[tuple[dict, dict[str, str]]]:
     """The stage's record and, by form, each earlier form's fingerprint of these inputs that it
-    holds: as its own, or kept by an upgrade made before its upstream stages' (``--only``);
-    None when it holds none (read only)."""
+    holds: as its own, or kept by an upgrade made before its upstream stages' (``--only``) and
+    with every file as that upgrade saw it (an earlier form stamped fewer of them); None when it
+    holds none (read only)."""
     old = pipe.record(name).read()
     if not old or not isinstance(old.get("fingerprint"), str):
         return None
-    held = {old["fingerprint"], *old_fingerprints(old).values()}
-    matched = {form: stamp for form in OLD_STAMPS if (stamp := old_fingerprint(pipe, name, form)) in held}
+    kept, checked = set(old_fingerprints(old).values()), old.get("checked", {})
+    matched = {}
+    for form in OLD_STAMPS:
+        stamp = old_fingerprint(pipe, name, form)
+        own = stamp == old["fingerprint"]
+        if own or (stamp in kept and checked.get(form) == checked_fingerprint(pipe, name, form)):
+            matched[form] = stamp
     return (old, matched) if matched else None
 
 

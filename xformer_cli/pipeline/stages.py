@@ -37,6 +37,7 @@ class Pipeline:
     progress: bool = True
     _base: Optional[Config] = field(default=None, repr=False)
     old_stamps: str = ""  # one of OLD_STAMPS: fingerprints as an earlier version's records hold them (runner)
+    upstream_form: Optional[str] = None  # the form of the upstream stages' fingerprints, when not old_stamps'
     # Stages whose finished record is read where a redo set it aside: the status, seeing what a run would put back.
     read_aside: frozenset[str] = frozenset()
 
@@ -58,6 +59,16 @@ class Pipeline:
         """The fingerprint of a stage's inputs, the run folder's own paths hashed as <run_dir>/...:
         a run folder moved or copied elsewhere keeps its finished stages."""
         return fingerprint(*parts, home=None if self.old_stamps == "absolute" else self.run_dir)
+
+    @property
+    def every_file(self) -> bool:
+        """Whether fingerprints stamp every file a stage reads (valid sets, data files, saved
+        datasets), as now, or the training corpora's text files alone, as the earlier forms did."""
+        return not self.old_stamps
+
+    def config_stamp(self, config: Config) -> dict:
+        """A training stage's config and the files it reads, in this pipeline's form."""
+        return models.config_stamp(config, self.run_dir, self.every_file)
 
     def kept(self, path: Path | str) -> str:
         """A path as the records keep it (<run_dir>/... for the run's own files)."""
@@ -81,17 +92,20 @@ class Pipeline:
     def upstream(self, stage: str) -> dict[str, str]:
         """The needed stages' identities: fingerprint and when it finished (a stage done over
         with the same inputs still makes the stages after it stale)."""
-        return {need: f"{held_fingerprint(rec, self.old_stamps)}@{rec.get('finished', '')}"
+        form = self.old_stamps if self.upstream_form is None else self.upstream_form
+        return {need: f"{held_fingerprint(rec, form)}@{rec.get('finished', '')}"
                 for need in NEEDS[stage] for rec in [self.finished(need)]}
 
     def model(self, stage: str) -> Path:
         return self.path(self.finished(stage)["model"])
 
 
-# Fingerprints as records of earlier versions hold them, newest first: "by_time" stamped files
-# by size and modification time (before content hashes); "absolute" also hashed the run
-# folder's own paths as they were (before run folders could move).
-OLD_STAMPS = ("by_time", "absolute")
+# Fingerprints as records of earlier versions hold them, newest first, each form also without
+# the changes of the forms before it: "text_files" stamped the training corpora's text files
+# alone (not the valid set, data files or saved datasets); "by_time" stamped files by size and
+# modification time (before content hashes); "absolute" also hashed the run folder's own paths
+# as they were (before run folders could move).
+OLD_STAMPS = ("text_files", "by_time", "absolute")
 
 
 def held_fingerprint(record: dict, form: str = "") -> str:
@@ -110,8 +124,19 @@ def old_fingerprints(record: dict) -> dict[str, str]:
 def old_fingerprint(pipe: Pipeline, stage: str, form: str) -> str:
     """``stage``'s fingerprint of these inputs as an earlier version's record would hold it
     (``form`` one of OLD_STAMPS)."""
+    earlier = replace(pipe, old_stamps=form)
+    if form == "text_files":
+        return FINGERPRINTS[stage](earlier)
     with stamps_by_time():
-        return FINGERPRINTS[stage](replace(pipe, old_stamps=form))
+        return FINGERPRINTS[stage](earlier)
+
+
+def checked_fingerprint(pipe: Pipeline, stage: str, form: str) -> str:
+    """``stage``'s fingerprint of these inputs, every file stamped as now, with its upstream
+    stages as their records held them in ``form``: what an upgrade from ``form`` saw, unmoved by
+    the upstream stages' own upgrades after it (an earlier form that stamped fewer files
+    matches again after an edit of the others: this one does not)."""
+    return FINGERPRINTS[stage](replace(pipe, upstream_form=form))
 
 
 # -- reverse -------------------------------------------------------------------------------
@@ -125,7 +150,7 @@ def fingerprint_reverse(pipe: Pipeline) -> str:
     if given:  # checked here, before the stage says it starts
         _check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
         return pipe.stamp("reverse", model_stamp(given), pipe.langs)
-    return pipe.stamp("reverse", models.config_stamp(reverse_config(pipe), pipe.run_dir))
+    return pipe.stamp("reverse", pipe.config_stamp(reverse_config(pipe)))
 
 
 def run_reverse(pipe: Pipeline) -> dict:
@@ -184,7 +209,8 @@ def stage_settings(stage: TranslateStage) -> dict:
 
 def fingerprint_backtranslate(pipe: Pipeline) -> str:
     mono = _mono(pipe, "target")
-    real = [models.corpora_stamp(pipe.base, pipe.run_dir)] if pipe.config.backtranslate.real_targets else []
+    real = ([models.corpora_stamp(pipe.base, pipe.run_dir, pipe.every_file)]
+            if pipe.config.backtranslate.real_targets else [])
     return pipe.stamp("backtranslate", stage_settings(pipe.config.backtranslate), file_stamp(mono.path), mono.max_lines,
                       mono.skip_invalid, pipe.upstream("backtranslate"), *real)
 
@@ -308,7 +334,7 @@ def _tokenizer_of(config: Config) -> dict[str, Any]:
 
 
 def fingerprint_teacher(pipe: Pipeline) -> str:
-    first, *others = [models.config_stamp(config, pipe.run_dir) for config in teacher_configs(pipe)]
+    first, *others = [pipe.config_stamp(config) for config in teacher_configs(pipe)]
     # a single teacher's fingerprint as before teacher.seeds: its finished stage stays finished
     return pipe.stamp("teacher", first, pipe.upstream("teacher"), *([others] if others else []))
 
@@ -365,7 +391,7 @@ def fingerprint_distill(pipe: Pipeline) -> str:
     d = pipe.config.distill
     given = [model_stamp(name) for name in d.teachers if name != "teacher"]
     mono = [file_stamp(_mono(pipe, "source").path), pipe.config.mono.max_lines] if d.mono_source else []
-    return pipe.stamp("distill", stage_settings(d), given, mono, models.config_stamp(pipe.base, pipe.run_dir),
+    return pipe.stamp("distill", stage_settings(d), given, mono, pipe.config_stamp(pipe.base),
                       pipe.upstream("distill"))
 
 
@@ -438,7 +464,7 @@ def student_minutes_left(pipe: Pipeline) -> Optional[float]:
 
 
 def fingerprint_student(pipe: Pipeline) -> str:
-    return pipe.stamp("student", models.config_stamp(student_config(pipe), pipe.run_dir), pipe.upstream("student"))
+    return pipe.stamp("student", pipe.config_stamp(student_config(pipe)), pipe.upstream("student"))
 
 
 def run_student(pipe: Pipeline) -> dict:
@@ -498,9 +524,9 @@ def _evaluated(pipe: Pipeline) -> list[tuple[str, list[Path]]]:
 
 def fingerprint_evaluate(pipe: Pipeline) -> str:
     baseline = pipe.config.evaluate.baseline
+    scored = models.scored_files_stamp(pipe.base, pipe.run_dir, pipe.every_file)
     return pipe.stamp("evaluate", asdict(pipe.config.evaluate), model_stamp(baseline) if baseline else None,
-                      asdict(pipe.base.data), models.scored_files_stamp(pipe.base, pipe.run_dir), pipe.config.threads,
-                      pipe.upstream("evaluate"))
+                      asdict(pipe.base.data), scored, pipe.config.threads, pipe.upstream("evaluate"))
 
 
 def run_evaluate(pipe: Pipeline) -> dict:
