@@ -19,7 +19,7 @@ from xformer_cli.errors import XformerError
 from xformer_cli.pipeline import STAGES, load_pipeline_config
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, complete_lines, translate_corpus
 from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home
-from xformer_cli.pipeline import runner
+from xformer_cli.pipeline import checks, earlier_forms, runner
 from xformer_cli.pipeline.runner import _chosen, run_stage
 from xformer_cli.pipeline.stages import Pipeline
 from xformer_cli.tokenizer import Tokenizer
@@ -224,7 +224,7 @@ def test_a_reverse_model_given_as_an_export_folder_is_stamped_by_its_files(tmp_p
 
 def test_an_export_whose_model_file_is_gone_is_gone(tmp_path):
     """Its folder there but model.bin deleted: export stayed 'skipped' and evaluate failed on every run."""
-    from xformer_cli.pipeline.stages import gone_output
+    from xformer_cli.pipeline.checks import gone_output
 
     pipe = Pipeline(smoke(tmp_path), log=lambda _: None, progress=False)
     record = pipe.record("export")
@@ -451,9 +451,9 @@ def test_backtranslating_the_real_targets_gives_the_teacher_new_sources_for_them
     assert _how_far(real, "backtranslate") == ("after 0 translated lines (the whole chunks of 64), "
                                                "then 576 of the real targets")
     real.record("backtranslate").finish("f", **record)
-    assert stages.gone_output(real, "backtranslate") is None
+    assert checks.gone_output(real, "backtranslate") is None
     targets.unlink()
-    assert stages.gone_output(real, "backtranslate") == targets
+    assert checks.gone_output(real, "backtranslate") == targets
     before = stages.fingerprint_backtranslate(real)
     write_lines(tmp_path / "multi30k" / "train.de", ["ein Hund", "leer", "eine Katze"] + ["z"] * 701)
     assert stages.fingerprint_backtranslate(real) != before  # another corpus: the stage redoes
@@ -553,7 +553,7 @@ def test_an_engine_a_translating_stage_cannot_have_is_found_before_the_first_sta
             run_pipeline(config, log=lambda _: None, progress=False)
         assert not (tmp_path / "run").exists()
         assert [s.action for s in pipeline_status(config) if s.stage == stage] == ["fails"]
-    from xformer_cli.pipeline.stages import unusable_engine
+    from xformer_cli.pipeline.checks import unusable_engine
 
     ensemble_in_bf16 = Pipeline(smoke(tmp_path, *_own_data(tmp_path), "teacher.seeds=[1, 2]", "distill.precision=bf16"),
                                 log=lambda _: None)
@@ -564,7 +564,7 @@ def test_a_teacher_or_baseline_of_the_other_direction_is_found_before_the_first_
     """Only the reverse model's direction was checked: a de->en teacher distilled nonsense, exit 0."""
     import torch
 
-    from xformer_cli.pipeline.stages import stage_problem
+    from xformer_cli.pipeline.checks import stage_problem
 
     backwards, forwards = tmp_path / "de-en.pt", tmp_path / "en-de.pt"
     torch.save({"config": {"data": {"src_lang": "de", "tgt_lang": "en"}}}, backwards)
@@ -608,7 +608,7 @@ def test_a_monolingual_file_is_read_before_the_run_only_as_far_as_and_when_a_sta
     """The check reads mono.max_lines usable lines, as the stage does (a bad line past them is no
     reason to refuse the run), and skips a file the stage's finished record says it read as it is."""
     from xformer_cli.file_stamps import file_stamp, stamps_by_time
-    from xformer_cli.pipeline.stages import unusable_named_file
+    from xformer_cli.pipeline.checks import unusable_named_file
 
     mono = tmp_path / "mono.de"
     mono.write_bytes(b"Ein Hund.\nEine Katze.\n\xff\xfe\n")
@@ -1046,7 +1046,7 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     finish_upstream(pipe, "reverse", "backtranslate", "teacher", "distill")
     run = tmp_path / "run"
     for name, model in (("student", run / "student" / "best.pt"), ("export", run / "export" / "student-int8")):
-        stamp = stages.old_fingerprint(pipe, name, "absolute")  # as the code before made them
+        stamp = earlier_forms.old_fingerprint(pipe, name, "absolute")  # as the code before made them
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp, model=str(model))
         if name == "export":  # what the record names is there
@@ -1070,10 +1070,10 @@ def test_a_record_from_before_run_folders_could_move_stays_finished_and_then_mov
     assert there.model("export") == moved / "export" / "student-int8"
     other = Pipeline(smoke(tmp_path, "student.set.train.seed=7"), log=lambda _: None)  # other inputs: not upgraded
     finish_upstream(other, "reverse", "backtranslate", "teacher", "distill")
-    stamp = stages.old_fingerprint(pipe, "student", "absolute")
+    stamp = earlier_forms.old_fingerprint(pipe, "student", "absolute")
     other.record("student").begin(stamp)
     other.record("student").finish(stamp, model=str(run / "student" / "best.pt"))
-    assert not runner._upgraded(other, "student", stages.FINGERPRINTS["student"](other))
+    assert not earlier_forms.upgrade(other, "student", stages.FINGERPRINTS["student"](other))
 
 
 def _own_data(tmp_path: Path) -> tuple[str, ...]:
@@ -1184,7 +1184,7 @@ def test_records_of_a_version_that_stamped_the_training_text_alone_stay_finished
     config = smoke(tmp_path, *_own_data(tmp_path), f"model_set.data.valid.prefix={tmp_path / 'v'}")
     pipe = Pipeline(config, log=lambda _: None)
     for name in STAGES:
-        stamp = stages.old_fingerprint(pipe, name, "text_files")
+        stamp = earlier_forms.old_fingerprint(pipe, name, "text_files")
         assert (stamp != stages.FINGERPRINTS[name](pipe)) == (name in ("reverse", "teacher", "distill", "student"))
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp)
@@ -1205,11 +1205,11 @@ def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_o
     config = smoke(tmp_path, *_own_data(tmp_path))
     pipe = Pipeline(config, log=lambda _: None)
     for name in ("reverse", "backtranslate"):
-        stamp = stages.old_fingerprint(pipe, name, "by_time")
+        stamp = earlier_forms.old_fingerprint(pipe, name, "by_time")
         pipe.record(name).begin(stamp)
         extra = {"old_fingerprint": "made-before-run-folders-moved"} if name == "reverse" else {}
         pipe.record(name).finish(stamp, lines=3, **extra)
-    pipe.record("teacher").begin(stages.old_fingerprint(pipe, "teacher", "by_time"))  # killed part-way
+    pipe.record("teacher").begin(earlier_forms.old_fingerprint(pipe, "teacher", "by_time"))  # killed part-way
     mono, mtime = tmp_path / "mono.de", (tmp_path / "mono.de").stat().st_mtime_ns
     os.utime(mono, ns=(mtime + 10**9, mtime + 10**9))  # the earlier version's stamp no longer holds
     assert _actions(config, 2) == [("reverse", "skipped"), ("backtranslate", "redone")]
@@ -1229,7 +1229,7 @@ def test_records_of_a_version_before_content_hashes_are_upgraded_once_finished_o
     assert said[1:4] == skipped + [f"stage teacher: resuming in {tmp_path}/run/teacher"]
     reverse = pipe.record("reverse").read()
     assert reverse["old_fingerprints"] == {"absolute": "made-before-run-folders-moved",
-                                           "by_time": stages.old_fingerprint(pipe, "reverse", "by_time")}
+                                           "by_time": earlier_forms.old_fingerprint(pipe, "reverse", "by_time")}
     assert "old_fingerprint" not in reverse and reverse["fingerprint"] == stages.FINGERPRINTS["reverse"](pipe)
     assert pipe.record("teacher").read()["done"]
 
@@ -1240,18 +1240,16 @@ def test_the_oldest_records_upgrade_whole_when_a_stage_hashes_no_run_folder_path
     the oldest, which it checks against the reverse model's oldest: every stage stays finished."""
     import torch
 
-    from xformer_cli.pipeline import stages
-
     given = tmp_path / "reverse.pt"
     torch.save({"config": {}}, given)
     config = smoke(tmp_path, *_own_data(tmp_path), f"reverse.checkpoint={given}")
     pipe = Pipeline(config, log=lambda _: None)
     for name in ("reverse", "backtranslate", "teacher"):
-        stamp = stages.old_fingerprint(pipe, name, "absolute")
+        stamp = earlier_forms.old_fingerprint(pipe, name, "absolute")
         pipe.record(name).begin(stamp)
         pipe.record(name).finish(stamp)
-    assert stages.old_fingerprint(pipe, "reverse", "by_time") == pipe.record("reverse").read()["fingerprint"]
-    assert stages.old_fingerprint(pipe, "teacher", "by_time") != pipe.record("teacher").read()["fingerprint"]
+    assert earlier_forms.old_fingerprint(pipe, "reverse", "by_time") == pipe.record("reverse").read()["fingerprint"]
+    assert earlier_forms.old_fingerprint(pipe, "teacher", "by_time") != pipe.record("teacher").read()["fingerprint"]
     _never_run(monkeypatch, "reverse", "backtranslate", "teacher")
     for name in ("reverse", "backtranslate", "teacher"):
         run_stage(pipe, name)
@@ -1340,7 +1338,7 @@ def test_status_says_what_the_next_run_does_with_each_stage_and_writes_nothing(t
 
     # A record from before run folders could move: up to date, upgraded by the run, not by the status.
     pipe.record("distill").finish(distill)
-    old = stages.old_fingerprint(pipe, "student", "absolute")
+    old = earlier_forms.old_fingerprint(pipe, "student", "absolute")
     pipe.record("student").begin(old)
     pipe.record("student").finish(old, model=str(run / "student" / "best.pt"))
     assert said()[4] == ("student", "redone", f"{run}/student/best.pt is gone: runs again")  # upgraded, then seen

@@ -70,6 +70,19 @@ def from_home(kept: str, home: Path) -> Path:
     return Path(kept)
 
 
+def held_fingerprint(record: dict, form: str = "") -> str:
+    """The fingerprint a stage's record holds in ``form`` (one of earlier_forms.OLD_STAMPS; "" the current):
+    a record upgraded from that form keeps it in ``old_fingerprints`` (``old_fingerprint``: the
+    "absolute" one, as the first upgrade kept it); one never upgraded holds only its own."""
+    return old_fingerprints(record).get(form, record["fingerprint"]) if form else record["fingerprint"]
+
+
+def old_fingerprints(record: dict) -> dict[str, str]:
+    """The earlier forms' fingerprints a record upgraded from them keeps, by form."""
+    first = {"absolute": record["old_fingerprint"]} if "old_fingerprint" in record else {}
+    return {**first, **record.get("old_fingerprints", {})}
+
+
 @dataclass
 class StageRecord:
     """One stage's folder and its record."""

@@ -9,10 +9,11 @@ from typing import Callable, Optional
 
 from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, HOME, STOPPED, rebased
+from xformer_cli.pipeline.checks import gone_output, stage_problem
+from xformer_cli.pipeline.earlier_forms import upgradable, upgrade
+from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, STOPPED
 from xformer_cli.pipeline.settings import PipelineConfig
-from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, OLD_STAMPS, RUNS, STAGES, Pipeline, checked_fingerprint,
-                                         current_stamp, gone_output, old_fingerprint, old_fingerprints, stage_problem)
+from xformer_cli.pipeline.stages import FINGERPRINTS, NEEDS, RUNS, STAGES, Pipeline
 from xformer_cli.pipeline.status import StageStatus, stage_statuses
 
 
@@ -35,7 +36,7 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     stamp = FINGERPRINTS[name](pipe)
     record = pipe.record(name)
     standing = record.standing(stamp)
-    if standing in (CHANGED, STOPPED) and not redo and _upgraded(pipe, name, stamp):
+    if standing in (CHANGED, STOPPED) and not redo and upgrade(pipe, name, stamp):
         standing = record.standing(stamp)  # an earlier version's record of these inputs: finished, or to resume
     gone = gone_output(pipe, name) if standing == DONE else None
     if gone is not None:
@@ -70,44 +71,6 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
     return record.read() or {}
 
 
-def _upgraded(pipe: Pipeline, name: str, stamp: str) -> bool:
-    """A stage's record made by an earlier version (``OLD_STAMPS``) of these inputs at this path:
-    it takes the new fingerprint (the earlier forms' kept for the stages after it to check theirs
-    against) and names its files under <run_dir>, as a new record would. Finished, it stays
-    finished; begun, it resumes."""
-    found = _upgradable(pipe, name)
-    if found is None:
-        return False
-    old, matched = found
-    upgraded = {key: value for key, value in old.items() if key != "old_fingerprint"}
-    for spelling in {str(pipe.run_dir), str(pipe.run_dir.resolve())}:  # the models, corpora, summary it names
-        upgraded = rebased(upgraded, spelling, HOME)
-    if isinstance(old.get("mono_read"), str):
-        upgraded["mono_read"] = current_stamp(old["mono_read"])
-    kept = {**old_fingerprints(old), **matched}
-    checked = {**old.get("checked", {}), **{form: checked_fingerprint(pipe, name, form) for form in matched}}
-    pipe.record(name).write({**upgraded, "fingerprint": stamp, "old_fingerprints": kept, "checked": checked})
-    return True
-
-
-def _upgradable(pipe: Pipeline, name: str) -> Optional[tuple[dict, dict[str, str]]]:
-    """The stage's record and, by form, each earlier form's fingerprint of these inputs that it
-    holds: as its own, or kept by an upgrade made before its upstream stages' (``--only``) and
-    with every file as that upgrade saw it (an earlier form stamped fewer of them); None when it
-    holds none (read only)."""
-    old = pipe.record(name).read()
-    if not old or not isinstance(old.get("fingerprint"), str):
-        return None
-    kept, checked = set(old_fingerprints(old).values()), old.get("checked", {})
-    matched = {}
-    for form in OLD_STAMPS:
-        stamp = old_fingerprint(pipe, name, form)
-        own = stamp == old["fingerprint"]
-        if own or (stamp in kept and checked.get(form) == checked_fingerprint(pipe, name, form)):
-            matched[form] = stamp
-    return (old, matched) if matched else None
-
-
 def whole_path(pipe: Pipeline) -> Optional[str]:
     """The line summing every stage's minutes, once each has finished (None before)."""
     minutes = stage_minutes(pipe)
@@ -117,7 +80,7 @@ def whole_path(pipe: Pipeline) -> Optional[str]:
 def pipeline_status(config: PipelineConfig) -> list[StageStatus]:
     """What the next run would do with each stage, and its record's figures; writes nothing."""
     pipe = Pipeline(config, log=lambda _: None, progress=False)
-    return stage_statuses(pipe, upgradable=lambda name: _upgradable(pipe, name) is not None)
+    return stage_statuses(pipe, upgradable=lambda name: upgradable(pipe, name) is not None)
 
 
 def stage_minutes(pipe: Pipeline) -> dict[str, float]:

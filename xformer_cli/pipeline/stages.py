@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from xformer_cli.config import Config
 from xformer_cli.errors import XformerError
-from xformer_cli.file_stamps import file_stamp, stamps_by_time
+from xformer_cli.file_stamps import file_stamp
 from xformer_cli.pipeline import models
 from xformer_cli.pipeline.corpus_translation import CorpusJob, TextLines, numbers_kept, translate_corpus
-from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home
+from xformer_cli.pipeline.record import StageRecord, at_home, fingerprint, from_home, held_fingerprint
 from xformer_cli.pipeline.settings import PipelineConfig, TranslateStage
 
 STAGES = ("reverse", "backtranslate", "teacher", "distill", "student", "export", "evaluate")
@@ -36,7 +36,7 @@ class Pipeline:
     log: Callable[[str], None] = print
     progress: bool = True
     _base: Optional[Config] = field(default=None, repr=False)
-    old_stamps: str = ""  # one of OLD_STAMPS: fingerprints as an earlier version's records hold them (runner)
+    old_stamps: str = ""  # one of earlier_forms.OLD_STAMPS: fingerprints as an earlier version's records hold them
     upstream_form: Optional[str] = None  # the form of the upstream stages' fingerprints, when not old_stamps'
     # Stages whose finished record is read where a redo set it aside: the status, seeing what a run would put back.
     read_aside: frozenset[str] = frozenset()
@@ -100,45 +100,6 @@ class Pipeline:
         return self.path(self.finished(stage)["model"])
 
 
-# Fingerprints as records of earlier versions hold them, newest first, each form also without
-# the changes of the forms before it: "text_files" stamped the training corpora's text files
-# alone (not the valid set, data files or saved datasets); "by_time" stamped files by size and
-# modification time (before content hashes); "absolute" also hashed the run folder's own paths
-# as they were (before run folders could move).
-OLD_STAMPS = ("text_files", "by_time", "absolute")
-
-
-def held_fingerprint(record: dict, form: str = "") -> str:
-    """The fingerprint a stage's record holds in ``form`` (one of OLD_STAMPS; "" the current):
-    a record upgraded from that form keeps it in ``old_fingerprints`` (``old_fingerprint``: the
-    "absolute" one, as the first upgrade kept it); one never upgraded holds only its own."""
-    return old_fingerprints(record).get(form, record["fingerprint"]) if form else record["fingerprint"]
-
-
-def old_fingerprints(record: dict) -> dict[str, str]:
-    """The earlier forms' fingerprints a record upgraded from them keeps, by form."""
-    first = {"absolute": record["old_fingerprint"]} if "old_fingerprint" in record else {}
-    return {**first, **record.get("old_fingerprints", {})}
-
-
-def old_fingerprint(pipe: Pipeline, stage: str, form: str) -> str:
-    """``stage``'s fingerprint of these inputs as an earlier version's record would hold it
-    (``form`` one of OLD_STAMPS)."""
-    earlier = replace(pipe, old_stamps=form)
-    if form == "text_files":
-        return FINGERPRINTS[stage](earlier)
-    with stamps_by_time():
-        return FINGERPRINTS[stage](earlier)
-
-
-def checked_fingerprint(pipe: Pipeline, stage: str, form: str) -> str:
-    """``stage``'s fingerprint of these inputs, every file stamped as now, with its upstream
-    stages as their records held them in ``form``: what an upgrade from ``form`` saw, unmoved by
-    the upstream stages' own upgrades after it (an earlier form that stamped fewer files
-    matches again after an edit of the others: this one does not)."""
-    return FINGERPRINTS[stage](replace(pipe, upstream_form=form))
-
-
 # -- reverse -------------------------------------------------------------------------------
 
 def reverse_config(pipe: Pipeline) -> Config:
@@ -148,7 +109,7 @@ def reverse_config(pipe: Pipeline) -> Config:
 def fingerprint_reverse(pipe: Pipeline) -> str:
     given = pipe.config.reverse.checkpoint
     if given:  # checked here, before the stage says it starts
-        _check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
+        check_direction(Path(given), (pipe.langs[1], pipe.langs[0]), "reverse.checkpoint")
         return pipe.stamp("reverse", model_stamp(given), pipe.langs)
     return pipe.stamp("reverse", pipe.config_stamp(reverse_config(pipe)))
 
@@ -167,7 +128,7 @@ def model_stamp(path: "str | Path") -> "str | list[str]":
     return file_stamp(path)
 
 
-def _check_direction(path: Path, wanted: tuple[str, str], key: str) -> None:
+def check_direction(path: Path, wanted: tuple[str, str], key: str) -> None:
     from xformer_cli.decode.direction import model_languages
 
     languages = model_languages(path)
@@ -258,7 +219,7 @@ def _translate(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage, job: 
     return _translator(pipe, checkpoints, s)(job)
 
 
-def _engine_needs(s: TranslateStage) -> tuple[str, ...]:
+def engine_needs(s: TranslateStage) -> tuple[str, ...]:
     """What a translating stage asks of its engine (the engine factory's ``needs``)."""
     return ("sampling_topk", "seed") if s.sampling_topk else ()
 
@@ -270,7 +231,7 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
 
     sampling = bool(s.sampling_topk)
     engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
-                         needs=_engine_needs(s), log=pipe.log)
+                         needs=engine_needs(s), log=pipe.log)
     opts = dict(beam_size=s.beam_size, sampling_topk=s.sampling_topk or None,
                 temperature=s.temperature if sampling else None, batch_size=s.batch_size or None,
                 max_tokens=s.max_tokens or None)
@@ -545,22 +506,6 @@ def run_evaluate(pipe: Pipeline) -> dict:
     return {"summary": pipe.kept(summary), "rows": len(rows)}
 
 
-def gone_output(pipe: Pipeline, stage: str) -> Optional[Path]:
-    """A file the stage's finished record names that is no longer there (a deleted best.pt, a
-    synthetic corpus moved away): the stage is done again rather than skipped for the stages after
-    it to fail on. None: all there (or no record)."""
-    record = pipe.record(stage).read() or {}
-    named = [record.get("model"), *record.get("models", []), record.get("summary")]
-    files = [pipe.path(kept) for kept in named if isinstance(kept, str)]
-    prefixes = [record.get("prefix"), (record.get("real_targets") or {}).get("prefix")]
-    files += [Path(f"{pipe.path(prefix)}.{lang}") for prefix in prefixes if isinstance(prefix, str)
-              for lang in pipe.langs]
-    from xformer_cli.export.format import EXPORT_INFO
-
-    files += [folder / name for folder in files if folder.is_dir() for name in ("model.bin", EXPORT_INFO)]  # an export
-    return next((path for path in files if not path.exists()), None)
-
-
 def translation_files(pipe: Pipeline, stage: str) -> Optional[tuple[Path, Path]]:
     """A translating stage's two sides: (the lines it translates, their translations); None for
     the other stages."""
@@ -585,114 +530,6 @@ def trained_run_dirs(pipe: Pipeline, stage: str) -> list[Path]:
     configs = {"reverse": lambda: [reverse_config(pipe)], "teacher": lambda: teacher_configs(pipe),
                "student": lambda: [student_config(pipe)]}.get(stage, list)()
     return [Path(config.run_dir) for config in configs]
-
-
-def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
-    """A file the config names for ``stage`` that is not there or cannot serve, said in one line
-    (None: all can). The run checks every stage it will visit before the first starts: a
-    misspelt baseline must not wait hours for the evaluate stage to be found, nor a monolingual
-    file that is a folder, empty or not UTF-8 for the reverse model's training to end. A monolingual
-    file the stage's finished record says it read, unchanged since, is not read again."""
-    c = pipe.config
-    named = {"reverse": [("reverse.checkpoint", c.reverse.checkpoint)],
-             "backtranslate": [("mono.target", c.mono.target)],
-             "distill": [("mono.source", c.mono.source if c.distill.mono_source else None)]
-             + [("distill.teachers", name) for name in c.distill.teachers if name != "teacher"],
-             "evaluate": [("evaluate.baseline", c.evaluate.baseline)]}.get(stage, [])
-    for key, given in named:
-        if given and not Path(given).exists():
-            fetch = "; scripts/fetch_multi30k.py makes it" if _multi30k_mono(Path(given)) else ""
-            return f"config key '{key}': {given} not found (checked before the first stage runs{fetch})"
-        if given and key.startswith("mono.") and not _read_by_finished_stage(pipe, stage, Path(given)):
-            problem = _unusable_text(TextLines(Path(given), c.mono.skip_invalid_utf8, c.mono.max_lines))
-            if problem:
-                return f"config key '{key}': {problem} (checked before the first stage runs)"
-        if given and key in ("reverse.checkpoint", "distill.teachers", "evaluate.baseline"):
-            wanted = pipe.langs[::-1] if key == "reverse.checkpoint" else pipe.langs
-            try:  # a teacher of the other direction distilled garbage with exit 0
-                _check_direction(Path(given), (wanted[0], wanted[1]), key)
-            except XformerError as exc:
-                return f"{exc} (checked before the first stage runs)"
-    return None
-
-
-def unbuildable_config(pipe: Pipeline, stage: str) -> Optional[str]:
-    """The training config a training stage builds from ``model_config`` and its own ``set``
-    (every seed's teacher), checked before the first stage runs: a bad key in ``student.set``
-    must not wait hours for the teacher to be found. One line, or None when it builds."""
-    build = {"reverse": lambda: None if pipe.config.reverse.checkpoint else reverse_config(pipe),
-             "teacher": lambda: teacher_configs(pipe), "student": lambda: student_config(pipe)}.get(stage)
-    try:
-        if build is not None:
-            build()
-    except XformerError as exc:
-        return f"{exc} (checked before the first stage runs)"
-    return None
-
-
-def unusable_engine(pipe: Pipeline, stage: str) -> Optional[str]:
-    """The engine a translating stage asks for (its engine, precision and sampling, with as many
-    models as it will translate with) that the engine factory would refuse, or None: found before
-    the first stage, not after the models it needs have trained. Nothing is loaded."""
-    from xformer_cli.decode.factory import choose_engine
-
-    settings = {"backtranslate": pipe.config.backtranslate, "distill": pipe.config.distill}.get(stage)
-    if settings is None:
-        return None
-    models = 1 if stage == "backtranslate" else sum(len(pipe.config.teacher.seeds) if name == "teacher" else 1
-                                                    for name in pipe.config.distill.teachers)
-    placeholders = [Path(f"{stage}-model-{i}.pt") for i in range(max(models, 1))]  # only their number counts
-    try:
-        choose_engine(placeholders, settings.engine, settings.precision,
-                      needs=_engine_needs(settings))
-    except XformerError as exc:
-        return (f"{exc} ({stage}.engine {settings.engine}, {stage}.precision {settings.precision}"
-                f"{', sampling' if settings.sampling_topk else ''}; checked before the first stage runs)")
-    return None
-
-
-def stage_problem(pipe: Pipeline, stage: str) -> Optional[str]:
-    """Why ``stage`` cannot run, found before the first stage starts (a file it names, the
-    training config it builds, the engine it asks for), or None."""
-    return unusable_named_file(pipe, stage) or unbuildable_config(pipe, stage) or unusable_engine(pipe, stage)
-
-
-def _multi30k_mono(path: Path) -> bool:
-    """Whether ``path`` is where the configs read Multi30k's monolingual captions."""
-    return path.parent.name == "multi30k" and path.name in ("mono.de", "mono.en")
-
-
-def current_stamp(stamp: str) -> str:
-    """A file stamp an earlier version wrote (path, size, mtime) as ``file_stamp`` writes it now,
-    when the file is still as it was then; else as it was."""
-    path = stamp.rsplit("|", 2)[0]
-    try:
-        with stamps_by_time():
-            same = file_stamp(path) == stamp
-        return file_stamp(path) if same else stamp
-    except XformerError:  # gone or unreadable: the stage that reads it says so
-        return stamp
-
-
-def _read_by_finished_stage(pipe: Pipeline, stage: str, path: Path) -> bool:
-    """Whether ``stage`` finished reading ``path`` as it is now (its path, size and bytes; in a
-    record of an earlier version, size and time)."""
-    record = pipe.record(stage).read() or {}
-    read = record.get("mono_read")
-    return bool(record.get("done")) and path.is_file() and isinstance(read, str) and \
-        current_stamp(read) == file_stamp(path)
-
-
-def _unusable_text(lines: TextLines) -> Optional[str]:
-    """Why a monolingual text file cannot be translated (a folder, no usable line); a line that
-    is not UTF-8 is named by the reading itself, as the stage would name it. Only the lines the
-    stage will read are read (mono.max_lines)."""
-    if not lines.path.is_file():
-        return f"{lines.path} is a directory, not a text file"
-    if sum(1 for _ in lines) == 0:  # every line read once, so a line that is not UTF-8 stops the run now
-        dropped = ", ".join(f"{n} {why}" for why, n in lines.dropped.items()) or "no line at all"
-        return f"{lines.path} has no line to translate ({dropped})"
-    return None
 
 
 # Each stage's two functions, in STAGES' order: what its output depends on, and the run that makes it.

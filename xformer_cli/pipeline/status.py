@@ -14,8 +14,9 @@ from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
 from xformer_cli.pipeline.corpus_translation import whole_chunks
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, RESUMABLE, STOPPED, StageRecord
-from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, gone_output,
-                                         real_target_files, stage_problem, trained_run_dirs, translation_files)
+from xformer_cli.pipeline.checks import gone_output, stage_problem
+from xformer_cli.pipeline.stages import (FINGERPRINTS, NEEDS, STAGES, TEACHER_DONE, Pipeline, real_target_files,
+                                         trained_run_dirs, translation_files)
 
 SKIP, RESUME, START, REDO, AFTER, FAIL = "skipped", "resumes", "starts", "redone", "after", "fails"
 RUNNING = "running"  # another process's pipeline is at this stage now (run_lock)
