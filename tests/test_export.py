@@ -86,6 +86,18 @@ def test_a_minimum_length_past_the_limit_ends_at_the_limit_on_both_engines(expor
     assert all(len(h.tokens) == 3 for (h,) in ours)
 
 
+def test_beam_search_where_the_length_limits_bind_does_not_depend_on_the_batch(exported):
+    """CTranslate2 decodes a batch to its longest line's limit: a beam of a shorter line that
+    reached its own limit went on past it, and its cut result changed with its batch-mates."""
+    _, out, sentences = exported
+    ct2 = CTranslate2Translator.from_directory(out, threads=1)
+    options = dict(beam_size=4, max_len_a=0.6, max_len_b=0)
+    alone = [ct2.translate([line], **options)[0] for line in sentences]
+    assert ct2.translate(sentences, batch_size=64, **options) == alone
+    loose = ct2.translate(sentences, beam_size=4)
+    assert sum(cut != whole for cut, whole in zip(alone, loose)) > len(sentences) // 2  # the limits bind
+
+
 def test_cpu_threads_run_parallel_batches_and_every_line_keeps_its_place(exported):
     """On a CPU the threads are CTranslate2 workers, each taking jobs of a few sentences, with
     the next engine batch queued before the last is read: the lines must come back in place."""

@@ -85,3 +85,45 @@ def test_alternatives_stop_where_the_search_found_fewer():
                            engine.options(beam_size=4))[0]
     assert html.alternatives == ["<p>ONE DOG. ~1</p>"] and html.scores == [0.0, -1.0]
 
+
+
+class SearchLog(FakeEngine):
+    """A fake engine that keeps the search options of each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.searches = []
+
+    def search(self, lines, opts, wanted=None):
+        self.searches.append(opts)
+        return super().search(lines, opts, wanted)
+
+
+def test_a_search_given_keeps_its_beam_and_the_models_own_widens_for_the_alternatives():
+    """A search of beam 1 asked for with alternatives was widened in silence to beam 2, which
+    changed the best translation too; the model's own search (none given) widens, as serve's."""
+    import pytest
+
+    from xformer_cli.errors import XformerError
+
+    engine = SearchLog()
+    with pytest.raises(XformerError, match="alternatives 1 need a beam of at least 2: the search asked for has "
+                                           "beam_size 1"):
+        translate_texts(engine, ["One dog."], TextOptions(alternatives=1), engine.options(beam_size=1))
+    assert engine.searches == []
+    out = translate_texts(engine, ["One dog."], TextOptions(alternatives=5))
+    assert out[0].alternatives[-1] == "ONE DOG. ~5" and engine.searches[-1].beam_size == 6
+    translate_texts(engine, ["One dog."], TextOptions(alternatives=2))
+    assert (engine.searches[-1].beam_size, engine.searches[-1].nbest) == (4, 3)  # the model's beam, wide enough
+
+
+def test_sampling_with_a_seed_draws_each_chunk_of_a_stream_with_its_own_seed():
+    """Every chunk was drawn with the one seed: a line repeated through a file was sampled alike
+    in each chunk. Chunk k now draws with seed + k, as the pipeline's corpus translation does."""
+    engine = SearchLog()
+    search = engine.options(beam_size=1, sampling_topk=10, seed=5)
+    list(translate_text_stream(engine, ["A dog."] * 5, TextOptions(), search, chunk_lines=2))
+    assert [opts.seed for opts in engine.searches] == [5, 6, 7]
+    engine.searches.clear()
+    list(translate_text_stream(engine, ["A dog."] * 3, TextOptions(), engine.options(beam_size=1), chunk_lines=2))
+    assert [opts.seed for opts in engine.searches] == [None, None]

@@ -71,3 +71,40 @@ def test_a_line_cut_to_the_models_input_length_warns_the_caller(translator):
     with pytest.warns(UserWarning, match="^1 line\\(s\\) longer than 8 pieces were cut to it; "
                                          "xformer_cli.text.translate_texts"):
         translator.translate(["a dog runs in the park while two men sit on a bench", "a dog"])
+
+
+def test_an_ensemble_of_models_for_other_directions_is_refused(tmp_path):
+    """Two models on one joint vocabulary, en->de and de->en: their ensemble translated into a
+    mix of both languages, with exit 0. Models of one direction (any spelling) still ensemble."""
+    from xformer_cli.checkpoint_file import save_checkpoint
+    from xformer_cli.config import Config, CorpusConfig, DataConfig, TokenizerConfig
+
+    engine, lines = untrained_translator()
+
+    def saved(name: str, src: str, tgt: str):
+        config = Config(data=DataConfig(src_lang=src, tgt_lang=tgt, train=[CorpusConfig(prefix="corpus")]),
+                        tokenizer=TokenizerConfig(joint=True, vocab_size=40), model=engine.model.cfg)
+        tokenizer = {"src": engine.tokenizer.src_model_bytes, "tgt": engine.tokenizer.tgt_model_bytes}
+        save_checkpoint({"config": config.to_dict(), "model": engine.model.state_dict(), "step": 1,
+                         "tokenizer": tokenizer}, tmp_path / name)
+        return tmp_path / name
+
+    forward, backward = saved("en-de.pt", "en", "de"), saved("de-en.pt", "de", "en")
+    spelled = saved("eng-deu.pt", "eng", "deu")
+    with pytest.raises(XformerError, match=f"^{backward} translates de->en, {forward} en->de: an ensemble's models "
+                                           "translate the same directions$"):
+        Translator.from_checkpoint([forward, backward], device="cpu")
+    pair = Translator.from_checkpoint([forward, spelled], device="cpu")
+    assert len(pair.translate(lines[:2], beam_size=1)) == 2
+
+
+def test_the_attention_plotted_is_of_the_search_asked_for(translator):
+    """--attention translated the lines again with the beam alone: a run's --min-len, length
+    penalty and limits were not in the translation it drew."""
+    line = ["a dog runs in the park"]
+    search = translator.options(beam_size=2, min_len=6, max_len_a=0.0, max_len_b=6)
+    (drawn,) = translator.attention(line, search=search)
+    (best, *_), = translator.search(line, search)
+    assert drawn.target == translator.tokenizer.tgt_pieces(best.tokens) + ["</s>"] and len(drawn.target) == 7
+    (plain,) = translator.attention(line, beam_size=2)
+    assert plain.target != drawn.target

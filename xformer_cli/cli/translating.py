@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -118,7 +119,7 @@ def translate(  # long: its signature is its options, one parameter each
                                 rows)
     warn_cut_lines(translator, max_input_len)
     if attention is not None:
-        _plot_attention(translator, plotted, attention, beam_size, attention_heads, direction.target)
+        _plot_attention(translator, plotted, attention, replace(options, nbest=1), attention_heads)
 
 
 def _needs(*wanted: bool) -> tuple[str, ...]:
@@ -210,11 +211,11 @@ def _translate_stream(translator, options, text_options, lines, input: Optional[
     return kept
 
 
-def _plot_attention(translator, lines: list[str], target: Path, beam_size: Optional[int], per_head: bool,
-                    target_lang: Optional[str] = None) -> None:
+def _plot_attention(translator, lines: list[str], target: Path, search, per_head: bool) -> None:
+    """The model's translation of each line as one input, with the search the run used."""
     from xformer_cli.plots import plot_attention
 
     if not lines:
         raise XformerError("--attention needs a non-empty input line")
-    plot_attention(translator.attention(lines, beam_size=beam_size, target_lang=target_lang), target, per_head=per_head)
+    plot_attention(translator.attention(lines, search=search), target, per_head=per_head)
     typer.echo(f"attention plot: {target}", err=True)

@@ -209,6 +209,7 @@ class CTranslate2Translator(Engine):
         # may be withdrawn, so that each batch is filtered after the one before it has finished.
         behind = 0 if wanted is not None else 1
         pending: list[_Queued] = []
+        bound: dict[int, int] = {}  # line -> its own limit, where a beam reached it inside a batch run longer
         try:
             for chunk in still_wanted(batches, wanted):
                 sources = [encoded[i] for i in chunk]
@@ -216,23 +217,41 @@ class CTranslate2Translator(Engine):
                 limits = max_lengths(encode_source_batch(sources), PAD_ID, a, b).tolist()
                 pending.append(_Queued(chunk, limits, self._queue(sources, limits, beam, opts.min_len)))
                 while len(pending) > behind:
-                    self._read(pending[0], results, alpha, opts.nbest)
+                    self._read(pending[0], results, alpha, opts.nbest, bound)
                     pending.pop(0)
             while pending:
-                self._read(pending[0], results, alpha, opts.nbest)
+                self._read(pending[0], results, alpha, opts.nbest, bound)
                 pending.pop(0)
+            bound = {i: limit for i, limit in bound.items() if wanted is None or wanted(i)}
+            self._search_bound_again(encoded, results, bound, beam, opts)
         except BaseException:
             for queued in pending:  # what CTranslate2 still runs ends before the error leaves (results dropped)
                 queued.wait()
             raise
         return results
 
+    def _search_bound_again(self, encoded: list[list[int]], results: list[list[Hypothesis]], bound: dict[int, int],
+                            beam: int, opts: SearchOptions) -> None:
+        """Beam search again, in batches of one limit each, for the lines whose own length limit
+        bound inside a batch run to a longer one's (``_read`` marks them): their beams had gone on
+        past it, so what came back depended on the batch (xformer's search ends each line at its
+        own limit). Greedy search's first tokens do not depend on the limit: none is searched again."""
+        by_limit: dict[int, list[int]] = {}
+        for i, limit in bound.items():
+            by_limit.setdefault(limit, []).append(i)
+        for limit, lines in sorted(by_limit.items()):
+            for start in range(0, len(lines), max(opts.batch_size, 1)):
+                chunk = lines[start:start + max(opts.batch_size, 1)]
+                limits = [limit] * len(chunk)
+                queued = _Queued(chunk, limits, self._queue([encoded[i] for i in chunk], limits, beam, opts.min_len))
+                self._read(queued, results, opts.length_penalty, opts.nbest, {})
+
     def _queue(self, sources: list[list[int]], limits: list[int], beam: int, min_len: int) -> list[Any]:
         """One engine batch handed to CTranslate2 without waiting: a future per sentence."""
         # CTranslate2 takes one max_decoding_length per call, so the batch gets the longest
         # source's limit (a * source length + b, eos counted) and each output is then cut
         # to its own: exact for greedy search, whose first tokens do not depend on the limit
-        # (beam search, where xformer forces eos at the limit, may differ there). +1 because
+        # (a beam that reached its line's own limit is searched again at it: _search_bound_again). +1 because
         # CTranslate2 counts the eos step in the limit; xformer allows `limit` tokens, then eos.
         # The position table bounds both lengths (xformer grows its table; CTranslate2 cannot).
         max_length = min(max(limits) + 1, self.max_positions)
@@ -259,10 +278,18 @@ class CTranslate2Translator(Engine):
             return 0
         return max(1, min(self.job_sentences, -(-sentences // self.workers)))
 
-    def _read(self, queued: _Queued, results: list[list[Hypothesis]], alpha: float, nbest: int) -> None:
-        """Wait for a queued batch and put each line's best ``nbest`` hypotheses in ``results``."""
+    def _read(self, queued: _Queued, results: list[list[Hypothesis]], alpha: float, nbest: int,
+              bound: dict[int, int]) -> None:
+        """Wait for a queued batch and put each line's best ``nbest`` hypotheses in ``results``;
+        a line of beam search whose hypotheses reached its own limit, below the batch's, goes into
+        ``bound`` to be searched again at it (``_search_bound_again``)."""
+        batch_limit = max(queued.limits)
         for i, future, limit in zip(queued.lines, queued.futures, queued.limits):
-            results[i] = self._ranked(future.result(), limit, alpha)[:nbest]
+            result = future.result()
+            results[i] = self._ranked(result, limit, alpha)[:nbest]
+            if limit < batch_limit and len(result.hypotheses) > 1 and \
+                    max(len(pieces) for pieces in result.hypotheses) >= limit:
+                bound[i] = limit
 
     def _ranked(self, result: Any, limit: int, alpha: float) -> list[Hypothesis]:
         """The hypotheses, cut to ``limit`` tokens, best first by GNMT's length penalty."""

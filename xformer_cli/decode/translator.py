@@ -27,7 +27,7 @@ from xformer_cli.decode.options import SearchOptions
 from xformer_cli.decode.search import Hypothesis, Wanted, search_batch
 from xformer_cli.device import pick_device, resolve_decode_precision
 from xformer_cli.errors import XformerError
-from xformer_cli.languages import Languages
+from xformer_cli.languages import Languages, plain_code
 from xformer_cli.model.transformer import Transformer
 from xformer_cli.tokenizer import Tokenizer
 
@@ -53,6 +53,13 @@ def for_inference(model: "Transformer | Ensemble", dtype: torch.dtype) -> "Trans
     if next(model.parameters()).dtype == dtype:
         return model
     return copy.deepcopy(model).to(dtype)
+
+
+
+def _spelled_alike(languages: Languages) -> tuple:
+    """A model's directions and target tags with each code in one spelling (en and eng alike)."""
+    return (tuple((plain_code(src), plain_code(tgt)) for src, tgt in languages.pairs),
+            tuple((plain_code(code), tag) for code, tag in languages.tags))
 
 
 class Translator(Engine):
@@ -92,11 +99,16 @@ class Translator(Engine):
             raise XformerError(INT8_ELSEWHERE)
         loaded = [load_model(p) for p in paths]
         model, tokenizer, config = loaded[0]
-        for other_path, (_, other_tokenizer, _) in zip(paths[1:], loaded[1:]):
+        for other_path, (_, other_tokenizer, other_config) in zip(paths[1:], loaded[1:]):
             if ((other_tokenizer.src_model_bytes, other_tokenizer.tgt_model_bytes)
                     != (tokenizer.src_model_bytes, tokenizer.tgt_model_bytes)):
                 raise XformerError(f"{other_path}: its tokenizer differs from {paths[0]}'s; "
                                    "an ensemble needs one vocabulary")
+            # one joint vocabulary serves both directions: en->de and de->en averaged wrote a mix of both
+            if _spelled_alike(other_config.data.languages()) != _spelled_alike(config.data.languages()):
+                raise XformerError(f"{other_path} translates {other_config.data.languages().describe()}, "
+                                   f"{paths[0]} {config.data.languages().describe()}: an ensemble's models "
+                                   "translate the same directions")
         if len(loaded) > 1:
             model = Ensemble([m for m, _, _ in loaded])
         translator = cls(model, tokenizer, config.decode_settings(), pick_device(device), precision,
@@ -146,10 +158,11 @@ class Translator(Engine):
             return [w[0] for w in self.model.cross_attention(src, tgt_in)]
 
     def attention(self, lines: Sequence[str], beam_size: Optional[int] = None,
-                  target_lang: Optional[str] = None) -> list[AttentionMap]:
-        """Translate each line, then read the cross-attention the model paid to produce it
-        (a multilingual model's tag is the first source piece)."""
-        opts = self.options(beam_size=beam_size, target_lang=target_lang)
+                  target_lang: Optional[str] = None, search: Optional[SearchOptions] = None) -> list[AttentionMap]:
+        """Translate each line (with ``search``, else the model's search at ``beam_size``), then
+        read the cross-attention the model paid to produce it (a multilingual model's tag is the
+        first source piece)."""
+        opts = self.options(beam_size=beam_size, target_lang=target_lang) if search is None else search
         lead = self.source_tag(opts)
         maps = []
         for line, hyps in zip(lines, self.search(lines, opts)):

@@ -4,7 +4,7 @@ costs what its sentences one per line cost."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Optional, Sequence
 
 from xformer_cli.decode.engine import Engine
@@ -223,8 +223,11 @@ def translate_segments(engine: Engine, segments: Sequence[Segment], opts: TextOp
     engine call over all their units; the units of a segment no longer ``wanted`` are
     dropped by the engine as soon as it can."""
     ranks = max(search.nbest, opts.alternatives + 1)
+    if ranks > max(search.beam_size, 1):  # widened here, the beam would change the best translation too
+        raise XformerError(f"alternatives {opts.alternatives} need a beam of at least {ranks}: the search asked for "
+                           f"has beam_size {search.beam_size}")
     if ranks > search.nbest or (opts.target_lang and opts.target_lang != search.target_lang):
-        search = engine.options(**{**search.__dict__, "nbest": ranks, "beam_size": max(search.beam_size, ranks),
+        search = engine.options(**{**search.__dict__, "nbest": ranks,
                                    "target_lang": opts.target_lang or search.target_lang,
                                    # an alpha not asked for is the old target's: the new one's own applies
                                    "length_penalty": search.length_penalty if search.length_penalty_given else None})
@@ -263,14 +266,19 @@ def _document_ranks(document, outputs: list[list[Rendered]], wanted: int) -> tup
 def translate_texts(engine: Engine, texts: Sequence[str], opts: Optional[TextOptions] = None,
                     search: Optional[SearchOptions] = None, wanted: Optional[Wanted] = None) -> list[TextResult]:
     """Each text's translation (and ``opts.alternatives`` more) in one engine call. A blank
-    plain text gives ""; HTML keeps everything but its text. A text that stops being
+    plain text gives ""; HTML keeps everything but its text. Without ``search``, the model's
+    own (its beam at least alternatives + 1); a ``search`` given keeps its beam: one narrower
+    than the alternatives asked for is refused. A text that stops being
     ``wanted`` (text index -> bool; its client went away) costs no more decoding than the
     engine has begun, and its result is partial."""
     from xformer_cli.text.html import parse_html
 
     texts = checked_lines(texts, "texts")
     opts = opts or TextOptions()
-    search = search or engine.options()
+    if search is None:  # the model's own search, its beam widened for the alternatives asked for (as serve's)
+        search = engine.options()
+        if opts.alternatives + 1 > search.beam_size:
+            search = engine.options(beam_size=opts.alternatives + 1)
     if opts.format == "html":
         documents = [parse_html(text) for text in texts]
         segments = [segment for document in documents for segment in document.segments]
@@ -303,9 +311,12 @@ def one_line(text: str) -> str:
 
 def translate_text_stream(engine: Engine, lines: Iterable[str], opts: TextOptions, search: SearchOptions,
                           chunk_lines: int = 2000) -> Iterator[TextResult]:
-    """``translate_texts`` over any number of lines in bounded memory, in order."""
-    for chunk in chunked(lines, chunk_lines):
-        for result in translate_texts(engine, chunk, opts, search):
+    """``translate_texts`` over any number of lines in bounded memory, in order. Sampling with a
+    seed draws chunk k with seed + k, as the pipeline's corpus translation does: a line repeated
+    in every chunk is not sampled alike in each."""
+    for index, chunk in enumerate(chunked(lines, chunk_lines)):
+        seeded = search if search.seed is None else replace(search, seed=search.seed + index)
+        for result in translate_texts(engine, chunk, opts, seeded):
             yield TextResult(one_line(result.text), [one_line(text) for text in result.alternatives], result.scores)
 
 
