@@ -96,6 +96,8 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("bogus.key=1", "unknown config key 'bogus'"),
         ("train.precision=fp64", "config key 'train.precision': must be one of auto, bf16, fp16, fp32, not 'fp64'"),
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
+        ("train.average_last=1", "config key 'train.average_last': 0 (off) or at least 2: the mean of one checkpoint "
+                                 "is itself"),
         ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),
         ("train.dist_timeout_minutes=0", "config key 'train.dist_timeout_minutes': must be positive"),
         ("train.seed=-1", "config key 'train.seed': must be 0 to 4294967295, not -1"),  # numpy's traceback before

@@ -126,6 +126,15 @@ def test_a_missing_local_init_from_is_one_line_and_a_hub_id_goes_to_the_importer
     init_from.load_pretrained(str(tmp_path / "marian"))
     assert asked == ["Helsinki-NLP/opus-mt-en-de", str(tmp_path / "marian")]
 
+    run = tmp_path / "run"  # an xformer run folder: its checkpoint is meant, not a MarianMT directory
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"weights")
+    (run / "best.pt").write_bytes(b"weights")
+    with pytest.raises(XformerError, match=f"^config key 'train.init_from': {run} is an xformer run folder: give "
+                                           f"its checkpoint, e.g. {run / 'best.pt'}$"):
+        init_from.load_pretrained(str(run))
+    assert len(asked) == 2
+
 
 # -- per-corpus weights -------------------------------------------------------------------------
 

@@ -559,7 +559,8 @@ def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp
     """The clock travels in the checkpoint (fairseq's --stop-time-hours counts the same way): a
     resumed run's metrics go on from the minutes trained before, and train.max_minutes counts
     them. Here the checkpoint says the whole budget was spent before the interruption: the
-    resumed run stops by the clock after one step, its minutes past the budget's 10."""
+    resumed run trains no step more (it trained one past the budget), validates the step the
+    signal left unvalidated and ends, its minutes past the budget's 10."""
     from xformer_cli.checkpoint_file import save_checkpoint
     from xformer_cli.train.trainer import Trainer, train
 
@@ -575,9 +576,10 @@ def test_a_resumed_run_goes_on_with_the_minutes_it_has_trained(small_corpus, tmp
     last["train_seconds"] = 600.0
     save_checkpoint(last, run_dir / "last.pt")
     resumed = train(tiny_config(small_corpus, run_dir, **sets), log=quiet, progress=False)
-    assert resumed.stopped_because == "time" and resumed.steps == 13 and resumed.minutes >= 10
-    later = [r for r in _lr_rows(run_dir) if r["step"] > 12]
-    assert later and all(r["minutes"] >= 10 for r in later)
+    assert resumed.stopped_because == "already done" and resumed.steps == 12 and resumed.minutes >= 10
+    validated = [r for r in _lr_rows(run_dir) if r["step"] == 12 and "valid_loss" in r]
+    assert validated and all(r["minutes"] >= 10 for r in validated)
+    assert not [r for r in _lr_rows(run_dir) if r["step"] > 12]
 
 
 class _Clock:

@@ -100,6 +100,25 @@ def test_a_signal_off_the_log_steps_keeps_the_logged_loss_of_an_uninterrupted_ru
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stop", ["signal", "max_steps"])
+def test_a_run_stopped_off_its_log_steps_and_resumed_logs_an_uninterrupted_runs_losses_to_the_digit(
+        small_corpus, tmp_path, monkeypatch, stop):
+    """Read at the stop and summed on after the resume, the window's loss added up in another
+    order than an uninterrupted run's float32 device sum: the logged train_loss moved in its
+    sixth decimal. The device's sums now go on from those read at the stop."""
+    sets = {"train.max_steps": 40, "train.valid_every": 100, "train.save_every": 100, "train.log_every": 20}
+    train(tiny_config(small_corpus, tmp_path / "whole", **sets), log=quiet, progress=False)
+    if stop == "signal":
+        trainer = Trainer(tiny_config(small_corpus, tmp_path / "cut", **sets), log=quiet, progress=False)
+        signal_after_step(trainer, 27, monkeypatch)
+        assert trainer.run().steps == 27
+    else:
+        train(tiny_config(small_corpus, tmp_path / "cut", **{**sets, "train.max_steps": 27}), log=quiet, progress=False)
+    train(tiny_config(small_corpus, tmp_path / "cut", **sets), log=quiet, progress=False)
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+
+
+@pytest.mark.slow
 def test_non_finite_losses_are_skipped_counted_and_stop_the_run_when_repeated(small_corpus, tmp_path, monkeypatch):
     real = forward_loss_module.label_smoothed_nll
     calls = {"n": 0}
@@ -510,3 +529,96 @@ def test_resuming_over_changed_training_data_with_the_same_tokenizer_goes_on_and
     said.clear()
     assert train(tiny_config(data, run, **given, **{"train.max_steps": 4}), log=said.append, progress=False).steps == 4
     assert len([line for line in said if "the training data changed since last.pt was saved" in line]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ended", ["patience", "epochs", "minutes"])
+def test_a_run_that_stopped_on_its_patience_epochs_or_minutes_is_finished_when_run_again(small_corpus, tmp_path, ended):
+    """Only the step limits were checked: run again, such a run trained a step more, validated,
+    wrote a checkpoint off the save_every grid (pruning a kept one) and redid its passes."""
+    sets = {"patience": {"train.patience": 1, "train.valid_every": 2, "train.max_steps": 400},
+            "epochs": {"train.max_epochs": 1, "train.max_steps": 400},
+            "minutes": {"train.max_minutes": 0.02, "train.max_steps": 100000}}[ended]
+    run = tmp_path / "run"
+    sets = {**sets, "train.save_every": 2, "train.keep_checkpoints": 3, "train.average_last": 2}
+    first = train(tiny_config(small_corpus, run, **sets), log=quiet, progress=False)
+    assert first.stopped_because == {"patience": "patience", "epochs": "epochs", "minutes": "time"}[ended]
+    files = {p.name: p.read_bytes() for p in run.glob("*.pt")} | {"metrics.jsonl": (run / "metrics.jsonl").read_bytes()}
+    logged: list[str] = []
+    again = train(tiny_config(small_corpus, run, **sets), log=logged.append, progress=False)
+    assert again.stopped_because == "already done" and again.steps == first.steps
+    assert any(f"has finished at step {first.steps}" in line for line in logged), logged
+    assert {p.name: p.read_bytes() for p in run.glob("*.pt")} | {"metrics.jsonl": (run / "metrics.jsonl").read_bytes()} \
+        == files
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_last_step_leaves_its_validation_to_the_resumed_run(small_corpus, tmp_path, monkeypatch):
+    """Interrupted in its last step, a run saved last.pt alone; the next call ran the passes
+    only: the step was never validated and, with no validation before it, best.pt never made
+    ('checkpoint not found: best.pt' at every call)."""
+    sets = {"train.max_steps": 6, "train.valid_every": 100, "train.save_every": 100, "train.average_last": 0,
+            "train.tune_length_penalty": "[0.6, 1.0]"}
+    trainer = Trainer(tiny_config(small_corpus, tmp_path / "run", **sets), log=quiet, progress=False)
+    signal_after_step(trainer, 6, monkeypatch)
+    assert trainer.run().stopped_because == "interrupted" and not (tmp_path / "run" / "best.pt").exists()
+    resumed = train(tiny_config(small_corpus, tmp_path / "run", **sets), log=quiet, progress=False)
+    assert resumed.stopped_because == "already done" and resumed.best_bleu is not None
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["step"] == 6
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "valid_loss" in r and "averaged_steps" not in r] == [6]
+
+
+@pytest.mark.slow
+def test_overwrite_keeps_the_earlier_runs_checkpoints_when_the_new_data_is_refused(small_corpus, tmp_path):
+    """--overwrite cleared last.pt, best.pt and the rest before the data was built: a data.max_len
+    that leaves no pair cost the earlier run and trained nothing."""
+    run = tmp_path / "run"
+    train(tiny_config(small_corpus, run, **{"train.max_steps": 4}), log=quiet, progress=False)
+    before = {p.name: p.read_bytes() for p in run.glob("*.pt")}
+    with pytest.raises(XformerError, match="nothing left to train on"):
+        train(tiny_config(small_corpus, run, **{"train.max_steps": 4, "data.max_len": 1}), overwrite=True, log=quiet,
+              progress=False)
+    assert {p.name: p.read_bytes() for p in run.glob("*.pt")} == before and (run / "metrics.jsonl").is_file()
+
+
+def test_device_sums_read_at_a_stop_go_on_in_their_float32_order_after_a_resume():
+    """What a run that stops off its log steps keeps of the logging window: the sums read at the
+    stop, which a resumed run's device goes on from. Summed in Python with the rest instead (as
+    before), they differ from an uninterrupted run's float32 sum: 1e8 + 1 is 1e8 there."""
+    cpu, no = torch.device("cpu"), torch.tensor(False)
+    losses_in_order = [1e8] + [1.0] * 9
+    whole = metrics_module.StepStats(cpu)
+    for loss in losses_in_order:
+        whole.add(torch.tensor(loss), no, no, 10)
+    cut = metrics_module.StepStats(cpu)
+    for loss in losses_in_order[:4]:
+        cut.add(torch.tensor(loss), no, no, 10)
+    read = cut.drain(keep_sums=True)
+    cut.add(torch.tensor(1.0), no, no, 10)  # kept sums: the same process adds on in order
+    assert cut.drain()[:2] == (1e8, 50.0)
+    resumed = metrics_module.StepStats(cpu)
+    resumed.go_on_from(read[0], read[1])
+    rest = metrics_module.StepStats(cpu)
+    for loss in losses_in_order[4:]:
+        resumed.add(torch.tensor(loss), no, no, 10)
+        rest.add(torch.tensor(loss), no, no, 10)
+    expected = whole.drain()[:2]
+    assert resumed.drain()[:2] == expected == (1e8, 100.0)
+    assert read[0] + rest.drain()[0] != expected[0]  # the old way
+
+
+@pytest.mark.slow
+def test_valid_lines_cut_to_the_input_length_are_one_log_line_not_a_python_warning(small_corpus, tmp_path):
+    """The API's UserWarning (a source path, a code line, a remedy for API callers) was printed at
+    each validation and at the length-penalty pass."""
+    import warnings
+
+    logged: list[str] = []
+    sets = {"train.max_steps": 4, "train.valid_every": 2, "data.max_len": 12, "train.tune_length_penalty": "[0.6, 1.0]"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_config(small_corpus, tmp_path / "run", **sets), log=logged.append, progress=False)
+    assert not [w for w in caught if "were cut" in str(w.message)]
+    cut = [line for line in logged if "longer than the model's input length" in line]
+    assert len(cut) == 1 and cut[0].startswith("valid: ") and "(12 pieces) cut to it for BLEU" in cut[0], cut

@@ -481,6 +481,7 @@ def validate(cfg: Config) -> None:
     require(all(0 <= alpha <= MAX_LENGTH_PENALTY for alpha in t.tune_length_penalty), "train.tune_length_penalty",
             f"every alpha must be 0 to {MAX_LENGTH_PENALTY:g}")
     require(1 <= t.valid_beam_size <= MAX_BEAM_SIZE, "train.valid_beam_size", f"must be 1 to {MAX_BEAM_SIZE}")
+    require(t.average_last != 1, "train.average_last", "0 (off) or at least 2: the mean of one checkpoint is itself")
     require(t.average_last <= t.keep_checkpoints, "train.average_last",
             f"averages kept checkpoints: set train.keep_checkpoints to at least {t.average_last}")
     require(t.optimizer in ("adam", "adamw"), "train.optimizer", "must be adam or adamw")

@@ -41,6 +41,17 @@ def owed(run: RunState) -> bool:
     return not any(row.get(DONE) and row.get("step") == step for _, row in rows)
 
 
+def validated_at(run: RunState, step: int) -> bool:
+    """Whether metrics.jsonl holds the validation of ``step`` (a run interrupted in its last step
+    saved last.pt there without one: best.pt may not even exist)."""
+    try:
+        rows = complete_rows(run.run_dir / "metrics.jsonl")
+    except OSError:
+        return False
+    return any(row.get("step") == step and "valid_loss" in row and not any(key in row for key in PASS_KEYS)
+               for _, row in rows)
+
+
 def forget_unfinished(run: RunState) -> None:
     """Before owed passes run again: drop the rows the stopped ones logged at this step, so
     metrics.jsonl holds one averaging row and one length-penalty row for it."""

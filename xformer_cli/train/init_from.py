@@ -60,6 +60,10 @@ def load_pretrained(source: str) -> dict:
     if not path.exists() and looks_local(source):
         raise XformerError(f"config key 'train.init_from': {source} not found "
                            "(give an xformer checkpoint, a MarianMT directory or a Hub id)")
+    run = [path / name for name in ("best.pt", "last.pt") if (path / name).is_file()] if path.is_dir() else []
+    if run and not (path / "config.json").is_file():  # an xformer run folder, not a MarianMT directory
+        raise XformerError(f"config key 'train.init_from': {source} is an xformer run folder: give its checkpoint, "
+                           f"e.g. {run[0]}")
     from xformer_cli.importers.marian import load_marian  # the importer pulls in transformers' file formats
 
     return load_marian(str(path) if path.is_dir() else source)

@@ -47,16 +47,25 @@ class StepStats:
             reached = (self.in_row >= self.limit) & (self.tripped_at == 0)
             self.tripped_at = torch.where(reached, float(step), self.tripped_at)
 
+    def go_on_from(self, loss_sum: float, good_tokens: float) -> None:
+        """Start from sums read at a signal before a resume (exact: a float32's value read back)."""
+        self.loss_sum.fill_(loss_sum)
+        self.good_tokens.fill_(good_tokens)
+
     def tripped(self) -> int:
         """The step at which ``limit`` non-finite updates in a row were reached (0: not yet).
         One read of the device: a host sync on an accelerator, none on a CPU."""
         return int(self.tripped_at.item())
 
-    def drain(self) -> tuple[float, float, int, int, int]:
+    def drain(self, keep_sums: bool = False) -> tuple[float, float, int, int, int]:
         """(loss sum, tokens of applied updates, non-finite skips, most in a row, out-of-memory
-        skips) since the last drain; resets."""
+        skips) since the last drain; resets (``keep_sums``: all but the two sums, which go on
+        adding in their order)."""
         values = torch.stack([self.loss_sum, self.good_tokens, self.skipped, self.max_in_row, self.ooms]).tolist()
+        sums = (self.loss_sum, self.good_tokens)
         self._reset()
+        if keep_sums:
+            self.loss_sum, self.good_tokens = sums
         return values[0], values[1], int(values[2]), int(values[3]), int(values[4])
 
 

@@ -270,7 +270,8 @@ def state(run: RunState, rng_per_rank: Optional[list[dict]] = None) -> dict:
         "step": c.step, "epoch": c.epoch, "batches_done": c.batches_done,
         "best_bleu": c.best_bleu, "bad_validations": c.bad_validations,
         "nonfinite_total": c.nonfinite_total, "oom_total": c.oom_total, "precision": run.precision,
-        "log_window": {"loss_sum": c.window_loss_sum, "good_tokens": c.window_good_tokens},
+        "log_window": {"loss_sum": c.window_loss_sum, "good_tokens": c.window_good_tokens,
+                       "open": list(c.window_open)},
         "train_seconds": round(run.minutes() * 60, 3),
         "corpora_ended": dict(c.corpora_ended),
         "data_key": run.data_key,
@@ -290,6 +291,8 @@ def restore(run: RunState, state: dict) -> None:
                             state["bad_validations"], state["nonfinite_total"], state["oom_total"],
                             window["loss_sum"], window["good_tokens"], state.get("train_seconds", 0.0),
                             dict(state.get("corpora_ended", {})))
+    if len(window.get("open", ())) == 2:  # saved at a signal (checkpoints before it have none)
+        run.counters.window_open = (float(window["open"][0]), float(window["open"][1]))
     run.metrics.keep_until(run.counters.step)  # lines logged after this save (a kill -9) are logged again
     run.log(f"resuming {run.run_dir / 'last.pt'}: step {run.counters.step}, epoch {run.counters.epoch}, "
             f"batch {run.counters.batches_done}, {run.counters.train_seconds / 60:.1f} min trained")

@@ -49,7 +49,7 @@ def _silent(_: str) -> None:
 def plan_run(config: Config, overwrite: bool = False, log: Callable[[str], None] = print) -> RunPlan:
     """Work out the run ``config`` describes (see the module's docstring); writes the run
     directory's tokenizer and cache (and with ``overwrite`` clears the old run's checkpoints
-    and metrics first: run_checkpoints.prepare_run_dir), nothing else (config.yaml: the
+    and metrics once they are built: run_checkpoints.prepare_run_dir), nothing else (config.yaml: the
     trainer, once it trains)."""
     dist = Distributed.from_environment()
     if not dist.is_main:  # one voice: rank 0 logs, validates and writes checkpoints
@@ -98,8 +98,10 @@ def _prepare_data(config: Config, overwrite: bool, precision: str, dist: Distrib
         inputs = check_inputs(config, log, tokenizer)
         run_checkpoints.check_same_tokenizer(config, resume, inputs.tokenizer)
         run_checkpoints.check_ids_fit(config, inputs.tokenizer)
-        run_checkpoints.prepare_run_dir(config, overwrite)
-        prepared = build_data(inputs, log)
+        run_checkpoints.prepare_run_dir(config, overwrite=False)
+        prepared = build_data(inputs, log)  # a corpus its filters leave empty is found here
+        if overwrite:  # the earlier run's checkpoints go once the new run's data stands
+            run_checkpoints.prepare_run_dir(config, overwrite=True)
         dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")
         return prepared
     dist.barrier("the data (rank 0 trains the tokenizer and builds the cache)")

@@ -49,6 +49,9 @@ class Counters:
     train_seconds: float = 0.0
     # data.train corpora whose ``until`` came: cached source index -> the first epoch without it.
     corpora_ended: dict[int, int] = field(default_factory=dict)
+    # The logging window's sums since its last regular read, read at a signal: a resumed run's
+    # device sums go on from them, so they add up in an uninterrupted run's order (float32 rounds).
+    window_open: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -86,6 +89,7 @@ class RunState:
     decode_precision: str = "auto"  # validation decodes as `translate --engine xformer --precision auto` does
     writer: CheckpointWriter = field(default_factory=lambda: CheckpointWriter(background=False))
     data_key: str = ""  # the hash of the token cache's ids: what the run trains on (a resume tells a change)
+    valid_cut_said: bool = False  # the valid lines cut to the input length were told once
 
     @property
     def run_dir(self) -> Path:

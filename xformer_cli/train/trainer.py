@@ -99,6 +99,8 @@ class Trainer:
         if plan.resume is not None:
             run_checkpoints.restore(self.state, plan.resume)
         self.stats = StepStats(self.device, self.config.train.max_nonfinite)
+        self.stats.go_on_from(*self.counters.window_open)
+        self.counters.window_open = (0.0, 0.0)
         self.valid_seconds = plan.valid_seconds  # the budget plan's estimate (0: none)
         self.keeper: Optional[BudgetKeeper] = None
         self.planned_validations: Optional[list[int]] = None  # train.validations' steps, once the plan is known
@@ -147,12 +149,12 @@ class Trainer:
         self.counters.step += 1
         return n_tokens
 
-    def drain_stats(self) -> tuple[float, float]:
+    def drain_stats(self, keep_sums: bool = False) -> tuple[float, float]:
         """Read the device-side figures since the last call (one sync): the summed loss and
-        the target tokens (all ranks) of the applied updates. Reports skipped updates and
-        stops the run when too many non-finite losses came in a row."""
+        the target tokens (all ranks) of the applied updates (``keep_sums``: left to add on).
+        Reports skipped updates and stops the run when too many non-finite losses came in a row."""
         c = self.counters
-        loss_sum, good_tokens, skipped, _, ooms = self.stats.drain()
+        loss_sum, good_tokens, skipped, _, ooms = self.stats.drain(keep_sums)
         if skipped:
             c.nonfinite_total += skipped
             self.state.log(f"step {c.step}: non-finite loss, update skipped {skipped} time(s) since the last report "
@@ -193,22 +195,21 @@ class Trainer:
         tc, c = self.config.train, self.counters
         self.state.started = time.time() - c.train_seconds  # a resumed run's minutes go on
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
-        at_end = c.step >= self.last_step()
-        owed = at_end and after_training.owed(self.state)
+        ended = self.ended_before_a_step()
+        at_end = c.step >= self.last_step() or ended is not None
+        unvalidated = at_end and self.state.valid is not None and not after_training.validated_at(self.state, c.step)
+        owed = at_end and (unvalidated or after_training.owed(self.state))
         if self.dist.is_main and (owed or not at_end):  # a refused run leaves the config it was trained with
             run_checkpoints.write_config(self.config, self.state.precision)
         if at_end:
-            if owed:
-                self.state.log(f"{self.state.run_dir} is at its last step {c.step}, and nothing marks its passes after "
-                               "training (average_last, tune_length_penalty) finished: running them")
+            if owed:  # a run stopped at its last step before its validation (a signal) or inside its passes
+                self.state.log(f"{self.state.run_dir} is at its last step {c.step}, and nothing marks its "
+                               f"{'validation and ' * unvalidated}passes after training finished: running them")
+                if unvalidated:
+                    validation.validate(self.state)
                 after_training.forget_unfinished(self.state)
                 return self.finish(StopReason.ALREADY_DONE)
-            planned = self.state.schedule.planned_steps
-            onward = ("its schedule ended there: to train on, fine-tune its best.pt in another run_dir "
-                      "(train.init_from), or --overwrite to start afresh" if planned and c.step >= planned
-                      else "raise train.max_steps to train on")
-            self.state.log(f"{self.state.run_dir} is already at step {c.step} (train.max_steps={tc.max_steps}, "
-                           f"planned {planned or '-'}); {onward}")
+            self.state.log(self._already_done(ended))
             return TrainResult(c.step, c.epoch, c.train_seconds / 60, c.best_bleu, self.state.run_dir,
                                StopReason.ALREADY_DONE)
         if tc.max_minutes and self.state.schedule.planned_steps:
@@ -228,7 +229,7 @@ class Trainer:
                 self.state.writer.wait(raise_error=False)  # the files a failure's message names are whole
                 raise
             bar.close()
-            self.read_stats()  # the open window's loss and any skipped updates since the last read, into the checkpoint
+            self.read_stats(off_the_grid=True)  # the open window's loss and skipped updates, into the checkpoint
             if reason is StopReason.INTERRUPTED:
                 # last.pt alone: no validation (the user wants out now), and no kept step
                 # checkpoint off the save_every grid, which a resumed run would then average
@@ -239,6 +240,30 @@ class Trainer:
             elif last_validated != c.step:
                 validation.validate(self.state)
         return self.finish(reason)
+
+    def ended_before_a_step(self) -> Optional[str]:
+        """What ends the run before its next step, other than its step limits (a run that stopped
+        on its minutes, its patience or its epochs, run again): None when it trains on."""
+        tc, c = self.config.train, self.counters
+        if tc.max_minutes and c.train_seconds >= tc.max_minutes * 60:  # the checkpoint's count: every rank's alike
+            return f"its {tc.max_minutes:g} minutes are spent; raise train.max_minutes to train on"
+        if tc.patience and c.bad_validations >= tc.patience:
+            return (f"{c.bad_validations} validations without a better BLEU (train.patience={tc.patience}); "
+                    "raise train.patience to train on")
+        if tc.max_epochs and self.epoch_batches() is None:
+            return f"its {tc.max_epochs} epochs are done; raise train.max_epochs to train on"
+        return None
+
+    def _already_done(self, ended: Optional[str]) -> str:
+        """The line a run that has nothing left to do says, and how to go on."""
+        c, planned = self.counters, self.state.schedule.planned_steps
+        if ended is not None:
+            return f"{self.state.run_dir} has finished at step {c.step}: {ended}"
+        onward = ("its schedule ended there: to train on, fine-tune its best.pt in another run_dir "
+                  "(train.init_from), or --overwrite to start afresh" if planned and c.step >= planned
+                  else "raise train.max_steps to train on")
+        return (f"{self.state.run_dir} is already at step {c.step} (train.max_steps={self.config.train.max_steps}, "
+                f"planned {planned or '-'}); {onward}")
 
     def _loop(self, signals: StopSignals, bar: RunProgress) -> tuple[StopReason, int]:
         """Epochs of steps until a stop reason; returns it and the step last validated."""
@@ -257,7 +282,8 @@ class Trainer:
                 due_to_validate = self.due_to_validate(c.step)
                 due_to_save = due_to_validate or bool(tc.save_every and c.step % tc.save_every == 0)
                 if c.step % tc.log_every == 0 or due_to_save or c.step >= self.last_step():
-                    self.read_stats()  # the one read of device figures, before anything is logged or saved
+                    # the one read of device figures, before anything is logged or saved
+                    self.read_stats(off_the_grid=not (c.step % tc.log_every == 0 or due_to_save))
                 elif self.device.type == "cpu":
                     self.stop_if_nonfinite()  # no sync to wait for on a CPU: checked at every step
                 if c.step % tc.log_every == 0:
@@ -341,11 +367,18 @@ class Trainer:
             c.batches_done = n_batches
         return bool(due)
 
-    def read_stats(self) -> None:
-        """Add the device-side loss figures since the last read to the open logging window."""
-        loss_sum, good_tokens = self.drain_stats()
+    def read_stats(self, off_the_grid: bool = False) -> None:
+        """Add the device-side loss figures since the last read to the open logging window.
+        ``off_the_grid``: a read an uninterrupted run would not make (the run's end, a signal):
+        the sums stay on the device, adding on in their order, and go into last.pt apart
+        (``Counters.window_open``), for a resumed run's device to go on from them."""
+        loss_sum, good_tokens = self.drain_stats(keep_sums=off_the_grid)
+        if off_the_grid:
+            self.counters.window_open = (loss_sum, good_tokens)
+            return
         self.counters.window_loss_sum += loss_sum
         self.counters.window_good_tokens += good_tokens
+        self.counters.window_open = (0.0, 0.0)
 
     def log_window(self, bar: RunProgress) -> None:
         """One train_loss / tokens-per-second line (progress bar and metrics.jsonl); closes the window."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -120,10 +121,18 @@ def translate_shares(run: RunState, beam_size: int, **search: Any) -> list[list[
     dist = run.dist
     run.model.eval()
     engine = run.valid_engine()
-    mine = []
-    for valid in run.valid:
-        src = shard(valid.corpus.src, dist.rank, dist.world_size)
-        mine.append(engine.translate(src, beam_size=beam_size, target_lang=valid.direction[1], **search) if src else [])
+    mine, cut_before = [], getattr(engine, "truncated_lines", 0)
+    with warnings.catch_warnings():  # the API's warning names a remedy for its callers: told below, once, in a line
+        warnings.simplefilter("ignore", UserWarning)
+        for valid in run.valid:
+            src = shard(valid.corpus.src, dist.rank, dist.world_size)
+            mine.append(engine.translate(src, beam_size=beam_size, target_lang=valid.direction[1], **search)
+                        if src else [])
+    cut = getattr(engine, "truncated_lines", 0) - cut_before
+    if cut and not run.valid_cut_said:
+        run.valid_cut_said = True
+        run.log(f"valid: {cut} line(s) longer than the model's input length ({engine.decode.max_input_len} pieces) "
+                "cut to it for BLEU")
     run.model.train()
     shares = dist.gather(mine, "validation (the ranks' translations)")
     return [unshard([share[i] for share in shares]) for i in range(len(run.valid))]
