@@ -67,6 +67,8 @@ def test_environment_variables_expand_in_paths(monkeypatch):
     assert cfg.data.train[0].prefix == "/corpora/multi30k/train"
     monkeypatch.delenv("XFORMER_DATA")
     assert load_config("configs/multi30k.yaml").data.train[0].prefix == "../shared/data/multi30k/train"
+    monkeypatch.setenv("XFORMER_DATA", "")  # set but empty: the shell's :- takes the default too (it made /multi30k)
+    assert load_config("configs/multi30k.yaml").data.train[0].prefix == "../shared/data/multi30k/train"
     with pytest.raises(XformerError) as info:  # a folder named "${HOME" before
         load_config("configs/multi30k.yaml", ["run_dir=${HOME/runs"])
     assert str(info.value) == "config key 'run_dir': '${HOME/runs' opens a ${VAR} it does not close"
@@ -96,6 +98,14 @@ def test_environment_variables_expand_in_paths(monkeypatch):
         ("bogus.key=1", "unknown config key 'bogus'"),
         ("train.precision=fp64", "config key 'train.precision': must be one of auto, bf16, fp16, fp32, not 'fp64'"),
         ("train.average_last=9", "config key 'train.average_last': averages kept checkpoints: set train.keep_checkpoints to at least 9"),
+        ("data.tgt_lang=no", "config key 'data.tgt_lang': expected str, got False (YAML reads no, yes, on and off "
+                             "unquoted as true or false: quote the text, e.g. 'no')"),
+        ("tokenizer.tgt_model=tgt.model", "config key 'tokenizer.tgt_model': the target side of tokenizer.model: give "
+                                          "both (without tokenizer.model both sides are trained)"),
+        ("train.length_bucket=100000", "config key 'train.length_bucket': must be 0 (off) to data.max_len + 1 (129): "
+                                       "a batch's width is rounded up to a multiple of it"),
+        ("model.max_positions=10000000000000", "config key 'model.max_positions': must be at most 100,000 (the table "
+                                               "grows past it when a longer line comes)"),
         ("train.average_last=1", "config key 'train.average_last': 0 (off) or at least 2: the mean of one checkpoint "
                                  "is itself"),
         ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),
@@ -195,3 +205,20 @@ def test_target_tag_none_with_several_targets_is_refused_in_configs_and_checkpoi
     result = CliRunner().invoke(app, ["translate", "-m", str(untagged), "-t", "fr", "--engine", "xformer"],
                                 input="A man.\n")
     assert result.exit_code == 1 and "config key 'data.target_tag'" in result.output, result.output
+
+
+def test_a_rule_keyed_by_steps_takes_a_dotted_override_and_a_config_read_from_a_pipe(tmp_path):
+    """--set train.dropout_by_planned_steps.3500=0.2 was 'expected int, got '3500''; a config
+    given as -c <(...) or /dev/stdin was 'config file not found'."""
+    import os
+    import threading
+
+    cfg = load_config("configs/multi30k.yaml", ["train.dropout_by_planned_steps.3500=0.2"])
+    assert cfg.train.dropout_by_planned_steps == {3500: 0.2} and cfg.train.dropout_by_planned_epochs == {}
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    text = (ROOT / "configs" / "multi30k.yaml").read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    assert load_config(fifo).model.d_model == 256
+    writer.join()

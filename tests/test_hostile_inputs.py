@@ -118,15 +118,22 @@ def test_options_a_scoring_would_not_use_are_refused():
     from xformer_cli.cli.scoring import _check_scoring_options
 
     hyps = [Path("a.de")]
-    _check_scoring_options(hyps, 0, _translating())
+    _check_scoring_options(hyps, 0, "bs", _translating())
     with pytest.raises(XformerError, match="--output, --beam-size: for --checkpoint, which translates"):
-        _check_scoring_options(hyps, 0, _translating(**{"--output": True, "--beam-size": True}))
+        _check_scoring_options(hyps, 0, "bs", _translating(**{"--output": True, "--beam-size": True}))
     with pytest.raises(XformerError, match="^--precision, --threads: for --checkpoint, which translates"):
-        _check_scoring_options(hyps, 0, _translating(**{"--precision": True, "--threads": True}))
+        _check_scoring_options(hyps, 0, "bs", _translating(**{"--precision": True, "--threads": True}))
     with pytest.raises(XformerError, match="--samples sets the paired test's resamples: give several --hyp"):
-        _check_scoring_options(hyps, 100, _translating())
-    _check_scoring_options(hyps * 2, 100, _translating())
-    _check_scoring_options([], 0, _translating(**{"--output": True, "--beam-size": True, "--engine": True}))
+        _check_scoring_options(hyps, 100, "bs", _translating())
+    _check_scoring_options(hyps * 2, 100, "bs", _translating())
+    _check_scoring_options([], 0, "bs", _translating(**{"--output": True, "--beam-size": True, "--engine": True}))
+    # --paired-test: a value not a test refused with one system too (it was scored, exit 0), another test alone
+    with pytest.raises(XformerError, match="^--paired-test: bs \\(paired bootstrap\\) or ar \\(approximate "
+                                           "randomisation\\), not 'xx'$"):
+        _check_scoring_options(hyps, 0, "xx", _translating())
+    with pytest.raises(XformerError, match="^--paired-test ar compares systems: give several --hyp$"):
+        _check_scoring_options(hyps, 0, "ar", _translating())
+    _check_scoring_options(hyps * 2, 0, "ar", _translating())
 
 
 def test_one_system_given_twice_is_refused(tmp_path):
@@ -135,7 +142,7 @@ def test_one_system_given_twice_is_refused(tmp_path):
     hyp = write_lines(tmp_path / "h.de", ["Ein Hund."])
     (tmp_path / "link.de").symlink_to(hyp)
     with pytest.raises(XformerError, match="link.de is given twice: give each system once"):
-        _check_scoring_options([hyp, tmp_path / "link.de"], 0, _translating())
+        _check_scoring_options([hyp, tmp_path / "link.de"], 0, "bs", _translating())
 
 
 def test_a_start_piece_outside_the_target_vocabulary_is_refused_naming_the_key():

@@ -354,6 +354,22 @@ def smoke(tmp_path: Path, *sets: str):
     return load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path / 'run'}", *sets])
 
 
+def test_monolingual_text_a_stage_needs_and_a_beam_past_the_largest_are_found_before_the_first_stage(tmp_path):
+    """A mono.target or mono.source left out or empty was found when its stage came, after the
+    models before it had trained; an evaluate beam of 300 at the last stage, as --beam-size."""
+    from xformer_cli.pipeline.checks import stage_problem
+
+    for key, stage in (("mono.target", "backtranslate"), ("mono.source", "distill")):
+        side = key.split(".")[1]
+        pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path), f"{key}="), log=lambda _: None)
+        assert stage_problem(pipe, stage) == (f"config key '{key}': the {side}-language text the {stage} stage "
+                                              "translates is not given (checked before the first stage runs)")
+    assert stage_problem(Pipeline(smoke(tmp_path, *_own_data(tmp_path), "mono.source=", "distill.mono_source=false"),
+                                  log=lambda _: None), "distill") is None
+    with pytest.raises(XformerError, match=r"^config key 'evaluate.beam_sizes': one or more beam sizes, each 1 to 256$"):
+        smoke(tmp_path, "evaluate.beam_sizes=[4, 300]")
+
+
 def test_the_pipeline_config_names_a_bad_key():
     with pytest.raises(XformerError, match="unknown config key 'teacher.weight'"):
         smoke(Path("/tmp"), "teacher.weight=2")
@@ -820,11 +836,19 @@ def test_the_tagged_corpus_leads_its_sources_with_the_tag_in_the_cache(tmp_path)
 
 
 def test_overrides_nested_or_dotted_are_the_same():
+    from xformer_cli.pipeline import models
     from xformer_cli.pipeline.models import as_overrides
 
     assert as_overrides({"model": {"d_model": 64}, "train.max_steps": 5}) == ["model.d_model=64", "train.max_steps=5"]
     rule = {"train.dropout_by_planned_epochs": {16.8: 0.2}}
-    assert as_overrides(rule) == ['train.dropout_by_planned_epochs={"16.8": 0.2}']
+    assert as_overrides(rule) == ['train.dropout_by_planned_epochs={16.8: 0.2}']
+    # a rule by steps kept its number keys ('expected int, got '3500'' in every stage), and a mapping
+    # under a dotted key replaces it, as train's --set does (it was merged into the corpus it replaced)
+    assert as_overrides({"train.dropout_by_planned_steps": {3500: 0.2}, "data.train": {"dataset": "corpus"}}) == [
+        "train.dropout_by_planned_steps={3500: 0.2}", "data.train={dataset: corpus}"]
+    base = models.base_config(load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [
+        "model_set={train.dropout_by_planned_epochs: {}, train.dropout_by_planned_steps: {3500: 0.2}}"]))
+    assert base.train.dropout_by_planned_steps == {3500: 0.2}
 
 
 @pytest.mark.parametrize("name", ["multi30k-pipeline", "multi30k-pipeline-gpu", "pipeline-smoke"])

@@ -189,6 +189,7 @@ class TokenizerConfig:
 BATCHINGS = ("dynamic", "packed")
 MAX_LENGTH_PENALTY = 10.0  # GNMT alpha: 0.6-2 in use; far above, (5 + length) / 6 ** alpha overflows a float
 MAX_BEAM_SIZE = 256  # wider beams do not help (the beam search curse) and a 100k beam ran for hours
+MAX_POSITIONS = 100_000  # model.max_positions: a sinusoidal table's initial rows (d_model floats each)
 MAX_OUTPUT_PIECES = 10_000  # max_len_a x source pieces + max_len_b: an output past this is a loop, not a sentence
 SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: numpy, torch and Python take them all (torch refuses past 2**63)
 SCHEDULES = ("noam", "constant", "inverse_sqrt")
@@ -416,6 +417,8 @@ def _clear_replaced_rules(tree: dict, overridden: set[str]) -> None:
     """A setting given on the command line wins over the file's rules for it (tokens_per_update
     sets max_tokens), and a rule given there replaces the file's rule in the other unit."""
     rules = [(f"train.{k}", v[0]) for k, v in PLANNED_RULES.items()] + [(f"train.{BATCH_RULE[0]}", BATCH_RULE[1])]
+    # one entry of a rule (train.dropout_by_planned_steps.3500=0.2) gives the rule
+    overridden = overridden | {rule for rule, _ in rules if any(key.startswith(rule + ".") for key in overridden)}
     given = overridden | ({BATCH_RULE[1]} if "train.tokens_per_update" in overridden else set())
     for rule, setting in rules:
         replaced = setting in given or any(r in overridden for r, s in rules if s == setting and r != rule)
@@ -445,22 +448,13 @@ def config_from_dict(tree: dict) -> Config:
 
 
 def validate(cfg: Config) -> None:
-    m, t, d, tok, dec = cfg.model, cfg.train, cfg.data, cfg.tokenizer, cfg.decode
-    for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
-        require(getattr(m, name) > 0, f"model.{name}", "must be positive")
-    require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    require(m.d_model % 2 == 0, "model.d_model", f"{m.d_model} must be even (sines and cosines take half each)")
-    for name in ("dropout", "attention_dropout", "activation_dropout"):
-        require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
-    require(m.activation in ACTIVATION_NAMES, "model.activation", f"must be one of {', '.join(ACTIVATION_NAMES)}")
-    require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
-    require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
-            "is counted by the trainer with model.restrict_output: true; leave it out")
-    require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
+    t, d, tok, dec = cfg.train, cfg.data, cfg.tokenizer, cfg.decode
+    _check_model(cfg.model)
     _check_tokenizer(tok)
     require(t.max_tokens == "auto" or t.max_tokens > 0, "train.max_tokens", "must be positive, or auto")
     require(t.tokens_per_update >= 0, "train.tokens_per_update", "must be >= 0 (0 = off)")
-    require(t.length_bucket >= 0, "train.length_bucket", "must be >= 0 (0 = off)")
+    require(0 <= t.length_bucket <= d.max_len + 1, "train.length_bucket",
+            f"must be 0 (off) to data.max_len + 1 ({d.max_len + 1}): a batch's width is rounded up to a multiple of it")
     require(t.batching in BATCHINGS, "train.batching", f"must be one of {', '.join(BATCHINGS)}")
     require(not (t.batching == "packed" and t.length_bucket), "train.length_bucket",
             "must be 0 with train.batching: packed (packed batches have one shape already)")
@@ -508,6 +502,22 @@ def validate(cfg: Config) -> None:
 
 
 
+def _check_model(m: ModelConfig) -> None:
+    for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
+        require(getattr(m, name) > 0, f"model.{name}", "must be positive")
+    require(m.max_positions <= MAX_POSITIONS, "model.max_positions",
+            f"must be at most {MAX_POSITIONS:,} (the table grows past it when a longer line comes)")
+    require(m.d_model % m.n_heads == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    require(m.d_model % 2 == 0, "model.d_model", f"{m.d_model} must be even (sines and cosines take half each)")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        require(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+    require(m.activation in ACTIVATION_NAMES, "model.activation", f"must be one of {', '.join(ACTIVATION_NAMES)}")
+    require(m.bos_id >= 0, "model.bos_id", "must be a token id (>= 0)")
+    require(m.output_pieces == 0 or m.restrict_output, "model.output_pieces",
+            "is counted by the trainer with model.restrict_output: true; leave it out")
+    require(m.output_pieces >= 0, "model.output_pieces", "must be >= 0")
+
+
 def _check_tokenizer(tok: TokenizerConfig) -> None:
     require(16 <= tok.vocab_size <= MAX_VOCAB_SIZE, "tokenizer.vocab_size", f"must be 16 to {MAX_VOCAB_SIZE:,}")
     require(tok.input_sentence_size >= 1, "tokenizer.input_sentence_size",
@@ -515,6 +525,8 @@ def _check_tokenizer(tok: TokenizerConfig) -> None:
     require(tok.model_type in ("unigram", "bpe", "char", "word"), "tokenizer.model_type",
             "must be unigram, bpe, char or word")
     require(0.0 < tok.character_coverage <= 1.0, "tokenizer.character_coverage", "must be in (0, 1]")
+    require(not tok.tgt_model or bool(tok.model), "tokenizer.tgt_model",
+            "the target side of tokenizer.model: give both (without tokenizer.model both sides are trained)")
     require(not (tok.tgt_model and tok.joint), "tokenizer.tgt_model", "only used with tokenizer.joint: false")
 
 

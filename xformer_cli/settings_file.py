@@ -25,7 +25,9 @@ _UNCLOSED = re.compile(r"\$\{[A-Za-z_]")
 
 def _expand_env(text: str, key: str) -> str:
     def repl(m: re.Match) -> str:
-        value = os.environ.get(m.group(1), m.group(2))
+        value = os.environ.get(m.group(1))
+        if not value and m.group(2) is not None:  # the shell's :- takes the default for an empty variable too
+            value = m.group(2)
         if value is None:
             raise XformerError(f"config key '{key}': environment variable {m.group(1)} is not set")
         return value
@@ -74,6 +76,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise XformerError(f"config key '{key}': expected a mapping of keys, got {value!r}")
         return _build(tp, value, key + ".")
+    return _coerce_scalar(value, tp, key)
+
+
+def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
+    """A bool, int, float or str value of a config key (``${VAR}`` expanded in a str)."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -81,6 +88,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # a mapping's key set by --set
             return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -93,6 +102,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return _expand_env(str(value), key)
+        if isinstance(value, bool):  # YAML 1.1: no, yes, on, off unquoted (Norwegian's code is no)
+            raise XformerError(f"config key '{key}': expected str, got {value!r} (YAML reads no, yes, on and off "
+                               "unquoted as true or false: quote the text, e.g. 'no')")
     raise XformerError(f"config key '{key}': expected {tp.__name__}, got {value!r}")
 
 
@@ -172,10 +184,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_tree(path: str | Path) -> dict:
     """A YAML config file as a mapping; a missing, unreadable or non-mapping file in one line."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir() or not path.exists():  # a pipe (-c <(...), /dev/stdin) is read as a file is
         raise XformerError(f"config file {path} is a directory" if path.is_dir() else f"config file not found: {path}")
     try:
         loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except OSError as exc:
+        raise XformerError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)  # where the parser gave up (0-based)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

@@ -67,11 +67,11 @@ def eval_bleu(  # long: its signature is its options, one parameter each
 
     if bool(hyps) == (checkpoint is not None):
         raise XformerError("give --hyp, or --checkpoint (alone: its test set; or with --src)")
-    _check_scoring_options(hyps, samples, {"--output": output is not None, "--beam-size": beam_size is not None,
-                                           "--length-penalty": length_penalty is not None,
-                                           "--batch-size": batch_size is not None,
-                                           "--engine": engine != "auto", "--device": device != "auto",
-                                           "--precision": precision != "auto", "--threads": threads != 0})
+    translating = {"--output": output is not None, "--beam-size": beam_size is not None,
+                   "--length-penalty": length_penalty is not None, "--batch-size": batch_size is not None,
+                   "--engine": engine != "auto", "--device": device != "auto",
+                   "--precision": precision != "auto", "--threads": threads != 0}
+    _check_scoring_options(hyps, samples, paired_test, translating)
     if confidence < 0 or confidence == 1:
         raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
                            f"not {confidence}")
@@ -101,10 +101,15 @@ def eval_bleu(  # long: its signature is its options, one parameter each
         _print_comparison(systems, ref_lines, paired_test=paired_test, samples=samples, as_json=as_json, **scoring)
 
 
-def _check_scoring_options(hyps: List[Path], samples: int, translating: dict[str, bool]) -> None:
+def _check_scoring_options(hyps: List[Path], samples: int, paired_test: str, translating: dict[str, bool]) -> None:
     """An option this scoring would not use is refused, not ignored: the translation's options
     (``translating``: option -> whether given, away from its default) with --hyp, as nothing is translated;
-    --samples without several systems to compare; and one system given twice."""
+    --samples or another --paired-test without several systems to compare; and one system given twice."""
+    if paired_test not in ("bs", "ar"):
+        raise XformerError("--paired-test: bs (paired bootstrap) or ar (approximate randomisation), "
+                           f"not {paired_test!r}")
+    if paired_test != "bs" and len(hyps) < 2:
+        raise XformerError(f"--paired-test {paired_test} compares systems: give several --hyp")
     if hyps:
         given = [name for name, on in translating.items() if on]
         if given:

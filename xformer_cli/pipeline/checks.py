@@ -44,7 +44,12 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
              "distill": [("mono.source", c.mono.source if c.distill.mono_source else None)]
              + [("distill.teachers", name) for name in c.distill.teachers if name != "teacher"],
              "evaluate": [("evaluate.baseline", c.evaluate.baseline)]}.get(stage, [])
+    needed = {"backtranslate": "mono.target", "distill": "mono.source" if c.distill.mono_source else None}.get(stage)
     for key, given in named:
+        if not given and key == needed:  # an empty or left-out path found when the stage came, after training
+            side = "target" if key == "mono.target" else "source"
+            return (f"config key '{key}': the {side}-language text the {stage} stage translates is not given "
+                    "(checked before the first stage runs)")
         if given and not Path(given).exists():
             fetch = "; scripts/fetch_multi30k.py makes it" if _multi30k_mono(Path(given)) else ""
             return f"config key '{key}': {given} not found (checked before the first stage runs{fetch})"

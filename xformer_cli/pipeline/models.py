@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import yaml
+
 from xformer_cli.config import Config, CorpusConfig, load_config
 from xformer_cli.errors import XformerError
 from xformer_cli.file_stamps import file_stamp
@@ -22,16 +24,28 @@ Edit = Callable[[dict], None]
 
 
 def as_overrides(values: dict[str, Any], prefix: str = "") -> list[str]:
-    """{"model.d_model": 256} -> ["model.d_model=256"] (values as JSON, which YAML reads back).
-    A nested section ({"model": {"d_model": 256}}, what --set model_set.model.d_model=256
-    makes) is the same; a mapping with other keys than names ({16.8: 0.2}) is a value."""
+    """{"model.d_model": 256} -> ["model.d_model=256"], each as train's --set takes it (values in
+    YAML's flow style: a mapping keeps its number keys, {3500: 0.2}). A nested section under a
+    name ({"model": {"d_model": 256}}, what --set model_set.model.d_model=256 makes) is the same;
+    a mapping under a dotted key ({"data.train": {"dataset": DIR}}) replaces that key's value, as
+    --set 'data.train={dataset: DIR}' does, and so does one with other keys than names ({16.8: 0.2})."""
     found = []
     for key, value in values.items():
-        if isinstance(value, dict) and value and all(isinstance(k, str) and k.isidentifier() for k in value):
+        section = isinstance(key, str) and key.isidentifier()
+        if section and isinstance(value, dict) and value and all(isinstance(k, str) and k.isidentifier()
+                                                                 for k in value):
             found.extend(as_overrides(value, f"{prefix}{key}."))
         else:
-            found.append(f"{prefix}{key}={json.dumps(value)}")
+            found.append(f"{prefix}{key}={_flow(value)}")
     return found
+
+
+def _flow(value: Any) -> str:
+    """A value as YAML reads it back: JSON for a scalar or a list of them, YAML's flow style for
+    what holds a mapping (JSON would make its number keys strings)."""
+    if isinstance(value, (dict, list)) and "{" in json.dumps(value):
+        return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+    return json.dumps(value)
 
 
 def base_config(pc: PipelineConfig) -> Config:

@@ -178,8 +178,8 @@ def check(config: PipelineConfig) -> None:
     require(len(seeds) < 2 or "teacher" in config.distill.teachers, "teacher.seeds",
             "several teachers are trained for distill.teachers to use: name 'teacher' there")
     require(bool(config.distill.teachers), "distill.teachers", "name at least one teacher checkpoint")
-    require(all(b >= 1 for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
-            "evaluate.beam_sizes", "one or more beam sizes, each 1 or more")
+    require(all(1 <= b <= MAX_BEAM_SIZE for b in config.evaluate.beam_sizes) and bool(config.evaluate.beam_sizes),
+            "evaluate.beam_sizes", f"one or more beam sizes, each 1 to {MAX_BEAM_SIZE}")
     require(set(config.evaluate.splits) <= {"valid", "test"} and bool(config.evaluate.splits),
             "evaluate.splits", "valid, test or both")
     require(config.evaluate.max_lines >= 0, "evaluate.max_lines", "must be 0 (all) or more")
