@@ -320,6 +320,34 @@ def test_fields_in_the_query_string_must_be_utf8_and_a_multipart_form_holds_ever
         assert res.status_code == 200 and len(res.json()["translatedText"]) == 30, res.text
 
 
+def test_a_multipart_field_not_utf8_is_a_400_and_json_is_json_under_any_content_type():
+    """starlette read a multipart field's bytes that are not UTF-8 as latin-1 (translated: 200),
+    and a JSON body sent as multipart/form-data was 'Missing boundary'."""
+    body = (b'--xx\r\nContent-Disposition: form-data; name="q"\r\n\r\nA \xff dog.\r\n'
+            b'--xx\r\nContent-Disposition: form-data; name="source"\r\n\r\nen\r\n'
+            b'--xx\r\nContent-Disposition: form-data; name="target"\r\n\r\nde\r\n--xx--\r\n')
+    engine = FakeEngine()
+    with client_for(engine) as client:
+        res = client.post("/translate", content=body, headers={"content-type": "multipart/form-data; boundary=xx"})
+        assert_json_error(res, 400, "the form field 'q' is not UTF-8")
+        res = client.post("/translate", content=body.replace(b"\xff", "ä".encode()),
+                          headers={"content-type": "multipart/form-data; boundary=xx"})
+        assert res.json() == {"translatedText": "A Ä DOG."}  # UTF-8 beyond ASCII is read as it is
+        res = client.post("/translate", content=b'{"q": "A dog.", "source": "en", "target": "de"}',
+                          headers={"content-type": "multipart/form-data"})
+        assert res.json() == {"translatedText": "A DOG."}
+        assert engine.calls == [["A ä dog."], ["A dog."]]
+
+
+def test_a_text_file_in_another_language_names_the_files_line():
+    """Lines go to the engine in chunks of max_texts: the refusal named q[i] of a chunk."""
+    lines = [ENGLISH] * 4 + [GERMAN] + [ENGLISH]
+    with client_for() as client:
+        res = client.post("/translate_file", files={"file": ("mixed.txt", "\n".join(lines).encode())},
+                          data={"source": "auto", "target": "de"})
+        assert_json_error(res, 400, "Invalid request: line 5 of the file is in German (de")
+
+
 def test_an_unexpected_exception_is_a_json_500():
     app = create_app(FakeEngine())
 

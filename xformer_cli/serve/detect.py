@@ -64,6 +64,18 @@ def plainly_other(text: str, source: "str | Sequence[str]", strip_tags: bool = F
     return None
 
 
+class OtherLanguage(ApiError):
+    """A 400 for ``q[at]`` (or ``q``), plainly not in the model's source language: ``naming``
+    says it of the place the caller knows the text by (a file's line)."""
+
+    def __init__(self, at: int, where: str, rest: str):
+        super().__init__(400, f"Invalid request: {where} {rest}")
+        self.at, self.rest = at, rest
+
+    def naming(self, where: str) -> ApiError:
+        return ApiError(400, f"Invalid request: {where} {self.rest}")
+
+
 def refuse_other_language(texts: list[str], source: "str | Sequence[str]", batch: bool, html: bool = False) -> None:
     """400 naming the language when a text of a ``source: "auto"`` request is plainly not in
     the model's ``source`` language(s) (a translation of it would be garbage)."""
@@ -72,11 +84,10 @@ def refuse_other_language(texts: list[str], source: "str | Sequence[str]", batch
         found = plainly_other(text, sources, strip_tags=html)
         if found:
             code, confidence = found
-            where = f"q[{at}]" if batch else "q"
             names = " or ".join(language_name(s) for s in sources)
-            raise ApiError(400, f"Invalid request: {where} is in {language_name(code)} "
-                                f"({code}, {confidence:.0%} sure), "
-                                f"not {names}: this model translates from {', '.join(sources)} only")
+            raise OtherLanguage(at, f"q[{at}]" if batch else "q",
+                                f"is in {language_name(code)} ({code}, {confidence:.0%} sure), not {names}: "
+                                f"this model translates from {', '.join(sources)} only")
 
 
 def auto_sources(texts: list[str], candidates: Sequence[str], batch: bool, html: bool = False) -> list[dict]:

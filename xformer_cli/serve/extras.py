@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from xformer_cli.serve.batcher import Translation
-from xformer_cli.serve.detect import candidates
+from xformer_cli.serve.detect import OtherLanguage, candidates
 from xformer_cli.serve.files import (FILE_FORMATS, MEDIA_TYPES, FileStore, content_disposition, decode_text,
                                      download_name, file_kind, split_lines)
 from xformer_cli.serve.protocol import ApiError, Limits, TranslateRequest, language_name
@@ -100,7 +100,10 @@ async def translate_text_file(request: "Request", text: str, fields: dict[str, A
     out = list(lines)
     for start in range(0, len(todo), limits.max_texts):
         chunk = todo[start:start + limits.max_texts]
-        _, result = await translate_fields(request, {**fields, "q": [lines[at] for at in chunk]}, limits)
+        try:
+            _, result = await translate_fields(request, {**fields, "q": [lines[at] for at in chunk]}, limits)
+        except OtherLanguage as exc:  # q[i] of a chunk means nothing to the file's owner: its line does
+            raise exc.naming(f"line {chunk[exc.at] + 1} of the file") from None
         for at, translated in zip(chunk, result.texts):
             out[at] = output_text(translated)
     return "".join(line + ending for line, ending in zip(out, endings))

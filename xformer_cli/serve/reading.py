@@ -64,7 +64,7 @@ async def read_fields(request: Request, limit: int, max_fields: int = 20) -> dic
     if query and not body.strip():
         return query
     content_type = request.headers.get("content-type", "")
-    if _media_type(content_type) != "multipart/form-data":
+    if _media_type(content_type) != "multipart/form-data" or body.lstrip()[:1] in (b"{", b"["):  # JSON whatever its type
         return {**query, **parse_body(body, content_type)}
     return {**query, **_collect(await _multipart(request, body, max_files=0, max_fields=max_fields))}
 
@@ -94,10 +94,16 @@ async def _multipart(request: Request, body: bytes, max_files: int, max_fields: 
         detail = str(getattr(exc, 'detail', exc))[:80]
         raise ApiError(400, f"Invalid request: the form could not be read ({detail})") from None
     try:
-        return [(key, value if isinstance(value, str) else Upload(value.filename or "", await value.read()))
-                for key, value in form.multi_items()]
+        fields = [(key, value if isinstance(value, str) else Upload(value.filename or "", await value.read()))
+                  for key, value in form.multi_items()]
     finally:
         await form.close()
+    multipart = _media_type(request.headers.get("content-type", "")) == "multipart/form-data"
+    for key, value in fields if multipart else ():
+        # starlette reads a text field that is not UTF-8 as latin-1: its text, written as UTF-8, is not the body's
+        if isinstance(value, str) and value.encode("utf-8", "surrogatepass") not in body:
+            raise ApiError(400, f"Invalid request: the form field {key!r} is not UTF-8")
+    return fields
 
 
 @dataclass

@@ -15,6 +15,7 @@ chosen over lexically constrained beam search because they work on every engine
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,9 +123,10 @@ def _matches(text: str, glossary: Optional[Glossary], numbers: bool = False) -> 
         return []
     candidates: list[tuple[int, int, str]] = []
     if glossary is not None:
-        for source in sorted(glossary.terms, key=len, reverse=True):
-            pattern = rf"(?<!\w){re.escape(source)}(?!\w)"
-            candidates += [(m.start(), m.end(), glossary.terms[source]) for m in re.finditer(pattern, text)]
+        for source in _longest_first(tuple(glossary.terms)):
+            if source in text:  # most terms are in no sentence: a substring test spares their regex
+                target = glossary.terms[source]
+                candidates += [(m.start(), m.end(), target) for m in _term_pattern(source).finditer(text)]
     automatic = AUTOMATIC if glossary is not None and glossary.automatic else NUMBER if numbers else None
     if automatic is not None:
         candidates += [(m.start(), m.end(), m.group()) for m in automatic.finditer(text)]
@@ -135,6 +137,18 @@ def _matches(text: str, glossary: Optional[Glossary], numbers: bool = False) -> 
         if all(end <= s or start >= e for s, e, _ in taken):
             taken.append((start, end, target))
     return sorted(taken)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _term_pattern(source: str) -> "re.Pattern[str]":
+    """A term as whole words, compiled once: re's own cache holds 512 patterns, and a larger
+    glossary recompiled every term for every sentence (a 1000-term glossary: 80 ms a sentence)."""
+    return re.compile(rf"(?<!\w){re.escape(source)}(?!\w)")
+
+
+@functools.lru_cache(maxsize=64)
+def _longest_first(sources: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(sources, key=len, reverse=True))
 
 
 def missing_placeholders(target: str, masked: Masked, numbers: Optional[NumberCheck] = None) -> list[int]:
@@ -216,8 +230,6 @@ def _replace_aligned(target: str, masked: Masked, placed: dict[int, "tuple[int, 
         source_words = len(masked.text[masked.spans[index][0]:masked.spans[index][1]].split())
         if len(target[start:end].split()) > 2 * source_words + 1:  # a wild alignment: insert instead
             end = start
-        if term == masked.text[masked.spans[index][0]:masked.spans[index][1]]:
-            end = start  # do-not-translate (a name): the model dropped it; its aligned word is what it names
         if end > start and not any(start < e and s < end for s, e in taken):
             taken.append((start, end))
             if not _term_in(term, target[start:end]):
