@@ -64,8 +64,8 @@ async def read_fields(request: Request, limit: int, max_fields: int = 20) -> dic
     if query and not body.strip():
         return query
     content_type = request.headers.get("content-type", "")
-    if _media_type(content_type) != "multipart/form-data" or body.lstrip()[:1] in (b"{", b"["):  # JSON whatever its type
-        return {**query, **parse_body(body, content_type)}
+    if _media_type(content_type) != "multipart/form-data" or body.lstrip()[:1] in (b"{", b"["):
+        return {**query, **parse_body(body, content_type)}  # JSON whatever its content type
     return {**query, **_collect(await _multipart(request, body, max_files=0, max_fields=max_fields))}
 
 
