@@ -1428,3 +1428,98 @@ def test_a_budget_gives_the_student_what_the_stages_before_it_leave(tmp_path, mo
                     "reserve_minutes 10"]
     with pytest.raises(XformerError, match="budget_minutes"):
         smoke(tmp_path, "budget_minutes=-1")
+
+
+def test_a_model_path_that_is_a_run_folder_or_inside_the_reverse_stage_is_refused_before_the_first_stage(tmp_path):
+    """A run folder as evaluate.baseline or a distill teacher passed the check and failed at its
+    stage, after every model had trained; a reverse.checkpoint inside <run_dir>/reverse was
+    deleted with the folder when the stage was redone around it."""
+    from xformer_cli.pipeline.checks import stage_problem
+
+    run = tmp_path / "main-run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"weights")
+    for key, stage, value in (("evaluate.baseline", "evaluate", str(run)), ("distill.teachers", "distill", f"[{run}]"),
+                              ("reverse.checkpoint", "reverse", str(tmp_path))):
+        pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path), "teacher.seeds=[1]", f"{key}={value}"),
+                        log=lambda _: None)
+        given = run if key != "reverse.checkpoint" else tmp_path
+        hint = f": give its checkpoint, e.g. {run / 'best.pt'}" if given == run else ""
+        assert stage_problem(pipe, stage) == (f"config key '{key}': {given} is a folder, not a checkpoint or an "
+                                              f"export folder{hint} (checked before the first stage runs)")
+    own = tmp_path / "run" / "reverse" / "best.pt"
+    own.parent.mkdir(parents=True)
+    import torch
+
+    torch.save({"config": {"data": {"src_lang": "de", "tgt_lang": "en"}}}, own)
+    pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path), f"reverse.checkpoint={own}"), log=lambda _: None)
+    assert stage_problem(pipe, "reverse") == (f"config key 'reverse.checkpoint': {own} lies in the reverse stage's "
+                                              "own folder, which the stage sets aside and replaces: copy it out of "
+                                              "the run folder first (checked before the first stage runs)")
+
+
+def test_only_a_stage_whose_needed_stage_finished_with_other_inputs_is_refused(tmp_path, monkeypatch):
+    """--only evaluate after --only student scored the new student beside the export of the old one."""
+    from xformer_cli.pipeline import run_pipeline, stages
+
+    config = smoke(tmp_path, *_own_data(tmp_path))
+    pipe = Pipeline(config, log=lambda _: None)
+    for name in STAGES:
+        stamp = stages.FINGERPRINTS[name](pipe)
+        pipe.record(name).begin(stamp)
+        pipe.record(name).finish(stamp)
+    _never_run(monkeypatch, *STAGES)
+    later = "2099-01-01T00:00:00"  # the student done again: its record's time moves the export's inputs
+    pipe.record("student").write({**pipe.record("student").read(), "finished": later})
+    with pytest.raises(XformerError, match=r"^pipeline stage export finished with other inputs than the config gives "
+                                           r"it now: run it first \(xformer pipeline -c CONFIG --from export, or "
+                                           r"--only export\)$"):
+        run_pipeline(config, only="evaluate", log=lambda _: None, progress=False)
+    assert stages.FINGERPRINTS["student"](pipe) == pipe.record("student").read()["fingerprint"]
+
+
+def test_a_redo_that_puts_the_old_output_back_promises_no_resume(tmp_path, monkeypatch):
+    """A full disk in a redo of a translation stage said 'a rerun resumes there' while the old
+    output was put back and the partial new one deleted (the rerun started over)."""
+    from xformer_cli.pipeline import stages
+    from xformer_cli.pipeline.corpus_translation import RESUMES_THERE
+
+    pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path)), log=lambda _: None)
+    pipe.record("reverse").begin("old-inputs")
+    pipe.record("reverse").finish("old-inputs", model="<run_dir>/reverse/best.pt")
+
+    def full(_):
+        raise XformerError(f"could not write x: no space left on device; the lines before 513{RESUMES_THERE}")
+
+    monkeypatch.setitem(runner.RUNS, "reverse", full)
+    with pytest.raises(XformerError) as info:
+        run_stage(pipe, "reverse")
+    assert str(info.value) == ("could not write x: no space left on device; the lines before 513 (stage reverse: "
+                               "the output of its previous inputs is kept; a rerun starts the stage over)")
+    assert pipe.record("reverse").read()["fingerprint"] == "old-inputs"
+    assert stages.FINGERPRINTS["reverse"](pipe) != "old-inputs"
+
+
+def test_lines_past_the_models_input_length_are_one_log_line_of_a_translating_stage(tmp_path, monkeypatch):
+    """The engine's UserWarning (once per place: '1 line(s)' for several) was all a stage said."""
+    import warnings
+
+    from helpers import untrained_translator
+    from xformer_cli.config import DecodeConfig
+    from xformer_cli.decode import factory
+    from xformer_cli.pipeline import stages
+    from xformer_cli.pipeline.settings import TranslateStage
+
+    engine, lines = untrained_translator(DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=3, max_input_len=6))
+    monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: engine)
+    said: list[str] = []
+    pipe = Pipeline(smoke(tmp_path, *_own_data(tmp_path)), log=said.append, progress=False)
+    texts = [lines[0], " ".join(lines[:3]), lines[1], " ".join(lines[1:4])]
+    job = CorpusJob(texts, tmp_path / "in.en", tmp_path / "out.de", len(texts), chunk_lines=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert stages._translate(pipe, [tmp_path / "m.pt"], TranslateStage(), job) == 4
+    assert not [w for w in caught if "were cut" in str(w.message)]
+    assert [line for line in said if "input length" in line] == [
+        "out.de: 4 line(s) longer than the model's input length (6 pieces) translated cut to it (data.max_len drops "
+        "such pairs from training)"]

@@ -6,14 +6,15 @@ stage starts rather than hours into the pipeline."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from xformer_cli.errors import XformerError
 from xformer_cli.file_stamps import file_stamp
 from xformer_cli.pipeline.corpus_translation import TextLines
 from xformer_cli.pipeline.earlier_forms import current_stamp
-from xformer_cli.pipeline.stages import (Pipeline, check_direction, engine_needs, reverse_config, student_config,
-                                         teacher_configs)
+from xformer_cli.pipeline.record import CHANGED
+from xformer_cli.pipeline.stages import (FINGERPRINTS, Pipeline, check_direction, engine_needs, reverse_config,
+                                         student_config, teacher_configs)
 
 
 def gone_output(pipe: Pipeline, stage: str) -> Optional[Path]:
@@ -57,13 +58,47 @@ def unusable_named_file(pipe: Pipeline, stage: str) -> Optional[str]:
             problem = _unusable_text(TextLines(Path(given), c.mono.skip_invalid_utf8, c.mono.max_lines))
             if problem:
                 return f"config key '{key}': {problem} (checked before the first stage runs)"
-        if given and key in ("reverse.checkpoint", "distill.teachers", "evaluate.baseline"):
-            wanted = pipe.langs[::-1] if key == "reverse.checkpoint" else pipe.langs
-            try:  # a teacher of the other direction distilled garbage with exit 0
-                check_direction(Path(given), (wanted[0], wanted[1]), key)
-            except XformerError as exc:
-                return f"{exc} (checked before the first stage runs)"
+        problem = _unusable_model(pipe, key, Path(given)) if given and key in MODEL_KEYS else None
+        if problem:
+            return f"{problem} (checked before the first stage runs)"
     return None
+
+
+MODEL_KEYS = ("reverse.checkpoint", "distill.teachers", "evaluate.baseline")  # a checkpoint or an export folder
+
+
+def _unusable_model(pipe: Pipeline, key: str, given: Path) -> Optional[str]:
+    """Why a model the config names by path cannot serve (None: it can): a folder that is no
+    export (a run folder: the run trained on and failed at the stage that loads it), the
+    reverse model inside the reverse stage's own folder (set aside and deleted when the stage
+    is redone), or a model of the wrong direction (a teacher of the other one distilled garbage)."""
+    from xformer_cli.export.format import EXPORT_INFO
+
+    if given.is_dir() and not (given / EXPORT_INFO).is_file():
+        inside = next((given / name for name in ("best.pt", "last.pt") if (given / name).is_file()), None)
+        hint = f": give its checkpoint, e.g. {inside}" if inside else ""
+        return f"config key '{key}': {given} is a folder, not a checkpoint or an export folder{hint}"
+    own = (pipe.run_dir / "reverse").resolve()
+    if key == "reverse.checkpoint" and (given.resolve() == own or own in given.resolve().parents):
+        return (f"config key '{key}': {given} lies in the reverse stage's own folder, which the stage sets aside "
+                "and replaces: copy it out of the run folder first")
+    wanted = pipe.langs[::-1] if key == "reverse.checkpoint" else pipe.langs
+    try:
+        check_direction(given, (wanted[0], wanted[1]), key)
+    except XformerError as exc:
+        return str(exc)
+    return None
+
+
+def stale_need(pipe: Pipeline, stage: str, upgradable: Callable[[str], bool]) -> bool:
+    """Whether a stage that --only or --from leaves out finished with other inputs than the
+    config gives it now (a stage after it would read the old output: the export of the student
+    before the one just trained). An earlier version's record of these inputs is not stale."""
+    try:
+        standing = pipe.record(stage).standing(FINGERPRINTS[stage](pipe))
+    except XformerError:  # its own needs are not there: the stage that reads it says so
+        return False
+    return standing == CHANGED and not upgradable(stage)
 
 
 def unbuildable_config(pipe: Pipeline, stage: str) -> Optional[str]:

@@ -22,6 +22,10 @@ from xformer_cli.textio import decode_line
 if TYPE_CHECKING:
     from xformer_cli.number_matching import NumberAccuracy
 
+# What a full disk's message promises of a translation stage's output; a redo that puts the old
+# output back instead (pipeline/runner.py) takes the promise out.
+RESUMES_THERE = " (a rerun resumes there)"
+
 
 @dataclass
 class TextLines:
@@ -143,7 +147,7 @@ def translate_corpus(job: CorpusJob, translate: Callable[[list[str], int], list[
             if len(outputs) != len(chunk):
                 raise RuntimeError(f"the engine gave {len(outputs)} lines for {len(chunk)}")
             for handle, side, path in ((fi, chunk, job.inputs_path), (fo, outputs, job.outputs_path)):
-                with writing(path, intact=f"the lines before {written + 1} (a rerun resumes there)"):
+                with writing(path, intact=f"the lines before {written + 1}{RESUMES_THERE}"):
                     _write_all(handle, "".join(_one_line(text) + "\n" for text in side).encode("utf-8"))
                     os.fsync(handle.fileno())
             written += len(chunk)

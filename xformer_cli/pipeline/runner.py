@@ -9,7 +9,8 @@ from typing import Callable, Optional
 
 from xformer_cli import run_lock
 from xformer_cli.errors import XformerError
-from xformer_cli.pipeline.checks import gone_output, stage_problem
+from xformer_cli.pipeline.checks import gone_output, stage_problem, stale_need
+from xformer_cli.pipeline.corpus_translation import RESUMES_THERE
 from xformer_cli.pipeline.earlier_forms import upgradable, upgrade
 from xformer_cli.pipeline.record import ASIDE, CHANGED, DONE, STOPPED
 from xformer_cli.pipeline.settings import PipelineConfig
@@ -58,8 +59,10 @@ def run_stage(pipe: Pipeline, name: str, redo: bool = False) -> dict:
         with record.ticking(before) as minutes_so_far:
             results = RUNS[name](pipe)
     except XformerError as exc:
-        if record.restore():
-            raise XformerError(f"{exc} (stage {name}: the output of its previous inputs is kept)") from None
+        if record.restore():  # the new run's partial output goes: no rerun resumes it
+            said = str(exc).replace(RESUMES_THERE, "")
+            raise XformerError(f"{said} (stage {name}: the output of its previous inputs is kept; a rerun starts "
+                               "the stage over)") from None
         raise
     except Exception:  # not an interrupt: that one keeps the new run to resume
         record.restore()
@@ -116,6 +119,9 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
         if gone is not None:
             raise XformerError(f"pipeline stage {need} made {gone}, which is gone: run it again "
                                f"(xformer pipeline -c CONFIG --from {need})")
+        if stale_need(pipe, need, upgradable=lambda name: upgradable(pipe, name) is not None):
+            raise XformerError(f"pipeline stage {need} finished with other inputs than the config gives it now: run "
+                               f"it first (xformer pipeline -c CONFIG --from {need}, or --only {need})")
     with run_lock.holding(pipe.run_dir, "xformer pipeline"):
         records = {}
         for name in stages:

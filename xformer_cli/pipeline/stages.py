@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -228,6 +229,7 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
     """The stage's engine, loaded once, as a function that translates a job (resuming it) and
     returns its line count: a stage with two jobs (backtranslate.real_targets) loads one engine."""
     from xformer_cli.decode.factory import load_engine
+    from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN
 
     sampling = bool(s.sampling_topk)
     engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
@@ -241,7 +243,16 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
         def translate(chunk: list[str], index: int) -> list[str]:
             return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
 
-        return translate_corpus(job, translate, pipe.log, pipe.progress)
+        cut_before = getattr(engine, "truncated_lines", 0)
+        with warnings.catch_warnings():  # the API's warning, once per place and with a remedy for its callers
+            warnings.simplefilter("ignore", UserWarning)
+            lines = translate_corpus(job, translate, pipe.log, pipe.progress)
+        cut = getattr(engine, "truncated_lines", 0) - cut_before
+        if cut:  # each line is one model input: a longer one is translated as far as the model reads
+            limit = engine.options().max_input_len or DEFAULT_MAX_INPUT_LEN
+            pipe.log(f"{job.outputs_path.name}: {cut} line(s) longer than the model's input length ({limit} pieces) "
+                     "translated cut to it (data.max_len drops such pairs from training)")
+        return lines
 
     return run
 
