@@ -37,7 +37,8 @@ def main() -> None:
 
     threads = args.threads or torch.get_num_threads()
     lines = args.input.read_text(encoding="utf-8").splitlines()[: args.lines]
-    engine = load_engine([args.checkpoint], engine="auto", precision="auto", threads=threads, log=print)
+    # needs=(): as the pipeline asks (stages.engine_needs: beam search may run on CTranslate2)
+    engine = load_engine([args.checkpoint], engine="auto", precision="auto", threads=threads, needs=(), log=print)
     print(f"{_cpu_name()}; {engine.name} {engine.precision}, {threads} threads, "
           f"{len(lines)} lines of {args.input.name} in chunks of {args.chunk_lines}")
     engine.translate(lines[:64], beam_size=1)  # warm-up

@@ -303,3 +303,29 @@ def test_a_checkpoint_saved_for_greedy_search_does_not_ask_for_xformers_beam_sea
     assert searches_beam(4, [greedy]) and not searches_beam(1, [beam])  # --beam-size wins
     assert searches_beam(None, [greedy, beam]) is False  # an ensemble decodes with its first model's settings
     assert searches_beam(None, [tmp_path]) is True  # an export: CTranslate2 runs it either way
+
+
+def test_the_python_apis_load_engine_asks_for_what_the_cli_asks_by_default(tmp_path, monkeypatch):
+    """load_engine(path) asked for nothing: on a CPU where auto gives greedy search to
+    CTranslate2, a beam-4 checkpoint went to CTranslate2's beam search from Python and to
+    xformer's from the CLI (docs: "the engine xformer translate would pick")."""
+    import torch
+
+    from xformer_cli.decode import factory
+
+    asked = []
+
+    def choose(paths, engine, precision, device, needs):
+        asked.append(tuple(needs))
+        raise XformerError("stop here")
+
+    monkeypatch.setattr(factory, "choose_engine", choose)
+    greedy, beam = tmp_path / "greedy.pt", tmp_path / "beam.pt"
+    torch.save({"config": {"decode": {"beam_size": 1}}}, greedy)
+    torch.save({"config": {"decode": {"beam_size": 4}}}, beam)
+    for path in (beam, greedy):
+        with pytest.raises(XformerError, match="stop here"):
+            factory.load_engine(path)
+    with pytest.raises(XformerError, match="stop here"):
+        factory.load_engine(beam, needs=())  # asked for: as given (the pipeline's own rule)
+    assert asked == [("beam_search",), (), ()]

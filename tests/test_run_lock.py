@@ -223,3 +223,18 @@ def test_a_stage_does_not_clear_a_folder_another_process_trains_in(tmp_path, mon
                                                r"\(xformer train, since"):
             runner.run_stage(pipe, "reverse")
         assert (record.directory / "last.pt").read_bytes() == b"the other run's"
+
+
+@pytest.mark.slow  # another process holds the folder
+def test_a_pipeline_on_a_folder_in_use_says_so_before_it_reads_the_records(tmp_path, monkeypatch):
+    """The checks before the first stage read the records first: a second pipeline on a busy
+    folder stopped on what it read there (a stage 'gone' or 'out of date') instead of the lock."""
+    from xformer_cli.pipeline import load_pipeline_config, run_pipeline
+    from xformer_cli.pipeline import runner
+
+    config = load_pipeline_config(ROOT / "configs" / "pipeline-smoke.yaml", [f"run_dir={tmp_path / 'run'}"])
+    monkeypatch.setattr(runner, "gone_output", lambda *_: pytest.fail("a record was read before the lock"))
+    (tmp_path / "run").mkdir()
+    with held_by_another_process(tmp_path / "run", "xformer pipeline", "teacher") as other:
+        with pytest.raises(XformerError, match=rf"is in use by pid {other.pid} \(xformer pipeline, stage teacher"):
+            run_pipeline(config, only="distill", log=lambda _: None, progress=False)

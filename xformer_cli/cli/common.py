@@ -116,7 +116,7 @@ def load_engine_logged(models: List[Path], engine: str = "auto", precision: str 
 def warn_cut_lines(translator: Engine, max_input_len: Optional[int] = None) -> None:
     """One warning line for the input lines cut to the source length limit, if any."""
     if translator.truncated_lines:
-        limit = max_input_len or translator.decode.max_input_len
+        limit = translator.input_limit(max_input_len)
         typer.echo(f"warning: {translator.truncated_lines} input line(s) longer than {limit} source pieces were cut "
                    f"to {limit} (--max-input-len / decode.max_input_len)", err=True)
 

@@ -1,9 +1,10 @@
 """Everything between a config and batches: sources, tokenizer, tokenized cache, eval sets.
 
-``xformer prepare`` runs this alone; ``xformer train`` runs it first. Two phases, for
-safety: ``check_inputs`` opens and checks every input and streams the tokenizer sample
-(reading every training line once) without writing anything; only then does the trainer
-ready its run directory and ``build_data`` write the tokenizer and the cache.
+``xformer prepare`` runs ``prepare_data``; ``xformer train`` runs the same two phases itself
+(train/run_plan.py, between its own checks of the run folder). Two phases, for safety:
+``check_inputs`` opens and checks every input and streams the tokenizer sample (reading every
+training line once) without writing anything; only then does the trainer ready its run
+directory and ``build_data`` write the tokenizer and the cache.
 """
 
 from __future__ import annotations

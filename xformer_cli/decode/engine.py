@@ -90,6 +90,11 @@ class Engine:
     def detokenize(self, hyp: Hypothesis) -> str:
         return self.tokenizer.decode_tgt([hyp.tokens])[0]
 
+    def input_limit(self, asked: Optional[int] = None) -> int:
+        """The source pieces a line keeps (``asked``, else decode.max_input_len, else the default):
+        what every message about cut lines names."""
+        return asked or self.options().max_input_len or DEFAULT_MAX_INPUT_LEN
+
     def translate(
         self,
         lines: Sequence[str],
@@ -113,7 +118,7 @@ class Engine:
         cut_before = self.truncated_lines
         found = self.search(lines, opts)
         if self.truncated_lines > cut_before:
-            limit = opts.max_input_len or DEFAULT_MAX_INPUT_LEN
+            limit = self.input_limit(opts.max_input_len)
             warnings.warn(f"{self.truncated_lines - cut_before} line(s) longer than {limit} pieces were cut to it; "
                           "xformer_cli.text.translate_texts translates them whole, by sentences, as xformer translate "
                           "does", stacklevel=2)

@@ -279,16 +279,20 @@ def _device(name: str):
 # -- building ------------------------------------------------------------------------------------
 
 def load_engine(models: "str | Path | Sequence[str | Path]", engine: str = "auto", precision: str = "auto",
-                device: str = "auto", threads: int = 0, needs: Iterable[str] = (), serving: bool = False,
-                log: Optional[Log] = None) -> Engine:
+                device: str = "auto", threads: int = 0, needs: Optional[Iterable[str]] = None,
+                serving: bool = False, log: Optional[Log] = None) -> Engine:
     """An engine on ``models`` (a checkpoint, several for an ensemble, or an export directory).
 
     ``needs``: what the request will use that only the xformer engine has (``XFORMER_ONLY``),
-    so that precision auto does not pick an engine that must then refuse it. ``threads``: 0 =
+    so that precision auto does not pick an engine that must then refuse it; None: what
+    ``xformer translate`` with the model's own options needs (beam search where its
+    ``decode.beam_size`` searches a beam), so the API picks the engine the CLI picks. ``threads``: 0 =
     ``decode_threads``'s rule (``serving``: a core left to HTTP); PyTorch's count is set for the
     whole process; the engine's ``threads`` says it. ``log`` gets the line that says what was
     chosen and why."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(m) for m in models]
+    if needs is None:
+        needs = ("beam_search",) if searches_beam(None, paths) else ()
     choice = choose_engine(paths, engine, precision, device, needs)  # bad options first, then files
     for path in paths:
         if not path.exists():  # said here: precision auto may send a checkpoint down either path

@@ -103,6 +103,24 @@ def path_line(minutes: dict[str, float]) -> str:
     return f"the whole path: {sum(minutes.values()):.1f} minutes of stages ({parts})"
 
 
+def _check_before_the_first_stage(pipe: Pipeline, stages: list[str]) -> None:
+    """What would stop a stage it visits (``stage_problem``), and what --from or --only would
+    read that is gone or out of date (a needed stage left out whose output was deleted, or
+    that finished with other inputs than the config gives it now): one line each."""
+    for name in stages:
+        problem = stage_problem(pipe, name)
+        if problem:
+            raise XformerError(problem)
+    for need in dict.fromkeys(need for name in stages for need in NEEDS[name] if need not in stages):
+        gone = gone_output(pipe, need)
+        if gone is not None:
+            raise XformerError(f"pipeline stage {need} made {gone}, which is gone: run it again "
+                               f"(xformer pipeline -c CONFIG --from {need})")
+        if stale_need(pipe, need, upgradable=lambda name: upgradable(pipe, name) is not None):
+            raise XformerError(f"pipeline stage {need} finished with other inputs than the config gives it now: run "
+                               f"it first (xformer pipeline -c CONFIG --from {need}, or --only {need})")
+
+
 def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only: Optional[str] = None,
                  log: Callable[[str], None] = print, progress: bool = True) -> dict[str, dict]:
     """Run the pipeline's stages; returns each visited stage's record. Once every stage has
@@ -110,19 +128,8 @@ def run_pipeline(config: PipelineConfig, from_stage: Optional[str] = None, only:
     stages, redo = _chosen(from_stage, only)
     pipe = Pipeline(config, log, progress)
     pipe.base  # the model config is read and checked before any stage starts, and the files it names
-    for name in stages:
-        problem = stage_problem(pipe, name)
-        if problem:
-            raise XformerError(problem)
-    for need in dict.fromkeys(need for name in stages for need in NEEDS[name] if need not in stages):
-        gone = gone_output(pipe, need)  # --from or --only past a stage whose output was deleted
-        if gone is not None:
-            raise XformerError(f"pipeline stage {need} made {gone}, which is gone: run it again "
-                               f"(xformer pipeline -c CONFIG --from {need})")
-        if stale_need(pipe, need, upgradable=lambda name: upgradable(pipe, name) is not None):
-            raise XformerError(f"pipeline stage {need} finished with other inputs than the config gives it now: run "
-                               f"it first (xformer pipeline -c CONFIG --from {need}, or --only {need})")
-    with run_lock.holding(pipe.run_dir, "xformer pipeline"):
+    with run_lock.holding(pipe.run_dir, "xformer pipeline"):  # before its records are read: another run may write them
+        _check_before_the_first_stage(pipe, stages)
         records = {}
         for name in stages:
             run_lock.set_stage(pipe.run_dir, name)

@@ -229,7 +229,6 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
     """The stage's engine, loaded once, as a function that translates a job (resuming it) and
     returns its line count: a stage with two jobs (backtranslate.real_targets) loads one engine."""
     from xformer_cli.decode.factory import load_engine
-    from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN
 
     sampling = bool(s.sampling_topk)
     engine = load_engine(checkpoints, engine=s.engine, precision=s.precision, threads=stage_threads(pipe),
@@ -249,7 +248,7 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
             lines = translate_corpus(job, translate, pipe.log, pipe.progress)
         cut = getattr(engine, "truncated_lines", 0) - cut_before
         if cut:  # each line is one model input: a longer one is translated as far as the model reads
-            limit = engine.options().max_input_len or DEFAULT_MAX_INPUT_LEN
+            limit = engine.input_limit()
             pipe.log(f"{job.outputs_path.name}: {cut} line(s) longer than the model's input length ({limit} pieces) "
                      "translated cut to it (data.max_len drops such pairs from training)")
         return lines

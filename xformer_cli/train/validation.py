@@ -24,7 +24,6 @@ import torch
 
 from xformer_cli.data.batching import make_batches, shard
 from xformer_cli.data.encoded import EncodedCorpus
-from xformer_cli.decode.inputs import DEFAULT_MAX_INPUT_LEN
 from xformer_cli.device import autocast
 from xformer_cli.evaluate import bleu
 from xformer_cli.model.transformer import Transformer
@@ -132,7 +131,7 @@ def translate_shares(run: RunState, beam_size: int, **search: Any) -> list[list[
     cut = getattr(engine, "truncated_lines", 0) - cut_before
     if cut and not run.valid_cut_said:
         run.valid_cut_said = True
-        limit = engine.options().max_input_len or DEFAULT_MAX_INPUT_LEN
+        limit = engine.input_limit()
         run.log(f"valid: {cut} line(s) longer than the model's input length ({limit} pieces) cut to it for BLEU")
     run.model.train()
     shares = dist.gather(mine, "validation (the ranks' translations)")
