@@ -85,6 +85,28 @@ def test_a_system_equal_to_the_baseline_is_no_different_from_it():
         assert rows[2][0].p_value < 1.0  # another system is still tested
 
 
+def test_a_system_that_differs_from_the_baseline_in_one_line_is_not_significant_by_randomisation():
+    """Every AR trial gives that one line's difference or none, never more: sacreBLEU counted
+    only trials above the observed difference and said p = 1/(N+1), 'significant'."""
+    lines = [f"Ein Hund läuft über die Wiese Nummer {i}." for i in range(40)]
+    refs = [f"Ein Hund rennt über die Wiese Nummer {i}." for i in range(40)]
+    other = list(lines)
+    other[7] = "Eine Katze schläft."
+    rows, _ = compare_systems([("base", lines), ("one line", other)], [refs], ("bleu",), test="ar", samples=200)
+    assert rows[1][0].p_value > 0.5 and rows[1][0].score != rows[0][0].score
+    worse = ["Schnee."] * 40
+    rows, _ = compare_systems([("base", lines), ("bad", worse)], [refs], ("bleu",), test="ar", samples=200)
+    assert rows[1][0].p_value < 0.05  # a real difference still is one
+
+
+def test_the_numbers_line_names_words_only_of_a_language_whose_number_words_count():
+    from xformer_cli.number_matching import number_accuracy
+
+    assert "as digits or de words" in number_accuracy(["2 dogs"], ["zwei Hunde"], "en", "de").text
+    unknown = number_accuracy(["2 dogs"], ["2 xx"], "en", "xx").text
+    assert "as digits;" in unknown and "xx words" not in unknown
+
+
 def test_warnings_for_tokenized_or_unk_hypotheses():
     assert hypothesis_warnings(HYPS, "h") == []
     assert any("sentencepiece" in w for w in hypothesis_warnings(["\u2581Ein \u2581Mann"] * 3, "h"))

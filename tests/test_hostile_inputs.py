@@ -136,6 +136,16 @@ def test_options_a_scoring_would_not_use_are_refused():
     _check_scoring_options(hyps * 2, 0, "ar", _translating())
 
 
+@pytest.mark.slow  # starts a process
+def test_confidence_where_it_would_be_ignored_is_refused(tmp_path):
+    """With several --hyp the paired test's intervals were printed, from its own resamples."""
+    from helpers import assert_one_line_error, xformer
+
+    hyp, other, ref = (write_lines(tmp_path / f"{n}.de", ["Ein Hund.", "Zwei Katzen."]) for n in ("a", "b", "r"))
+    proc = xformer("eval-bleu", "--hyp", hyp, "--hyp", other, "--ref", ref, "--confidence", "50")
+    assert_one_line_error(proc, "--confidence is for one system: with several --hyp the paired bootstrap")
+
+
 def test_one_system_given_twice_is_refused(tmp_path):
     from xformer_cli.cli.scoring import _check_scoring_options
 

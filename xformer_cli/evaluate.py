@@ -7,9 +7,10 @@ detokenized text, and runs sacrebleu's bootstrap confidence intervals and paired
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
@@ -140,7 +141,8 @@ def compare_systems(
     chosen = make_metrics(metrics, lowercase, tokenize)
     paired = PairedTest([(n, list(h)) for n, h in systems], chosen, [list(r) for r in refs], test_type=test,
                         n_samples=samples)
-    signatures, table = paired()
+    with _p_values_counting_ties():
+        signatures, table = paired()
     rows: list[list[Score]] = []
     baseline = list(systems[0][1])
     for i, (_, hyps) in enumerate(systems):
@@ -154,6 +156,33 @@ def compare_systems(
                              result.mean, result.ci, 1.0 if same else result.p_value))
         rows.append(row)
     return rows, {k: str(v) for k, v in signatures.items()}
+
+
+@contextlib.contextmanager
+def _p_values_counting_ties() -> Iterator[None]:
+    """sacreBLEU's p-value counts the resamples whose statistic is strictly above the observed
+    one (multeval's rule). Two systems that differ in a few lines give every randomisation trial
+    exactly the observed difference (or none): none counted, p = 1/(N+1), 'significant'. The
+    test's own definition (Noreen 1989; Riezler and Maxwell 2005) counts those at least as large,
+    as here; a statistic off by float rounding counts as equal."""
+    from sacrebleu import significance
+
+    strict = getattr(significance, "_compute_p_value", None)
+    if strict is None:  # another sacreBLEU: its own rule stands
+        yield
+        return
+
+    def at_least(stats, real_difference: float) -> float:
+        import numpy as np
+
+        count = int(np.sum(stats >= real_difference - 1e-9 * max(1.0, abs(real_difference))))
+        return (count + 1) / (len(stats) + 1)
+
+    significance._compute_p_value = at_least
+    try:
+        yield
+    finally:
+        significance._compute_p_value = strict
 
 
 _SPACED_PUNCT = re.compile(r"\w \.$| , | ' | n't\b| 's\b|\( | \)")

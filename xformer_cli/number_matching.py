@@ -29,7 +29,7 @@ from pathlib import Path
 from decimal import Decimal, InvalidOperation
 from typing import Optional, Sequence
 
-from xformer_cli.number_words import combine, connector, word_value
+from xformer_cli.number_words import combine, connector, has_number_words, word_value
 
 DIGITS = re.compile(r"\d+(?:(?:[.,\u00a0\u202f]|\s(?=\d{3}(?!\d)))\d+)*")
 ENGLISH_ORDINAL = re.compile(r"(?:st|nd|rd|th)(?![^\W\d_])", re.IGNORECASE)
@@ -189,7 +189,7 @@ class NumberAccuracy:
 
     @property
     def text(self) -> str:
-        words = f"digits or {self.target_lang} words" if self.target_lang else "digits"
+        words = f"digits or {self.target_lang} words" if has_number_words(self.target_lang) else "digits"
         return (f"numbers = {100 * self.share:.2f}% ({self.kept} of {self.total} source numbers kept, as {words}; "
                 f"{self.lines} lines with numbers)")
 

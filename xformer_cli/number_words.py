@@ -83,6 +83,11 @@ def connector(word: str, lang: str) -> bool:
     return word.lower() in CONNECTORS.get(_base(lang), frozenset())
 
 
+def has_number_words(lang: str) -> bool:
+    """Whether xformer reads number words of ``lang`` (else digits alone count)."""
+    return _base(lang) in CONNECTORS
+
+
 def _base(lang: str) -> str:
     return lang.lower().replace("_", "-").split("-")[0]
 

@@ -75,12 +75,18 @@ def eval_bleu(  # long: its signature is its options, one parameter each
     if confidence < 0 or confidence == 1:
         raise XformerError("--confidence is a number of bootstrap resamples: 0 (off) or at least 2 (1000 is usual), "
                            f"not {confidence}")
+    if confidence and len(hyps) > 1:  # it was ignored: the paired test gives the intervals
+        raise XformerError("--confidence is for one system: with several --hyp the paired bootstrap (--paired-test bs) "
+                           "gives each its interval, from --samples resamples")
     chosen = [m for m in metrics.split(",") if m.strip()]
     make_metrics(chosen, lowercase, tokenize)  # reject a bad metric or tokenizer before any translating
     search = dict(beam_size=beam_size, length_penalty=length_penalty, batch_size=batch_size)
     given = _given_texts(checkpoint, src, refs, output)  # read and checked before a model loads
     translator = _eval_engine(checkpoint, (engine, precision, device, threads, search))
     if translator is not None and given is None and _multilingual(translator):
+        if confidence:  # it was ignored
+            raise XformerError("--confidence: the table of a multilingual model's directions has no intervals; score "
+                               "one direction with --src and --ref to get one")
         _eval_directions(translator, checkpoint, chosen, (lowercase, tokenize), search, target_lang, source_lang,
                          output, as_json)
         return
