@@ -116,3 +116,27 @@ def test_a_dataset_option_given_a_file_or_a_split_it_lacks_is_refused(tmp_path):
     # valid asking for 'validation' by name read the whole (training) set
     with pytest.raises(XformerError, match="single was saved without splits: split 'validation' is not in it"):
         PairSource(CorpusConfig(dataset=str(saved), split="validation"), "en", "de", role="valid")
+
+
+def test_a_header_with_spaces_and_a_json_array_after_a_blank_line_are_read(tmp_path):
+    """'en, de' keyed the rows by 'de' and checked the config against ' de': no spelling worked;
+    a .json array after a blank first line was parsed line by line ('not JSON')."""
+    spaced = tmp_path / "s.csv"
+    spaced.write_text("en, de\nA dog.,Ein Hund.\n", encoding="utf-8")
+    assert pairs_of(spaced)[0] == [("A dog.", "Ein Hund.")]
+    assert pairs_of(spaced, src_column="en", tgt_column="de")[0] == [("A dog.", "Ein Hund.")]
+    array = tmp_path / "a.json"
+    array.write_text("\n" + json.dumps([{"en": "a dog", "de": "ein Hund"}], indent=1), encoding="utf-8")
+    assert pairs_of(array)[0] == [("a dog", "ein Hund")]
+
+
+def test_a_data_file_is_one_source_however_the_config_spells_its_path(tmp_path, monkeypatch):
+    """The fingerprint hashed the path as written: ./d.parquet and /abs/d.parquet trained the
+    tokenizer and built the cache again; and a file of one column per language read by two pairs
+    put its shared language into the tokenizer's sample twice (its key held both columns)."""
+    pq.write_table(pa.table({"en": ["a dog"], "de": ["ein Hund"], "fr": ["un chien"]}), tmp_path / "d.parquet")
+    monkeypatch.chdir(tmp_path)
+    spellings = ["d.parquet", "./d.parquet", str(tmp_path / "d.parquet")]
+    assert len({PairSource(CorpusConfig(data_files=s), "en", "de").fingerprint() for s in spellings}) == 1
+    de, fr = (PairSource(CorpusConfig(data_files="d.parquet"), "en", tgt) for tgt in ("de", "fr"))
+    assert de.side_key(0) == fr.side_key(0) and de.side_key(1) != fr.side_key(1)

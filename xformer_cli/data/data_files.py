@@ -86,7 +86,7 @@ class DataFiles:
 
     def _header(self, path: Path) -> list[str]:
         for _, line in _decoded_lines(path, Counter(), skip_invalid=False):
-            return _split_table_line(line, self.format)
+            return [name.strip() for name in _split_table_line(line, self.format)]  # as _table_rows keys the rows
         raise XformerError(f"{path} is empty: a {self.format} file starts with a header line naming its columns")
 
 
@@ -108,12 +108,14 @@ def _decoded_lines(path: Path, dropped: Counter, skip_invalid: bool) -> Iterator
 
 def _json_rows(path: Path, lines: Iterator[tuple[int, str]]) -> Iterator[tuple[Row, str]]:
     """JSON lines, one object a line; or a .json file holding one array of objects."""
+    first = True
     for number, line in lines:
         if not line.strip():
             continue
-        if number == 1 and line.lstrip().startswith("[") and path.suffix.lower() == ".json":
+        if first and line.lstrip().startswith("[") and path.suffix.lower() == ".json":  # blank lines before it too
             yield from _json_array(path, line + "".join(text for _, text in lines))
             return
+        first = False
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:

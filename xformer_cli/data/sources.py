@@ -245,6 +245,7 @@ class PairSource:
         self.pair = 0  # its direction's index in data.directions()
         if corpus.dataset or corpus.data_files:
             self.name = self.origin = f"{corpus.dataset or corpus.data_files}[{self.split}]"
+            self._place = _place(corpus)
             self._dataset = open_dataset(corpus, self.split)
             self._columns = _columns(self._dataset, corpus, src_lang, tgt_lang, self.name)
         else:
@@ -265,6 +266,7 @@ class PairSource:
         ``datasets``) instead, and say so; when that fails too, say how to point at the files."""
         fallback = CorpusConfig(dataset=self.corpus.fallback_dataset, split=self.corpus.split)
         self.name = self.origin = f"{fallback.dataset}[{self.split}]"
+        self._place = _place(fallback)
         try:
             self._dataset = open_dataset(fallback, self.split)
         except XformerError as exc:
@@ -316,7 +318,10 @@ class PairSource:
         or the same dataset column, read for two pairs gives the same key."""
         if self._dataset is not None:
             # where it is read from, not self.name: a multilingual run puts the pair's name before that
-            return f"{self.origin}|{self._columns}|{(self.src_lang, self.tgt_lang)[side]}"
+            src_column, tgt_column = self._columns  # the one column read for this side (each language's own)
+            column = (src_column, tgt_column)[side] if tgt_column is not None else \
+                f"{src_column}.{(self.src_lang, self.tgt_lang)[side]}"
+            return f"{self._place}[{self.split}]|{column}"
         return str(self.paths[side].resolve())
 
     @property
@@ -331,10 +336,11 @@ class PairSource:
     def fingerprint(self) -> str:
         """Changes when the data changes: each file's content (``file_stamp``), or the dataset's own fingerprint."""
         h = hashlib.sha256()
+        # where it is, not how the config spells it (./d.parquet and /abs/d.parquet: one cache)
         if isinstance(self._dataset, DataFiles):  # the files' bytes, not their times (datasets' own key)
-            h.update(f"{self.name}|{self._columns}|{self._dataset.stamps()}".encode())
+            h.update(f"{self._place}[{self.split}]|{self._columns}|{self._dataset.stamps()}".encode())
         elif self._dataset is not None:
-            h.update(f"{self.name}|{self._columns}|{self._dataset._fingerprint}".encode())
+            h.update(f"{self._place}[{self.split}]|{self._columns}|{self._dataset._fingerprint}".encode())
         else:
             for path in self.paths:
                 h.update(file_stamp(path).encode())
@@ -342,6 +348,15 @@ class PairSource:
         if self.corpus.max_pairs:
             h.update(f"|first {self.corpus.max_pairs}".encode())
         return h.hexdigest()
+
+
+def _place(corpus: CorpusConfig) -> str:
+    """Where a dataset or data files corpus is, however the config spells it: the resolved files,
+    the resolved folder of a dataset saved to disk, or the Hub name."""
+    if corpus.data_files:
+        return ",".join(str(path.resolve()) for path in data_file_paths(corpus.data_files))
+    folder = Path(corpus.dataset or "")
+    return str(folder.resolve()) if folder.is_dir() else str(corpus.dataset)
 
 
 def _gzip_lines(path: Path) -> int:
