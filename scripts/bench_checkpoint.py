@@ -71,6 +71,8 @@ def main() -> None:
     device = pick_device(args.device)
     state = training_state(args, device)
     mib = sum(t.numel() * t.element_size() for t in state["model"].values()) * 3 / 2**20
+    if args.dir is not None:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         last, kept = Path(folder) / "last.pt", Path(folder) / "checkpoint_1.pt"
 

@@ -76,7 +76,8 @@ def translate(engine, lines: list[str], chunk: int = 2000, **options) -> list:
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
-    return sacrebleu.corpus_bleu(hyps, [refs]).score
+    """Corpus BLEU; nan for no lines (a share of the paragraphs that came out empty)."""
+    return sacrebleu.corpus_bleu(hyps, [refs]).score if hyps else float("nan")
 
 
 def resplit(lines: list[str], result) -> list[str]:

@@ -36,7 +36,7 @@ def main() -> None:
         lines = src[:n]
         listed = best_of(lambda: tok.src.encode(lines))
         each = best_of(lambda: [tok.src.encode(line) for line in lines])
-        print(f"encode {n:5d} lines: one list call {listed * 1e3:7.3f}, a call a line {each * 1e3:7.3f}")
+        print(f"encode {len(lines):5d} lines: one list call {listed * 1e3:7.3f}, a call a line {each * 1e3:7.3f}")
     ids = tok.encode_tgt(Path(f"{prefix}.de").read_text(encoding="utf-8").splitlines())
     listed = best_of(lambda: [tok.tgt.decode([list(x)])[0] for x in ids], 3)
     now = best_of(lambda: [tok.decode_tgt([x])[0] for x in ids], 3)

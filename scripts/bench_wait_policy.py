@@ -43,18 +43,23 @@ def policy_env(policy: str) -> dict[str, str]:
     return env
 
 
+WARM_UP = 200  # lines decoded before the timed ones
+
+
 def child_decode(checkpoint: str, src: str, lines: int, beam: int, threads: int) -> None:
     from xformer_cli.decode.factory import load_engine
 
     engine = load_engine([Path(checkpoint)], engine="xformer", threads=threads, log=lambda _: None)
-    text = Path(src).read_text(encoding="utf-8").splitlines()[: lines + 200]
-    engine.translate(text[:200], beam_size=beam)  # warm-up
+    text = Path(src).read_text(encoding="utf-8").splitlines()[: lines + WARM_UP]
+    if len(text) <= WARM_UP:
+        raise SystemExit(f"{src}: {len(text)} lines, the warm-up takes {WARM_UP}: give a longer file")
+    engine.translate(text[:WARM_UP], beam_size=beam)
     best = float("inf")
     for _ in range(2):
         started = time.perf_counter()
-        engine.translate(text[200:], beam_size=beam)
+        engine.translate(text[WARM_UP:], beam_size=beam)
         best = min(best, time.perf_counter() - started)
-    print(f"{(len(text) - 200) / best:.1f}")
+    print(f"{(len(text) - WARM_UP) / best:.1f}")
 
 
 def decode_rate(policy: str, args: argparse.Namespace, beam: int, threads: int) -> float:
@@ -99,7 +104,9 @@ def main() -> None:
     parser.add_argument("--train-config", help="also time xformer train on this config")
     parser.add_argument("--train-steps", type=int, default=150)
     args = parser.parse_args()
-    print(f"burners: {args.burners}; decoding {args.lines} lines of {args.src} with {args.checkpoint} (sentences/s)")
+    with open(args.src, encoding="utf-8") as handle:  # what child_decode times: the lines after its warm-up
+        timed = max(0, min(args.lines, sum(1 for _ in handle) - WARM_UP))
+    print(f"burners: {args.burners}; decoding {timed} lines of {args.src} with {args.checkpoint} (sentences/s)")
     with burners(args.burners):
         for policy in args.policies:
             for threads in args.threads:

@@ -84,13 +84,15 @@ def summary(runs: Path, name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_search", help="the variants' run directories")
+    parser.add_argument("--runs", type=Path, default=None, help="the variants' run directories (default: OUT/runs)")
     parser.add_argument("--minutes", type=float, default=6.5)
     parser.add_argument("--only", nargs="*", choices=list(VARIANTS), default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to rehearse the script on a CPU")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the trainers and the scoring run in the repository's root
     args.out.mkdir(parents=True, exist_ok=True)
+    args.runs = (args.runs or args.out / "runs").resolve()
     names = args.only or list(VARIANTS)
     started = time.time()
     procs = {}
