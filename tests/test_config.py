@@ -106,6 +106,10 @@ def test_environment_variables_expand_in_paths(monkeypatch):
                                        "a batch's width is rounded up to a multiple of it"),
         ("model.max_positions=10000000000000", "config key 'model.max_positions': must be at most 100,000 (the table "
                                                "grows past it when a longer line comes)"),
+        ("data.valid={data_files: v.tsv, split: validation}", "config key 'data.valid.split': data_files are read "
+                                                               "whole, as the one split 'train' (give each split its own files)"),
+        ("data.train={prefix: tr, src_column: en, tgt_column: de}", "config key 'data.train.src_column': names a column of a dataset or data "
+                                     "files; plain files (prefix, src + tgt) have none"),
         ("train.average_last=1", "config key 'train.average_last': 0 (off) or at least 2: the mean of one checkpoint "
                                  "is itself"),
         ("train.dist_backend=mpi", "config key 'train.dist_backend': must be auto, nccl or gloo"),

@@ -128,6 +128,10 @@ def test_a_header_with_spaces_and_a_json_array_after_a_blank_line_are_read(tmp_p
     array = tmp_path / "a.json"
     array.write_text("\n" + json.dumps([{"en": "a dog", "de": "ein Hund"}], indent=1), encoding="utf-8")
     assert pairs_of(array)[0] == [("a dog", "ein Hund")]
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    with pytest.raises(XformerError, match=f"^{empty} holds no JSON row$"):  # was: no 'translation' column (columns: )
+        pairs_of(empty)
 
 
 def test_a_data_file_is_one_source_however_the_config_spells_its_path(tmp_path, monkeypatch):

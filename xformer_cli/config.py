@@ -667,4 +667,9 @@ def _check_corpus(c: CorpusConfig, key: str) -> None:
         require(bool(c.prefix) != bool(c.src and c.tgt) and not (bool(c.src) ^ bool(c.tgt)), key,
                 "give prefix, or both src and tgt")
     require(bool(c.src_column) == bool(c.tgt_column), key, "give both src_column and tgt_column, or neither")
+    # options a kind of source does not read are refused, not ignored (a valid set's split of a data file read it whole)
+    require(not (kinds[0] and c.src_column), f"{key}.src_column", "names a column of a dataset or data files; "
+            "plain files (prefix, src + tgt) have none")
+    require(not (c.data_files and c.split not in (None, "train")), f"{key}.split",
+            "data_files are read whole, as the one split 'train' (give each split its own files)")
     require(c.max_pairs >= 0, f"{key}.max_pairs", f"must be 0 (all) or more, got {c.max_pairs}")

@@ -44,6 +44,8 @@ class DataFiles:
                 raise XformerError(f"{other}: columns {', '.join(names[files.index(other)])} differ from "
                                    f"{files[0]}'s ({', '.join(names[0])})")
         self.first_row: Row = next(self._rows(files[0], Counter(), skip_invalid=True), {})
+        if self.format == "json" and not self.first_row:  # its columns come from its first row
+            raise XformerError(f"{files[0]} holds no JSON row")
         if self.format == "parquet":
             self.column_names = names[0]
         elif self.format == "json":
