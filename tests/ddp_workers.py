@@ -59,15 +59,15 @@ def _slow_translation(seconds_per_line: float, once: bool = False) -> None:
 
     def slow_engine(self):
         engine = real(self)
-        translate = engine.translate
+        translate = engine.translate_lines  # what validation calls
 
-        def slow(lines, **kw):
+        def slow(lines, opts):
             if not (once and done["n"]):
                 time.sleep(seconds_per_line * len(lines))
             done["n"] += 1
-            return translate(lines, **kw)
+            return translate(lines, opts)
 
-        engine.translate = slow
+        engine.translate_lines = slow
         return engine
 
     state.RunState.valid_engine = slow_engine

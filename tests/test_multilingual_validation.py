@@ -116,13 +116,13 @@ def test_each_rank_translates_and_scores_only_its_share_of_every_direction(check
 
 
 def _recording(engine, seen: list):
-    translate = engine.translate
+    translate = engine.translate_lines
 
-    def record(lines, **options):
+    def record(lines, opts):
         seen.append(list(lines))
-        return translate(lines, **options)
+        return translate(lines, opts)
 
-    engine.translate = record
+    engine.translate_lines = record
     return engine
 
 

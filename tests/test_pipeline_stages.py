@@ -402,11 +402,13 @@ def test_a_translating_stage_gives_the_engine_its_own_batches_or_the_models(tmp_
     asked = []
 
     class Recording:
+        truncated_lines = 0
+
         def options(self, **opts):
             asked.append(opts)
+            return opts
 
-        def translate(self, chunk, seed=None, **opts):
-            asked.append(opts)
+        def translate_lines(self, chunk, opts):
             return [line.upper() for line in chunk]
 
     monkeypatch.setattr(factory, "load_engine", lambda *args, **kwargs: Recording())
@@ -431,10 +433,12 @@ def test_backtranslating_the_real_targets_gives_the_teacher_new_sources_for_them
     from xformer_cli.pipeline import stages
 
     class Reversing:
-        def options(self, **opts):
-            pass
+        truncated_lines = 0
 
-        def translate(self, chunk, seed=None, **opts):
+        def options(self, **opts):
+            return opts
+
+        def translate_lines(self, chunk, opts):
             return [line[::-1] for line in chunk]
 
     loads = []

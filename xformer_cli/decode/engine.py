@@ -116,10 +116,15 @@ class Engine:
         opts = self.options(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                             max_len_b=max_len_b, batch_size=batch_size, target_lang=target_lang, **more)
         cut_before = self.truncated_lines
-        found = self.search(lines, opts)
+        out = self.translate_lines(lines, opts)
         if self.truncated_lines > cut_before:
             limit = self.input_limit(opts.max_input_len)
             warnings.warn(f"{self.truncated_lines - cut_before} line(s) longer than {limit} pieces were cut to it; "
                           "xformer_cli.text.translate_texts translates them whole, by sentences, as xformer translate "
                           "does", stacklevel=2)
-        return [self.detokenize(hyps[0]) if hyps else "" for hyps in found]
+        return out
+
+    def translate_lines(self, lines: Sequence[str], opts: SearchOptions) -> list[str]:
+        """``translate`` with options made already, and no warning: for callers that count
+        ``truncated_lines`` themselves and say it in their own log (validation, the pipeline)."""
+        return [self.detokenize(hyps[0]) if hyps else "" for hyps in self.search(lines, opts)]

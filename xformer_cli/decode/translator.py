@@ -55,7 +55,6 @@ def for_inference(model: "Transformer | Ensemble", dtype: torch.dtype) -> "Trans
     return copy.deepcopy(model).to(dtype)
 
 
-
 def _spelled_alike(languages: Languages) -> tuple:
     """A model's directions and target tags with each code in one spelling (en and eng alike)."""
     return (tuple((plain_code(src), plain_code(tgt)) for src, tgt in languages.pairs),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -239,14 +238,12 @@ def _translator(pipe: Pipeline, checkpoints: list[Path], s: TranslateStage) -> C
     engine.options(**opts)  # bad options refused before any line is read
 
     def run(job: CorpusJob) -> int:
-        def translate(chunk: list[str], index: int) -> list[str]:
-            return engine.translate(chunk, seed=job.seed + index if sampling else None, **opts)
+        def translate(chunk: list[str], index: int) -> list[str]:  # lines cut to the input length: said below
+            return engine.translate_lines(chunk, engine.options(seed=job.seed + index if sampling else None, **opts))
 
-        cut_before = getattr(engine, "truncated_lines", 0)
-        with warnings.catch_warnings():  # the API's warning, once per place and with a remedy for its callers
-            warnings.simplefilter("ignore", UserWarning)
-            lines = translate_corpus(job, translate, pipe.log, pipe.progress)
-        cut = getattr(engine, "truncated_lines", 0) - cut_before
+        cut_before = engine.truncated_lines
+        lines = translate_corpus(job, translate, pipe.log, pipe.progress)
+        cut = engine.truncated_lines - cut_before
         if cut:  # each line is one model input: a longer one is translated as far as the model reads
             limit = engine.input_limit()
             pipe.log(f"{job.outputs_path.name}: {cut} line(s) longer than the model's input length ({limit} pieces) "

@@ -197,7 +197,7 @@ class Trainer:
         self.deadline = self.state.started + tc.max_minutes * 60 if tc.max_minutes else math.inf
         ended = self.ended_before_a_step()
         at_end = c.step >= self.last_step() or ended is not None
-        unvalidated = at_end and self.state.valid is not None and not after_training.validated_at(self.state, c.step)
+        unvalidated = at_end and bool(self.state.valid) and not after_training.validated_at(self.state, c.step)
         owed = at_end and (unvalidated or after_training.owed(self.state))
         if self.dist.is_main and (owed or not at_end):  # a refused run leaves the config it was trained with
             run_checkpoints.write_config(self.config, self.state.precision)

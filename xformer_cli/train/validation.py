@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -121,14 +120,12 @@ def translate_shares(run: RunState, beam_size: int, **search: Any) -> list[list[
     dist = run.dist
     run.model.eval()
     engine = run.valid_engine()
-    mine, cut_before = [], getattr(engine, "truncated_lines", 0)
-    with warnings.catch_warnings():  # the API's warning names a remedy for its callers: told below, once, in a line
-        warnings.simplefilter("ignore", UserWarning)
-        for valid in run.valid:
-            src = shard(valid.corpus.src, dist.rank, dist.world_size)
-            mine.append(engine.translate(src, beam_size=beam_size, target_lang=valid.direction[1], **search)
-                        if src else [])
-    cut = getattr(engine, "truncated_lines", 0) - cut_before
+    mine, cut_before = [], engine.truncated_lines
+    for valid in run.valid:  # lines cut to the input length: said below, once, in a line of the run's log
+        src = shard(valid.corpus.src, dist.rank, dist.world_size)
+        opts = engine.options(beam_size=beam_size, target_lang=valid.direction[1], **search)
+        mine.append(engine.translate_lines(src, opts) if src else [])
+    cut = engine.truncated_lines - cut_before
     if cut and not run.valid_cut_said:
         run.valid_cut_said = True
         limit = engine.input_limit()
